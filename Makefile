@@ -1,0 +1,40 @@
+# Two commands: `make demo` and `make test`. Each builds .venv/ from nothing (fast when it exists).
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# the CPU torch wheel lies on local disk; an unpinned torch would pull a multi-GB CUDA build
+TORCH  := torch==2.13.0
+
+.PHONY: setup demo test test-python test-editors bench eval replay clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]' $(TORCH)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/dlm-lsp demo
+
+test: setup test-python test-editors
+
+test-python: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-editors: setup
+	DLM_LSP_CMD="$(abspath $(VENV))/bin/dlm-lsp serve" bash editors/run-tests.sh
+
+bench: setup
+	$(VENV)/bin/dlm-lsp bench --json bench.json
+
+eval: setup
+	$(VENV)/bin/dlm-lsp eval --json eval.json
+
+replay: setup
+	$(VENV)/bin/dlm-lsp replay examples/inventory.py --json replay.json
+
+clean:
+	rm -rf $(VENV) *.egg-info

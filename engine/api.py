@@ -1,0 +1,72 @@
+"""The engine's public types: a FillJob goes in, a Fill comes out. Text and token ids only; the
+engine knows nothing of URIs, documents or editors."""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+_ids = itertools.count(1)
+
+
+class EngineError(RuntimeError):
+    """A job the engine could not run (bad input, model failure); fails that job only."""
+
+
+@dataclass
+class DecodeOptions:
+    """How the canvas is denoised. Defaults are what the server uses."""
+
+    steps: int | None = None  # None: as many as the selection rule needs (threshold) / n // 2 (k-per-step)
+    selection: str = "threshold"  # "threshold" (Fast-dLLM) or "topk" (LLaDA k-per-step schedule)
+    confidence: str = "max_prob"  # "max_prob", "margin" (top1 - top2) or "neg_entropy"
+    threshold: float = 0.9  # commit every slot whose confidence >= threshold, always at least one
+    pad_stop: float = 0.9  # stop when every masked slot predicts padding with at least this probability
+    temperature: float = 0.0  # 0: deterministic argmax
+    cache: bool = True  # reuse prefix/suffix K/V between steps (DualCache)
+    refresh_every: int = 0  # 0: never refresh the context K/V; k: full forward every k steps
+    seed: int = 0
+
+
+@dataclass
+class FillJob:
+    """One fill: prefix + `max_tokens` mask slots + suffix. Deadline is time.monotonic() seconds."""
+
+    prefix: str
+    suffix: str = ""
+    max_tokens: int = 32
+    deadline: float | None = None
+    options: DecodeOptions = field(default_factory=DecodeOptions)
+    context_tokens: int = 512  # prefix + slots + suffix are cut to fit this many tokens
+    job_id: int = field(default_factory=lambda: next(_ids))
+    submitted_at: float = field(default_factory=time.monotonic)
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+
+@dataclass
+class Fill:
+    """What came out of a job. `cancelled` fills carry whatever text was committed so far."""
+
+    text: str
+    tokens: int  # non-padding tokens in the fill
+    steps: int  # denoising steps (forward passes over the canvas) taken
+    slots: int  # mask slots on the canvas
+    cancelled: bool = False
+    deadline_hit: bool = False  # the remaining masks were committed in one last step
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    tokens_per_step: list[int] = field(default_factory=list)
+    ms_per_step: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def latency_ms(self) -> float:
+        return self.queue_ms + self.compute_ms

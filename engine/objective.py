@@ -1,0 +1,134 @@
+"""Training examples: the masked-diffusion objective and an infill objective shaped like the server's
+requests.
+
+Masked diffusion (LLaDA / MDLM): a window of tokens, each masked with probability t ~ U(0, 1);
+cross-entropy on masked positions weighted 1/t.
+Infill: clean prefix + n mask slots + clean suffix, cut at character positions (as an editor's cursor
+cuts text, mid-word included); the middle's tokens fill the first slots and the surplus slots are
+targeted to padding, so the model learns where a fill ends. A random share t of the slots is masked,
+the rest shows its target, as in a partly denoised canvas.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from engine.tokenizer import TextTokenizer
+
+SLOT_BUCKETS = (8, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class Example:
+    ids: list[int]  # model input (with masks)
+    targets: list[int]  # target id per position (-1: no loss)
+    weight: float  # loss weight per masked token (1 / (t * n))
+
+
+@dataclass
+class SpecialIds:
+    mask: int
+    pad: int
+    eos: int
+
+
+def mdlm_example(stream: list[int], seq_len: int, ids: SpecialIds, rng: random.Random) -> Example:
+    start = rng.randrange(0, max(1, len(stream) - seq_len))
+    window = stream[start : start + seq_len]
+    t = rng.uniform(0.02, 1.0)
+    inp, tgt = [], []
+    for tok in window:
+        if rng.random() < t:
+            inp.append(ids.mask)
+            tgt.append(tok)
+        else:
+            inp.append(tok)
+            tgt.append(-1)
+    if all(x == -1 for x in tgt):
+        i = rng.randrange(len(window))
+        inp[i], tgt[i] = ids.mask, window[i]
+    return Example(inp, tgt, 1.0 / (t * len(window)))
+
+
+def cut_hole(text: str, rng: random.Random) -> tuple[int, int]:
+    """Returns character offsets (a, b) of a middle, shaped like the server's hole kinds."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for ln in lines:
+        starts.append(starts[-1] + len(ln))
+    code_lines = [i for i, ln in enumerate(lines) if ln.strip()]
+    if not code_lines:
+        a = rng.randrange(len(text))
+        return a, min(len(text), a + rng.randint(1, 40))
+    kind = rng.random()
+    i = rng.choice(code_lines)
+    line = lines[i].rstrip("\n")
+    indent = len(line) - len(line.lstrip())
+    if kind < 0.35:  # rest of line: cursor somewhere in the line, middle runs to its end
+        a = starts[i] + rng.randint(indent, max(indent, len(line) - 1))
+        return a, starts[i] + len(line)
+    if kind < 0.65:  # block: one to eight whole lines, cursor at column 0 or after the indentation
+        k = rng.randint(1, 8)
+        j = min(len(lines), i + k)
+        a = starts[i] + (indent if rng.random() < 0.5 else 0)
+        b = starts[j] - (1 if rng.random() < 0.5 and j > i else 0)
+        return a, max(a + 1, b)
+    # middle: a span inside a line (code continues after it) or across lines
+    a = starts[i] + rng.randint(indent, max(indent, len(line) - 1))
+    b = a + rng.randint(1, 40)
+    return a, min(b, len(text))
+
+
+def infill_example(
+    text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, max_slots: int = 64
+) -> Example | None:
+    if len(text) < 20:
+        return None
+    a, b = cut_hole(text, rng)
+    if b <= a:
+        return None
+    prefix, middle, suffix = text[max(0, a - 3000) : a], text[a:b], text[b : b + 2000]
+    p_ids, m_ids, s_ids = tok.encode_batch([prefix, middle, suffix])
+    if not m_ids:
+        return None
+    if len(m_ids) > max_slots:  # the rest of the middle moves into the suffix, still clean text
+        s_ids = m_ids[max_slots:] + s_ids
+        m_ids = m_ids[:max_slots]
+    m = len(m_ids)
+    if rng.random() < 0.6:
+        n = rng.choice([s for s in SLOT_BUCKETS if s >= m] or [max_slots])
+    else:
+        n = min(max_slots, m + rng.randint(0, 16))
+    n = max(n, m)
+    room = seq_len - n
+    s_keep = min(len(s_ids), rng.randint(0, room // 2))
+    p_keep = min(len(p_ids), room - s_keep)
+    p_ids, s_ids = p_ids[len(p_ids) - p_keep :], s_ids[:s_keep]
+    canvas_target = m_ids + [ids.pad] * (n - m)
+    t = rng.uniform(0.02, 1.0)
+    masked = [rng.random() < t for _ in range(n)]
+    if not any(masked):
+        masked[rng.randrange(n)] = True
+    canvas = [ids.mask if mk else tg for mk, tg in zip(masked, canvas_target)]
+    inp = p_ids + canvas + s_ids
+    tgt = [-1] * len(p_ids) + [tg if mk else -1 for mk, tg in zip(masked, canvas_target)] + [-1] * len(s_ids)
+    return Example(inp, tgt, 1.0 / (t * n))
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pads a batch; key_valid is False at batch padding so no real token attends to it."""
+    L = max(len(e.ids) for e in examples)
+    B = len(examples)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    tgt = torch.full((B, L), -1, dtype=torch.long)
+    valid = torch.zeros((B, L), dtype=torch.bool)
+    w = torch.zeros((B, L), dtype=torch.float32)
+    for i, e in enumerate(examples):
+        n = len(e.ids)
+        ids[i, :n] = torch.tensor(e.ids)
+        tgt[i, :n] = torch.tensor(e.targets)
+        valid[i, :n] = True
+        w[i, :n] = e.weight
+    return {"ids": ids, "targets": tgt, "key_valid": valid, "weights": w}

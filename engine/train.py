@@ -1,0 +1,311 @@
+"""`dlm-lsp train`: trains the default masked-diffusion code model (or its autoregressive twin).
+
+Resumable: --resume reads a checkpoint folder (weights + tokenizer) and continues with a fresh
+optimizer and a short re-warm-up. Checkpoints hold an EMA of the weights, so a copy taken mid-run is
+already a good model. Writes a JSON log (train_log.jsonl), a curve (train_curve.png) and the split
+manifest (split.json) into the output folder.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine import corpus
+from engine.checkpoint import load_checkpoint, save_checkpoint
+from engine.config import ModelConfig
+from engine.model import Transformer
+from engine.objective import SpecialIds, collate, infill_example, mdlm_example
+from engine.tokenizer import BOS, EOS, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, PAD, TextTokenizer, train_bpe
+
+
+@dataclass
+class TrainArgs:
+    out: str = "runs/default"
+    resume: str | None = None
+    sources: list[str] = field(default_factory=list)
+    objective: str = "diffusion"  # "diffusion" or "ar" (FIM-format causal twin)
+    minutes: float = 10.0
+    max_steps: int | None = None
+    batch: int = 16
+    seq_len: int = 512
+    lr: float = 1e-3
+    warmup: int = 200
+    weight_decay: float = 0.1
+    ema: float = 0.999
+    infill_share: float = 0.6
+    vocab: int = 8192
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    ffn_dim: int = 768
+    threads: int | None = None
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: fp32 on CPU, bf16 autocast on CUDA
+    save_every_min: float = 10.0
+    seed: int = 0
+    max_files: int | None = None  # for tests: a tiny corpus
+    val_examples: int = 64
+    progress: bool = True
+
+
+def _special_ids(tok: TextTokenizer) -> SpecialIds:
+    return SpecialIds(mask=tok.token_id(MASK), pad=tok.token_id(PAD), eos=tok.token_id(EOS))
+
+
+def fim_example(text, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random):
+    """Autoregressive twin: <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle <eos> (PSM),
+    the same holes as the diffusion infill objective; loss on the middle and its end only."""
+    from engine.objective import Example, cut_hole
+
+    if len(text) < 20:
+        return None
+    a, b = cut_hole(text, rng)
+    if b <= a:
+        return None
+    p_ids, m_ids, s_ids = tok.encode_batch([text[max(0, a - 3000) : a], text[a:b], text[b : b + 2000]])
+    m_ids = m_ids[:64] + [ids.eos]
+    fp, fs, fm = tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE)
+    room = seq_len - len(m_ids) - 3
+    s_keep = min(len(s_ids), rng.randint(0, room // 2))
+    p_keep = min(len(p_ids), room - s_keep)
+    seq = [fp] + p_ids[len(p_ids) - p_keep :] + [fs] + s_ids[:s_keep] + [fm] + m_ids
+    # next-token targets: position i predicts seq[i+1]; only middle tokens count
+    start = len(seq) - len(m_ids) - 1
+    tgt = [-1] * len(seq)
+    for i in range(start, len(seq) - 1):
+        tgt[i] = seq[i + 1]
+    return Example(seq, tgt, 1.0 / len(m_ids))
+
+
+class Batches:
+    """Draws training batches from the corpus with one RNG, so a seed fixes the data order."""
+
+    def __init__(self, texts: list[str], tok: TextTokenizer, args: TrainArgs, seed: int):
+        self.texts, self.tok, self.args = texts, tok, args
+        self.rng = random.Random(seed)
+        self.ids = _special_ids(tok)
+        self.stream: list[int] = []
+        if args.objective == "diffusion":
+            for ids in tok.encode_batch(texts):
+                self.stream.extend(ids)
+                self.stream.append(self.ids.eos)
+        # sample files by size so big files are not under-represented
+        self.weights = [len(t) for t in texts]
+
+    def example(self):
+        a = self.args
+        while True:
+            if a.objective == "ar":
+                ex = fim_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng)
+            elif self.rng.random() < a.infill_share:
+                ex = infill_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng)
+            else:
+                ex = mdlm_example(self.stream, a.seq_len, self.ids, self.rng)
+            if ex is not None:
+                return ex
+
+    def batch(self, n: int):
+        return collate([self.example() for _ in range(n)], self.ids.pad)
+
+
+def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast) -> torch.Tensor:
+    """Weighted cross-entropy on target positions only: the LM head runs on those rows alone."""
+    ids, tgt, valid, w = (b[k].to(device) for k in ("ids", "targets", "key_valid", "weights"))
+    with autocast():
+        h = model.hidden(ids, key_valid=valid)  # (B, L, D)
+    sel = tgt >= 0
+    logits = model.logits(h[sel].float() if h.dtype != torch.float32 else h[sel])  # (N, V)
+    ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
+    return (ce * w[sel]).sum() / ids.shape[0]
+
+
+def _plot(log_path: Path, png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [json.loads(l) for l in log_path.read_text().splitlines() if l.strip()]
+    tr = [r for r in rows if "loss" in r]
+    va = [r for r in rows if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if tr:
+        ax.plot([r["hours"] for r in tr], [r["loss"] for r in tr], lw=0.8, label="train loss (EMA of batches)")
+    if va:
+        ax.plot([r["hours"] for r in va], [r["val_loss"] for r in va], "o-", label="held-out infill loss")
+    ax.set_xlabel("training hours (this model, all runs)")
+    ax.set_ylabel("loss (nats, weighted)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def train(args: TrainArgs) -> Path:
+    """Trains for args.minutes (or max_steps) and returns the output folder."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    use_bf16 = device.type == "cuda" and args.dtype in ("auto", "bf16")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else (lambda: torch.autocast("cpu", enabled=False))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    files = corpus.collect([Path(s) for s in args.sources])
+    train_files, held_files = corpus.split(files)
+    if args.max_files:
+        train_files, held_files = train_files[: args.max_files], held_files[: max(2, args.max_files // 10)]
+    corpus.write_manifest(out / "split.json", train_files, held_files)
+    texts = [t for t in (f.read() for f in train_files) if t]
+    held_texts = [t for t in (f.read() for f in held_files) if t]
+    print(f"corpus: {len(texts)} train files ({sum(map(len, texts)) / 1e6:.1f} MB), {len(held_texts)} held out", flush=True)
+
+    prior_hours, prior_tokens, step0 = 0.0, 0, 0
+    if args.resume:
+        model, tok, cfg = load_checkpoint(args.resume, device="cpu")
+        model.train()
+        st = Path(args.resume) / "training_state.json"
+        if st.exists():
+            s = json.loads(st.read_text())
+            prior_hours, prior_tokens, step0 = s.get("hours", 0.0), s.get("tokens", 0), s.get("step", 0)
+        prev_log = Path(args.resume) / "train_log.jsonl"
+        if prev_log.exists() and prev_log.resolve() != (out / "train_log.jsonl").resolve():
+            shutil.copy(prev_log, out / "train_log.jsonl")
+        print(f"resumed from {args.resume}: {prior_hours:.2f} h, step {step0}", flush=True)
+    else:
+        tok = train_bpe(texts, args.vocab)
+        cfg = ModelConfig(
+            vocab_size=tok.vocab_size, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
+            ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len),
+            attention="causal" if args.objective == "ar" else "bidirectional",
+            mask_token_id=tok.token_id(MASK), pad_token_id=tok.token_id(PAD),
+            eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS),
+        ).validate()
+        model = Transformer(cfg)
+        model.init_weights(args.seed)
+        (out / "train_log.jsonl").write_text("")
+    model.to(device)
+    print(f"model: {model.num_params() / 1e6:.2f}M params, {cfg.attention}", flush=True)
+
+    ema = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+    data = Batches(texts, tok, args, seed=args.seed + step0)
+    # fixed held-out infill examples: the same holes and masks at every evaluation
+    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0})
+    val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
+    val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
+
+    log = (out / "train_log.jsonl").open("a")
+    budget_s = args.minutes * 60
+    t0 = time.time()
+    last_save = t0
+    best = math.inf
+    bestf = out / "best_val.json"
+    if bestf.exists():
+        best = json.loads(bestf.read_text()).get("val_loss", math.inf)
+    step, tokens, smooth = step0, prior_tokens, None
+    bar = None
+    if args.progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=int(budget_s), unit="s", mininterval=30, file=sys.stderr, desc="train")
+        except ImportError:
+            bar = None
+
+    def hours_now():
+        return prior_hours + (time.time() - t0) / 3600
+
+    def evaluate():
+        model.eval()
+        backup = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.load_state_dict({k: v.to(backup[k].dtype) for k, v in ema.items()})
+        with torch.no_grad():
+            vl = sum(float(loss_on(model, b, device, autocast)) for b in val_batches) / len(val_batches)
+        model.load_state_dict(backup)
+        model.train()
+        return vl
+
+    def save(final=False):
+        nonlocal best, last_save
+        vl = evaluate()
+        rec = {"step": step, "hours": round(hours_now(), 4), "val_loss": round(vl, 4), "tokens": tokens}
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        state = {"step": step, "hours": hours_now(), "tokens": tokens, "val_loss": vl, "args": asdict(args)}
+        ema_model = Transformer(cfg)
+        ema_model.load_state_dict({k: v.cpu() for k, v in ema.items()})
+        save_checkpoint(out / "last", ema_model, tok, state)
+        shutil.copy(out / "train_log.jsonl", out / "last" / "train_log.jsonl")
+        if vl < best:
+            best = vl
+            save_checkpoint(out / "best", ema_model, tok, state)
+            shutil.copy(out / "train_log.jsonl", out / "best" / "train_log.jsonl")
+            bestf.write_text(json.dumps({"val_loss": vl, "step": step}) + "\n")
+        _plot(out / "train_log.jsonl", out / "train_curve.png")
+        for d in ("last", "best"):
+            if (out / d).exists():
+                shutil.copy(out / "train_curve.png", out / d / "train_curve.png") if (out / "train_curve.png").exists() else None
+        print(f"[save] step {step} val {vl:.4f} best {best:.4f} ({hours_now():.2f} h)", flush=True)
+        last_save = time.time()
+
+    model.train()
+    local = 0
+    while True:
+        elapsed = time.time() - t0
+        if elapsed >= budget_s or (args.max_steps is not None and local >= args.max_steps):
+            break
+        # warm-up, then constant, then a linear cool-down over the last 15% of this run's budget
+        frac = elapsed / budget_s
+        lr = args.lr * min(1.0, (local + 1) / args.warmup)
+        if frac > 0.85:
+            lr *= max(0.1, (1 - frac) / 0.15)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        b = data.batch(args.batch)
+        loss = loss_on(model, b, device, autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                ema[k].mul_(args.ema).add_(v.float(), alpha=1 - args.ema)
+        step += 1
+        local += 1
+        tokens += int(b["key_valid"].sum())
+        li = loss.item()
+        smooth = li if smooth is None else 0.98 * smooth + 0.02 * li
+        if local % 20 == 0:
+            tps = (tokens - prior_tokens) / max(1e-6, time.time() - t0)
+            log.write(json.dumps({"step": step, "hours": round(hours_now(), 4), "loss": round(smooth, 4), "lr": lr, "tok_s": round(tps)}) + "\n")
+            log.flush()
+            if bar is not None:
+                bar.set_postfix(loss=f"{smooth:.3f}", tok_s=f"{tps:.0f}", step=step)
+                bar.update(int(time.time() - t0) - bar.n)
+        if time.time() - last_save > args.save_every_min * 60:
+            save()
+    save(final=True)
+    if bar is not None:
+        bar.close()
+    log.close()
+    return out

@@ -1,0 +1,30 @@
+"""Tiny random-weight checkpoints in the project's format, for tests (no downloads)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.checkpoint import save_checkpoint
+from engine.config import ModelConfig
+from engine.model import Transformer
+from engine.tokenizer import BOS, EOS, MASK, PAD, train_bpe
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "import os\nimport sys\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i)\n",
+    "function f(x) { return x * 2; }\n",
+] * 20
+
+
+def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift: bool = False, seed: int = 0,
+                         dim: int = 32, n_layers: int = 2, vocab: int = 300) -> Path:
+    tok = train_bpe(CORPUS, vocab)
+    cfg = ModelConfig(
+        vocab_size=tok.vocab_size, dim=dim, n_layers=n_layers, n_heads=2, ffn_dim=dim * 2, max_seq_len=1024,
+        attention=attention, logits_shift=logits_shift, mask_token_id=tok.token_id(MASK),
+        pad_token_id=tok.token_id(PAD), eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS),
+    ).validate()
+    model = Transformer(cfg)
+    model.init_weights(seed)
+    save_checkpoint(folder, model, tok)
+    return Path(folder)
