@@ -34,7 +34,7 @@ eval: setup
 	$(VENV)/bin/dlm-lsp eval --json eval.json
 
 replay: setup
-	$(VENV)/bin/dlm-lsp replay examples/inventory.py --json replay.json
+	$(VENV)/bin/dlm-lsp replay examples/tide_log.py --json replay.json --png replay.png
 
 clean:
 	rm -rf $(VENV) *.egg-info

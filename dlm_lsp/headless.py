@@ -1,0 +1,183 @@
+"""One fill without an editor: `dlm-lsp complete PATH:LINE:COL` and `dlm-lsp demo`.
+
+Both go through the server's own path - documents.Document -> context.build_request ->
+context.to_fill_job -> engine -> postprocess.finish with the same syntax check - so what they
+print is what an editor would show for the same cursor (minus typing-through and scheduling).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlm_lsp import context, postprocess
+from dlm_lsp.documents import Document, language_id_for_path
+from dlm_lsp.options import InitializationOptions
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_FILE = REPO / "examples" / "tide_log.py"
+
+# Holes for the demo: (text that ends right at the cursor, the original text cut out there).
+DEMO_HOLES = [
+    ('level = line.split()\n        when = datetime.strptime(', 'f"{day} {clock}", "%Y-%m-%d %H:%M"'),
+    ("    def tidal_range(self) -> float:\n        ", "return self.high - self.low"),
+    ("self.add(Reading.parse(line))\n            added += 1\n        return ", "added"),
+    ('the extreme readings."""\n    if not ', "readings"),
+    ("for a, b in zip(self.readings, self.readings[1:]):\n            ",
+     "if b.when - a.when > longest:\n                found.append((a.when, b.when))"),
+    ("    levels = [r.level for r in readings]\n    mean = ", "sum(levels) / len(levels)"),
+]
+
+
+@dataclass
+class HeadlessFill:
+    """A fill computed outside the server, with what the JSON output reports."""
+
+    text: str
+    start: tuple[int, int]  # LSP (line, character), 0-based, UTF-16
+    end: tuple[int, int]
+    hole_kind: str
+    latency_ms: float
+    steps: int
+    tokens: int
+    raw: str
+    dropped: str | None
+    deadline_hit: bool
+
+    def as_json(self) -> dict:
+        return {
+            "text": self.text,
+            "range": {"start": {"line": self.start[0], "character": self.start[1]},
+                      "end": {"line": self.end[0], "character": self.end[1]}},
+            "hole_kind": self.hole_kind, "latency_ms": round(self.latency_ms, 1), "steps": self.steps,
+            "tokens": self.tokens, "raw": self.raw, "dropped": self.dropped, "deadline_hit": self.deadline_hit,
+        }
+
+
+def load_engine(model: str | None = None, device: str = "auto"):
+    """Loads the engine on this thread (raises with a readable message if the model is missing)."""
+    from engine.service import EngineService
+
+    engine = EngineService(model=model, device=device)
+    engine.load()
+    return engine
+
+
+def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_fill_tokens: int = 64,
+                  filters: bool = True) -> HeadlessFill:
+    """Runs the server's context -> engine -> postprocess path for one cursor."""
+    arrival = time.monotonic()
+    req = context.build_request(doc, offset, max_fill_tokens)
+    job = context.to_fill_job(req, arrival + budget_ms / 1000.0)
+    fill = engine.run_now(job)
+    check = postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
+    fin = postprocess.finish(req, fill.text, check, filters=filters)
+    latency = (time.monotonic() - arrival) * 1000
+    idx = doc.index()
+    start = idx.position(offset)
+    end = idx.position(offset + fin.replace_len)
+    return HeadlessFill(fin.text, start, end, req.hole_kind, latency, fill.steps, fill.tokens, fill.text,
+                        fin.dropped, fill.deadline_hit)
+
+
+def complete(path: str, line: int, col: int, model: str | None = None, as_json: bool = False,
+             budget_ms: int | None = None, device: str = "auto", engine=None, filters: bool = True) -> str:
+    """Returns what `dlm-lsp complete PATH:LINE:COL` prints (1-based line and column, columns in
+    characters): the fill, or with as_json one JSON object."""
+    text = Path(path).read_text(encoding="utf-8")
+    doc = Document(Path(path).resolve().as_uri(), language_id_for_path(path), 1, text)
+    idx = doc.index()
+    row = max(0, min(line - 1, len(idx.starts) - 1))
+    offset = idx.starts[row] + min(max(0, col - 1), len(idx.line_text(row)))
+    engine = engine or load_engine(model, device)
+    budget = budget_ms if budget_ms is not None else InitializationOptions().budget_ms
+    res = fill_document(engine, doc, offset, budget, filters=filters)
+    if as_json:
+        return json.dumps(res.as_json())
+    return res.text
+
+
+def _parse_location(loc: str) -> tuple[str, int, int]:
+    path, line, col = loc.rsplit(":", 2)
+    return path, int(line), int(col)
+
+
+def add_complete_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("location", metavar="PATH:LINE:COL", help="file and 1-based line and column of the cursor")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, range, hole_kind, latency_ms, steps, tokens)")
+    p.add_argument("--model", default=None, help="model folder or HF cache id (default: the embedded model)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--budget-ms", type=int, default=None, help="deadline for the fill (default 300)")
+    p.add_argument("--raw", action="store_true", help="skip the post-processing filters")
+
+
+def run_complete(args: argparse.Namespace) -> int:
+    try:
+        path, line, col = _parse_location(args.location)
+    except ValueError:
+        print(f"expected PATH:LINE:COL, got {args.location!r}", file=sys.stderr)
+        return 2
+    if not Path(path).is_file():
+        print(f"no such file: {path}", file=sys.stderr)
+        return 2
+    print(complete(path, line, col, model=args.model, as_json=args.json, budget_ms=args.budget_ms,
+                   device=args.device, filters=not args.raw))
+    return 0
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def demo_holes(text: str) -> list[tuple[str, int, str]]:
+    """(text with the hole cut out, cursor offset, the original text) for each demo hole found."""
+    out = []
+    for before, truth in DEMO_HOLES:
+        i = text.find(before + truth)
+        if i == -1:
+            continue
+        cursor = i + len(before)
+        out.append((text[:cursor] + text[cursor + len(truth) :], cursor, truth))
+    return out
+
+
+def add_demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--file", default=str(DEMO_FILE), help="example file (default examples/tide_log.py)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--budget-ms", type=int, default=None, help="deadline per fill (default 300)")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    path = Path(getattr(args, "file", None) or DEMO_FILE)
+    text = path.read_text(encoding="utf-8")
+    t0 = time.monotonic()
+    engine = load_engine(getattr(args, "model", None), getattr(args, "device", "auto"))
+    print(f"model {engine.model_name or 'default'} on {engine.device} loaded in {time.monotonic() - t0:.1f} s")
+    budget = getattr(args, "budget_ms", None) or InitializationOptions().budget_ms
+    holes = demo_holes(text)
+    if not holes:
+        print(f"{path.name} has none of the demo holes", file=sys.stderr)
+        return 1
+    lang = language_id_for_path(str(path))
+    # one warm-up fill: the first forward pass pays one-time allocation costs
+    fill_document(engine, Document("file:///warmup", lang, 1, holes[0][0]), holes[0][1], budget)
+    for cut, cursor, truth in holes:
+        doc = Document(path.resolve().as_uri(), lang, 1, cut)
+        res = fill_document(engine, doc, cursor, budget)
+        line, col = doc.index().row_col(cursor)
+        print(f"\n{path.name}:{line + 1}:{col + 1}  {res.hole_kind:6}  {res.latency_ms:6.1f} ms  "
+              f"{res.steps:2d} steps  {res.tokens:2d} tokens{'  (deadline)' if res.deadline_hit else ''}")
+        print(f"  line : {doc.index().line_text(line).strip()}")
+        print(f"  truth: {_show(truth)}")
+        print(f"  fill : {_show(res.text) if res.text else '(nothing shown: ' + (res.dropped or 'empty') + ')'}")
+        if res.text != res.raw.rstrip():
+            print(f"  raw  : {_show(res.raw)}")
+    return 0
+
+
+def _show(s: str, width: int = 100) -> str:
+    s = s.replace("\n", "\u23ce ")
+    return s if len(s) <= width else s[: width - 1] + "\u2026"

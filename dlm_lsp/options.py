@@ -1,0 +1,87 @@
+"""Server options from `initializationOptions` and `workspace/didChangeConfiguration`.
+
+Keys are camelCase in JSON. A bad value never fails the server: the default is kept and a warning
+naming the key goes back to the editor (window/showMessage).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+# languageIds parsed with a tree-sitter grammar; "*" in `languages` means every other language,
+# handled by indentation alone.
+GRAMMAR_LANGUAGES = ("python", "javascript", "javascriptreact", "typescript", "typescriptreact", "go", "rust")
+DEFAULT_LANGUAGES = [*GRAMMAR_LANGUAGES, "*"]
+
+
+@dataclass
+class InitializationOptions:
+    """What an editor can set; every field has a default."""
+
+    model: str | None = None  # None: the embedded default model (models/default)
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    budget_ms: int = 300  # keystroke-to-fill budget; the engine's deadline is arrival + budget
+    debounce_ms: int = 0  # wait this long for a newer request before starting a job
+    max_fill_tokens: int = 64  # upper bound on mask slots for any hole
+    languages: list[str] = field(default_factory=lambda: list(DEFAULT_LANGUAGES))
+    # Test hook: false returns the engine's text with only padding dropped and one-line holes cut to
+    # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
+    # weak model; not meant for editors.
+    postprocess: bool = True
+
+    def serves(self, language_id: str) -> bool:
+        """True when fills are offered for documents of `language_id`."""
+        return language_id in self.languages or "*" in self.languages
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+_CHECKS = {
+    "model": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+    "device": lambda v: isinstance(v, str) and (v in ("auto", "cpu", "cuda") or v.startswith("cuda:")),
+    "budget_ms": lambda v: isinstance(v, int) and not isinstance(v, bool) and 10 <= v <= 60_000,
+    "debounce_ms": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 5_000,
+    "max_fill_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 512,
+    "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "postprocess": lambda v: isinstance(v, bool),
+}
+_KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
+
+
+def parse_options(raw, base: InitializationOptions | None = None) -> tuple[InitializationOptions, list[str]]:
+    """Returns (options, warnings): `raw` applied over `base` (or the defaults); bad values keep the
+    value from `base` and add a warning that names the key and the value used."""
+    opts = dataclasses.replace(base) if base is not None else InitializationOptions()
+    opts.languages = list(opts.languages)
+    warnings: list[str] = []
+    if raw is None:
+        return opts, warnings
+    if not isinstance(raw, dict):
+        return opts, [f"dlm-lsp options must be an object, got {type(raw).__name__}; using defaults"]
+    for key, value in raw.items():
+        name = _KEYS.get(key)
+        if name is None:
+            warnings.append(f"dlm-lsp: unknown option {key!r} ignored")
+            continue
+        if isinstance(value, float) and value.is_integer() and name.endswith(("_ms", "_tokens")):
+            value = int(value)  # JSON clients sometimes send 300.0
+        if name == "model" and value in ("", "default"):
+            value = None
+        if not _CHECKS[name](value):
+            kept = getattr(opts, name)
+            warnings.append(f"dlm-lsp: invalid value {value!r} for {key!r}; using {kept!r}")
+            continue
+        setattr(opts, name, list(value) if name == "languages" else value)
+    return opts, warnings
+
+
+def dlm_section(settings) -> dict | None:
+    """The `dlm` section of didChangeConfiguration settings ({"dlm": {...}}), or None if absent."""
+    if isinstance(settings, dict):
+        section = settings.get("dlm")
+        if isinstance(section, dict):
+            return section
+    return None

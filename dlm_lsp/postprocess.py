@@ -1,0 +1,364 @@
+"""Engine text -> the fill an editor may show, or nothing.
+
+A small model's fill can contain anything, so every rule here makes it safer, never longer:
+  1. drop padding / special tokens; one line for line, middle and one-line args holes
+  2. block holes end at the first line indented less than the block (and top-level blocks at their
+     first blank line); lines that start repeating, or that re-type the code below, are cut
+  3. a fill that repeats the code after the cursor, or the line above, is dropped (edit distance
+     within 5%, as Tabby does)
+  4. brackets: a closer that re-types a bracket the editor auto-closed after the cursor extends the
+     replace range over it; a closer that the code below already closes is cut; a mismatched
+     closer is cut; a tail that repeats the rest of the line is trimmed
+  5. a fill that adds tree-sitter error nodes the file did not have is cut to its longest clean
+     prefix (by whole lines, then by characters) or dropped
+Everything is a pure function of its arguments; the syntax check is passed in as a callable.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from dlm_lsp.context import CLOSERS, MATCH, FillRequest, indent_width, lex_events
+
+_SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
+_END_MARKERS = ("<|endoftext|>", "<|eos|>", "</s>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+SIMILARITY = 0.05  # edit distance within 5% of the length counts as a repeat
+
+
+@dataclass
+class Finished:
+    """A fill ready for the editor: insert `text` over [offset, offset + replace_len)."""
+
+    text: str
+    replace_len: int = 0
+    dropped: str | None = None  # why nothing is shown (None when text is non-empty)
+    postprocess_ms: float = 0.0
+
+
+# ----------------------------------------------------------------------------- small rules
+
+
+def strip_specials(text: str) -> str:
+    """Cuts at the first end-of-text marker and removes other special tokens (padding, masks)."""
+    for m in _END_MARKERS:
+        i = text.find(m)
+        if i != -1:
+            text = text[:i]
+    text = _SPECIAL.sub("", text).replace("\r\n", "\n")
+    # control characters (a lone \r, escape codes, NUL) and undecodable bytes never belong in a fill
+    return _CONTROL.sub("", text).replace("\ufffd", "")
+
+
+def first_line(text: str) -> str:
+    """Text up to the first line break."""
+    return text.split("\n", 1)[0].rstrip("\r")
+
+
+def within_distance(a: str, b: str, k: int) -> bool:
+    """True when the Levenshtein distance of a and b is at most k (banded, O(len * k))."""
+    if abs(len(a) - len(b)) > k:
+        return False
+    if k == 0:
+        return a == b
+    big = k + 1
+    prev = {j: j for j in range(0, min(len(b), k) + 1)}
+    for i in range(1, len(a) + 1):
+        cur = {}
+        lo, hi = max(0, i - k), min(len(b), i + k)
+        for j in range(lo, hi + 1):
+            if j == 0:
+                cur[j] = i
+                continue
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev.get(j - 1, big) + cost, prev.get(j, big) + 1, cur.get(j - 1, big) + 1)
+        if min(cur.values()) > k:
+            return False
+        prev = cur
+    return prev.get(len(b), big) <= k
+
+
+def similar(a: str, b: str, share: float = SIMILARITY) -> bool:
+    """True when a and b differ by at most `share` of the longer one's length."""
+    if not a or not b:
+        return False
+    return within_distance(a, b, int(share * max(len(a), len(b))))
+
+
+def _norm_lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.split("\n") if ln.strip()]
+
+
+def _trivial(line: str) -> bool:
+    """A line too small to judge repetition by (a lone bracket, `pass`-sized)."""
+    return len(re.sub(r"[\s()\[\]{};,:]", "", line)) < 3
+
+
+def repeats_suffix(fill: str, suffix: str) -> bool:
+    """True when the fill re-types the code that follows the cursor (same number of lines)."""
+    f = _norm_lines(fill)
+    if not f:
+        return False
+    s = _norm_lines(suffix)[: len(f)]
+    return len(s) == len(f) and similar("\n".join(f), "\n".join(s))
+
+
+def repeats_line_above(fill_line: str, line_above: str) -> bool:
+    """True when a line (the cursor line as it would be with the fill) repeats the line above."""
+    a, b = fill_line.strip(), line_above.strip()
+    return not _trivial(a) and similar(a, b)
+
+
+_DEGENERATE = re.compile(r"(.{1,6}?)\1{7,}")
+
+
+def cut_degenerate(fill: str) -> str:
+    """Cuts the fill before a short pattern repeated 8+ times in a row ("ARARARAR...", ",,,,,,,,"),
+    the signature of a small model that lost its way."""
+    m = _DEGENERATE.search(fill)
+    if m is None or m.group(1).isspace():
+        return fill
+    return fill[: m.start()].rstrip()
+
+
+def cut_repetition(fill: str, suffix: str) -> str:
+    """Cuts a multi-line fill where a line repeats the one before it, or where it starts re-typing
+    the first line of code after the cursor."""
+    lines = fill.split("\n")
+    below = next((ln.strip() for ln in suffix.split("\n")[1:] if ln.strip()), "")
+    if not below:
+        below = next((ln.strip() for ln in suffix.split("\n") if ln.strip()), "")
+    for i in range(1, len(lines)):
+        s = lines[i].strip()
+        if not s or _trivial(s):
+            continue
+        if s == lines[i - 1].strip() or (below and similar(s, below)):
+            return "\n".join(lines[:i]).rstrip()
+    return fill
+
+
+def cut_block(fill: str, req: FillRequest) -> str:
+    """Cuts a block fill at the first line indented less than the block (or the first blank line for
+    top-level blocks)."""
+    limit = req.stop.block_indent or 0
+    lines = fill.split("\n")
+    seen_code = bool(lines[0].strip())
+    for i in range(1, len(lines)):
+        ln = lines[i]
+        if not ln.strip():
+            if req.stop.stop_at_blank_line and seen_code:
+                return "\n".join(lines[:i]).rstrip()
+            continue
+        if indent_width(ln) < limit:
+            return "\n".join(lines[:i]).rstrip()
+        seen_code = True
+    return fill.rstrip()
+
+
+def leading_closers(after: str, stack: list[str]) -> list[int]:
+    """End offsets in `after` of the closers right after the cursor that close `stack`'s brackets
+    innermost first (brackets the editor auto-closed)."""
+    ends = []
+    for i, ch in enumerate(after):
+        if ch not in CLOSERS or len(ends) >= len(stack) or MATCH[ch] != stack[-1 - len(ends)]:
+            break
+        ends.append(i + 1)
+    return ends
+
+
+def balance_brackets(fill: str, req: FillRequest) -> tuple[str, int]:
+    """Returns (fill, replace_len): brackets balanced against what the code after the cursor closes."""
+    fill, replace_len, _ = _balance(fill, req)
+    return fill, replace_len
+
+
+def _balance(fill: str, req: FillRequest) -> tuple[str, int, int]:
+    """balance_brackets, plus the end offset in the fill of the last closer that re-types an
+    auto-closed bracket (0 if none)."""
+    st = req.lex.copy()
+    auto = leading_closers(req.line_after, req.lex.stack)
+    floor = len(st.stack)
+    closed = 0
+    replace_len = protected = 0
+    for i, _c, ev in lex_events(fill, req.language_id, st):
+        if ev == "mismatch":
+            return fill[:i].rstrip(), replace_len, protected
+        if ev == "close" and len(st.stack) < floor:  # the fill closed a bracket opened before it
+            floor = len(st.stack)
+            closed += 1
+            if closed <= len(auto):
+                replace_len, protected = auto[closed - 1], i + 1  # re-typed an auto-closed bracket
+            elif closed <= req.suffix_closes:
+                return fill[:i].rstrip(), replace_len, protected  # the code below closes it already
+    return fill, replace_len, protected
+
+
+def own_brackets_closed(fill: str, req: FillRequest) -> bool:
+    """True when every bracket and string the fill opens is closed within the fill."""
+    st = req.lex.copy()
+    floor = len(st.stack)
+    for _i, _c, ev in lex_events(fill, req.language_id, st):
+        if ev == "mismatch":
+            return False
+        floor = min(floor, len(st.stack))
+    return len(st.stack) == floor and (st.quote is None or st.quote == req.lex.quote)
+
+
+def trim_tail_overlap(fill: str, rest_of_line: str, keep: int = 0) -> str:
+    """Drops the fill's tail (after its first `keep` characters) when it re-types the rest of the
+    line after the replaced range."""
+    rest = rest_of_line.rstrip()
+    tail = fill[keep:].rstrip()
+    if rest.strip() and tail.endswith(rest):
+        return fill[:keep] + tail[: -len(rest)]
+    return fill
+
+
+def cut_to_clean(fill: str, is_clean: Callable[[str], bool], max_tries: int = 40) -> str:
+    """Returns the fill if it is clean, else its longest clean prefix: whole lines first, then
+    characters at token boundaries; "" when no prefix is clean."""
+    if is_clean(fill):
+        return fill
+    tries = 1
+    lines = fill.split("\n")
+    for k in range(len(lines) - 1, 0, -1):
+        cand = "\n".join(lines[:k]).rstrip()
+        if not cand.strip():
+            continue
+        tries += 1
+        if is_clean(cand):
+            return cand
+        if tries >= max_tries // 2:
+            break
+    first = lines[0]
+    cuts = [i for i in range(len(first) - 1, 0, -1) if _boundary(first, i)]
+    for i in cuts:
+        if tries >= max_tries:
+            break
+        cand = first[:i].rstrip()
+        if not cand.strip():
+            continue
+        tries += 1
+        if is_clean(cand):
+            return cand
+    return ""
+
+
+def _boundary(s: str, i: int) -> bool:
+    """True between two characters of different kinds (word / space / punctuation)."""
+    def kind(c):
+        return 0 if c.isalnum() or c == "_" else 1 if c.isspace() else 2
+    return kind(s[i - 1]) != kind(s[i]) or kind(s[i]) == 2
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | None = None,
+           filters: bool = True) -> Finished:
+    """Returns the fill to show for `req` from the engine's `raw` text (empty text = show nothing)."""
+    t0 = time.perf_counter()
+
+    def done(text: str, replace_len: int = 0, dropped: str | None = None) -> Finished:
+        if not text.strip():
+            text, replace_len, dropped = "", 0, dropped or "empty"
+        return Finished(text, replace_len, dropped, (time.perf_counter() - t0) * 1000)
+
+    text = strip_specials(raw).replace("\r\n", "\n")
+    if req.stop.single_line:
+        text = first_line(text)
+    if req.hole_kind == "block" and not req.line_before.strip() and text.startswith("\n"):
+        # the cursor already sits on an empty line: a fill starting with a line break would leave
+        # that line behind as whitespace; start on it, without re-typing its indentation
+        text = text.lstrip("\n")
+        if req.line_before and text.startswith(req.line_before):
+            text = text[len(req.line_before) :]
+    text = text.rstrip()
+    if not filters:
+        return done(text)
+    text = cut_degenerate(text)
+    if not text.strip():
+        return done("", dropped="empty")
+    if req.hole_kind == "block" or (req.hole_kind == "args" and not req.stop.single_line):
+        text = cut_block(text, req) if req.hole_kind == "block" else text
+        text = cut_repetition(text, req.suffix)
+    if repeats_suffix(text, req.suffix):
+        return done("", dropped="repeats the code after the cursor")
+    first = first_line(text)
+    candidate_line = (req.line_before + first) if req.hole_kind in ("line", "middle", "args") else first
+    if req.line_above and repeats_line_above(candidate_line, req.line_above):
+        return done("", dropped="repeats the line above")
+    text, replace_len, protected = _balance(text, req)
+    text = trim_tail_overlap(text, req.line_after[replace_len:], protected)
+    if not text.strip():
+        return done("", dropped="only re-types what follows")
+    def clean_enough(t: str) -> bool:
+        if not own_brackets_closed(t, req):
+            return False
+        return is_clean is None or is_clean(t, balance_brackets(t, req)[1])
+
+    if not clean_enough(text):
+        clean = cut_to_clean(text, clean_enough)
+        if not clean.strip():
+            return done("", dropped="adds syntax errors")
+        if clean != text:
+            text, replace_len = balance_brackets(clean, req)
+    return done(text.rstrip(), replace_len)
+
+
+# ----------------------------------------------------------------------------- syntax check
+
+
+def error_nodes(node) -> list:
+    """ERROR and MISSING nodes under `node` (only subtrees flagged has_error are visited)."""
+    found = []
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if cur.is_error or cur.is_missing:
+            found.append(cur)
+        if cur.has_error:
+            stack.extend(cur.children)
+    return found
+
+
+def count_errors(node) -> int:
+    """Number of ERROR and MISSING nodes under `node`."""
+    return len(error_nodes(node))
+
+
+class SyntaxCheck:
+    """is_clean(fill, replace_len): inserting the fill at `offset` must not add error nodes to the
+    file, and no error may begin inside the fill itself (tree-sitter's recovery can trade an error
+    at the cursor for a new one in the fill while the count stays the same). Each call re-parses
+    incrementally from the document's tree."""
+
+    def __init__(self, text: str, tree, parser, offset: int):
+        self.text, self.tree, self.parser, self.offset = text, tree, parser, offset
+        self.before = text[:offset].encode("utf-8")
+        base = error_nodes(tree.root_node)
+        self.base_errors = len(base)
+        self.base_starts_at_cursor = any(n.start_byte == len(self.before) for n in base)
+        nl = text.rfind("\n", 0, offset)
+        self.row = text.count("\n", 0, offset)
+        self.col_bytes = len(text[nl + 1 : offset].encode("utf-8"))
+        self.calls = 0
+
+    def __call__(self, fill: str, replace_len: int = 0) -> bool:
+        self.calls += 1
+        replaced = self.text[self.offset : self.offset + replace_len].encode("utf-8")
+        after = self.text[self.offset + replace_len :].encode("utf-8")
+        fb = fill.encode("utf-8")
+        start = len(self.before)
+        tree = self.tree.copy()
+        nl = fill.rfind("\n")
+        end_pt = (self.row, self.col_bytes + len(fb)) if nl == -1 else (self.row + fill.count("\n"), len(fill[nl + 1 :].encode("utf-8")))
+        tree.edit(start, start + len(replaced), start + len(fb), (self.row, self.col_bytes),
+                  (self.row, self.col_bytes + len(replaced)), end_pt)
+        new = error_nodes(self.parser.parse(self.before + fb + after, tree).root_node)
+        if len(new) > self.base_errors:
+            return False
+        lo = start + 1 if self.base_starts_at_cursor else start
+        return not any(lo <= n.start_byte < start + len(fb) for n in new)

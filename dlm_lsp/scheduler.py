@@ -1,0 +1,262 @@
+"""Who gets the engine: latest-wins per document, cancellation, deadlines, typing-through.
+
+- A new request for a document supersedes that document's older request even when the editor
+  sends no `$/cancelRequest` (Neovim 0.12 sends none): the older one answers empty at once and its
+  engine job is cancelled (the engine stops it within one step).
+- `$/cancelRequest` cancels the handler's asyncio task; `run` turns that into `job.cancel()`.
+- The deadline of a job is the request's arrival + budget.
+- Typing-through: when the user types characters that continue the fill last shown for a document,
+  the rest of that fill is returned without an engine call.
+- Typing along a job in flight: when the only change since a running job started is text typed at
+  its cursor (a few characters, no line break), the job is spared - neither didChange nor the next
+  request cancels it. Its own request still answers empty (its version is gone), but its fill is
+  kept for typing-through, and the newer request waits for it (within its own deadline) instead of
+  starting a job of its own. At 10 keystrokes/s and fills of 100-300 ms this is what lets a fill be
+  shown at all.
+Engine step counts are booked per job, so the share of steps spent on jobs later cancelled (or
+discarded as stale) can be reported.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class Superseded(Exception):
+    """A newer request for the same document took over."""
+
+
+@dataclass
+class Stats:
+    """Counters reported by `dlm/stats` (and by replay)."""
+
+    requests: int = 0
+    answered: int = 0  # requests answered with a non-empty fill
+    empty: int = 0  # answered with nothing (filtered, not ready, no fill)
+    cancelled: int = 0  # superseded by a newer request or cancelled by the client
+    stale: int = 0  # the document changed while the job ran: result discarded
+    typed_through: int = 0  # served from the fill already shown, no engine call
+    typed_along: int = 0  # fills finished after the user typed along them, kept for typing-through
+    errors: int = 0  # engine errors or exceptions answered with an empty result
+    engine_jobs: int = 0
+    engine_steps: int = 0
+    wasted_steps: int = 0  # steps of jobs that were cancelled or discarded as stale
+    last_latency_ms: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def as_json(self) -> dict:
+        with self._lock:
+            steps = self.engine_steps
+            return {
+                "requests": self.requests, "answered": self.answered, "empty": self.empty,
+                "cancelled": self.cancelled, "stale": self.stale, "typedThrough": self.typed_through,
+                "typedAlong": self.typed_along,
+                "errors": self.errors, "engineJobs": self.engine_jobs, "engineSteps": steps,
+                "wastedSteps": self.wasted_steps,
+                "wastedStepShare": (self.wasted_steps / steps) if steps else 0.0,
+                "lastLatencyMs": self.last_latency_ms,
+            }
+
+
+class Ticket:
+    """One inline-completion request on its way through the scheduler."""
+
+    def __init__(self, uri: str, version: int, arrival: float, budget_ms: int, loop: asyncio.AbstractEventLoop,
+                 offset: int = 0, text: str = ""):
+        self.uri, self.version, self.arrival = uri, version, arrival
+        self.deadline = arrival + budget_ms / 1000.0
+        self.superseded: asyncio.Future = loop.create_future()
+        self.finished = asyncio.Event()  # set when its handler is done (its fill kept, or not)
+        self.offset, self.text = offset, text  # cursor and document text when the request arrived
+        self.job = None
+        self.wasted = False
+        self.steps: int | None = None  # engine steps of its job, once the job has finished
+
+    def typed_along(self, text: str, cursor: int | None = None, most: int = 48) -> bool:
+        """True when `text` (cursor at `cursor`, or wherever the length change puts it) differs from
+        this request's text only by up to `most` characters typed at its cursor, on one line."""
+        if cursor is None:
+            cursor = self.offset + len(text) - len(self.text)
+        if not self.offset <= cursor <= self.offset + most:
+            return False
+        if len(text) - cursor != len(self.text) - self.offset:
+            return False
+        if "\n" in text[self.offset : cursor]:
+            return False
+        c = 256
+        return (text[max(0, self.offset - c) : self.offset] == self.text[max(0, self.offset - c) : self.offset]
+                and text[cursor : cursor + c] == self.text[self.offset : self.offset + c])
+
+    async def race(self, aw):
+        """Awaits `aw` unless a newer request supersedes this one first (then raises Superseded)."""
+        task = asyncio.ensure_future(aw)
+        try:
+            await asyncio.wait({task, self.superseded}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if self.superseded.done():
+            task.cancel()
+            raise Superseded()
+        return task.result()
+
+
+class Scheduler:
+    """Latest-wins job runner over an engine `submit(job) -> concurrent Future[Fill]`."""
+
+    def __init__(self, submit: Callable, stats: Stats | None = None):
+        self.submit = submit
+        self.stats = stats or Stats()
+        self._latest: dict[str, Ticket] = {}
+        self._inflight: dict[str, Ticket] = {}  # the ticket whose engine job is running, per document
+
+    def begin(self, uri: str, version: int, budget_ms: int, arrival: float | None = None, offset: int = 0,
+              text: str = "", spare: Ticket | None = None) -> Ticket:
+        """Registers a request; supersedes the document's previous one and cancels its job (a
+        `spare`d ticket keeps running: the user is typing along it)."""
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(uri, version, arrival if arrival is not None else time.monotonic(), budget_ms, loop,
+                        offset, text)
+        self.cancel_document(uri, spare)
+        self._latest[uri] = ticket
+        with self.stats._lock:
+            self.stats.requests += 1
+        return ticket
+
+    def inflight(self, uri: str) -> Ticket | None:
+        """The document's ticket whose engine job is still running, if any."""
+        return self._inflight.get(uri)
+
+    def end(self, ticket: Ticket) -> None:
+        if self._latest.get(ticket.uri) is ticket:
+            del self._latest[ticket.uri]
+        if self._inflight.get(ticket.uri) is ticket:
+            del self._inflight[ticket.uri]
+        ticket.finished.set()
+
+    def cancel(self, ticket: Ticket, supersede: bool = False) -> None:
+        """Cancels a request's engine job (and wakes its handler when superseded)."""
+        if supersede and not ticket.superseded.done():
+            ticket.superseded.set_result(True)
+        if ticket.job is not None:
+            ticket.job.cancel()
+        self.mark_wasted(ticket)
+
+    def cancel_document(self, uri: str, spare: Ticket | None = None) -> None:
+        """Supersedes what runs for a document (a new request, didChange, didClose), except `spare`."""
+        for t in (self._latest.pop(uri, None), self._inflight.get(uri)):
+            if t is not None and t is not spare:
+                self.cancel(t, supersede=True)
+
+    async def wait_for(self, ticket: Ticket, other: Ticket) -> None:
+        """Waits until `other`'s handler is done or `ticket`'s deadline passes (raises Superseded)."""
+        left = ticket.deadline - time.monotonic()
+        if left > 0:
+            try:
+                await ticket.race(asyncio.wait_for(other.finished.wait(), left))
+            except asyncio.TimeoutError:
+                pass
+
+    def mark_wasted(self, ticket: Ticket) -> None:
+        """Books the ticket's engine steps as wasted (now, or when its job finishes)."""
+        if ticket.job is None:
+            return
+        with self.stats._lock:
+            if not ticket.wasted and ticket.steps is not None:
+                self.stats.wasted_steps += ticket.steps
+            ticket.wasted = True
+
+    async def debounce(self, ticket: Ticket, ms: int) -> None:
+        """Waits `ms` unless superseded first (raises Superseded)."""
+        if ms > 0:
+            await ticket.race(asyncio.sleep(ms / 1000.0))
+
+    async def run(self, ticket: Ticket, job):
+        """Submits `job` and returns its Fill; raises Superseded, CancelledError or EngineError."""
+        ticket.job = job
+        if ticket.superseded.done():
+            job.cancel()
+            raise Superseded()
+        fut: Future = self.submit(job)
+        self._inflight[ticket.uri] = ticket
+        fut.add_done_callback(lambda f: self._booked(ticket, f))
+        afut = asyncio.wrap_future(fut)
+        afut.add_done_callback(_retrieve)  # nobody awaits it after a supersede: silence its error
+        try:
+            return await ticket.race(asyncio.shield(afut))
+        except (Superseded, asyncio.CancelledError):
+            job.cancel()
+            self.mark_wasted(ticket)
+            raise
+
+    def _booked(self, ticket: Ticket, fut: Future) -> None:
+        """Engine thread: books the finished job's steps."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        steps = fut.result().steps
+        with self.stats._lock:
+            self.stats.engine_jobs += 1
+            self.stats.engine_steps += steps
+            ticket.steps = steps
+            if ticket.wasted:
+                self.stats.wasted_steps += steps
+
+
+def _retrieve(f: asyncio.Future) -> None:
+    if not f.cancelled():
+        f.exception()
+
+
+# ----------------------------------------------------------------------------- typing-through
+
+
+@dataclass
+class Shown:
+    """The fill last shown in a document: inserted at str offset `offset`."""
+
+    offset: int
+    text: str
+    replace_len: int
+    before: str  # up to 256 chars of the document before `offset` at show time
+    after: str  # up to 256 chars of the document after `offset` at show time
+
+
+class TypingThrough:
+    """Remembers the last fill shown per document and serves its rest while the user types it."""
+
+    CONTEXT = 256
+
+    def __init__(self):
+        self._shown: dict[str, Shown] = {}
+
+    def remember(self, uri: str, text: str, offset: int, fill: str, replace_len: int) -> None:
+        if not fill:
+            self._shown.pop(uri, None)
+            return
+        c = self.CONTEXT
+        self._shown[uri] = Shown(offset, fill, replace_len, text[max(0, offset - c) : offset], text[offset : offset + c])
+
+    def forget(self, uri: str) -> None:
+        self._shown.pop(uri, None)
+
+    def clear(self) -> None:
+        self._shown.clear()
+
+    def rest(self, uri: str, text: str, cursor: int) -> tuple[str, int] | None:
+        """(rest of the fill, replace_len) when the text typed since the fill was shown is a proper
+        prefix of it (possibly empty: the same cursor asks again) and nothing else changed; else None."""
+        s = self._shown.get(uri)
+        if s is None or cursor < s.offset:
+            return None
+        typed = text[s.offset : cursor]
+        if not s.text.startswith(typed) or len(typed) >= len(s.text):
+            return None
+        if text[max(0, s.offset - len(s.before)) : s.offset] != s.before:
+            return None
+        if text[cursor : cursor + len(s.after)] != s.after:
+            return None
+        return s.text[len(typed) :], s.replace_len

@@ -1,0 +1,454 @@
+"""The language server: one pygls LanguageServer, thin async handlers, the engine off the loop.
+
+Flow of one inlineCompletion request (see docs/ARCHITECTURE.md):
+  typing-through? -> debounce -> engine ready? -> context.build_request -> scheduler.run (engine
+  thread) -> version still the same? -> postprocess.finish -> InlineCompletionItem
+
+Extensions (documented for editors in docs/lsp-extensions.md):
+  notification  dlm/status  {"state", "model", "device", "lastLatencyMs", "message"}
+                sent on every engine state change and after each fill
+  request       dlm/stats   -> {"requests", "answered", "empty", "cancelled", "stale", "typedThrough",
+                "typedAlong", "errors", "engineJobs", "engineSteps", "wastedSteps", "wastedStepShare",
+                "lastLatencyMs", "state", "model", "device"}; counters since the server started,
+                wastedSteps = engine steps of jobs that were cancelled or whose result was stale,
+                typedAlong = stale fills kept for typing-through because the user typed along them
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from types import SimpleNamespace
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+
+from dlm_lsp import context, postprocess
+from dlm_lsp.documents import DocumentStore
+from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
+from dlm_lsp.positions import UTF16, units_len
+from dlm_lsp.scheduler import Scheduler, Stats, Superseded, TypingThrough
+
+log = logging.getLogger("dlm.server")
+
+VERSION = "0.1.0"
+STATUS = "dlm/status"
+STATS = "dlm/stats"
+PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never reused after its end
+
+
+class DlmProtocol(LanguageServerProtocol):
+    """Answers a request whose params do not match the LSP types with InvalidParams (pygls alone
+    would log the error and leave the request unanswered)."""
+
+    def structure_message(self, data):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as exc:
+            if isinstance(data, dict) and "id" in data and "method" in data and "jsonrpc" in data:
+                log.warning("malformed %s request %r: %s", data.get("method"), data.get("id"), exc)
+                err = JsonRpcInvalidParams(f"invalid params for {data.get('method')}")
+                self._send_response(data["id"], None, err.to_response_error())
+                return _ANSWERED
+            raise
+
+    def handle_message(self, message):
+        if message is _ANSWERED:
+            return
+        super().handle_message(message)
+
+
+_ANSWERED = SimpleNamespace(jsonrpc="answered")  # a malformed request already answered with an error
+
+
+def default_engine_factory(model, device, on_state):
+    """The real engine (imported here so importing the server never loads torch)."""
+    from engine.service import EngineService
+
+    return EngineService(model=model, device=device, on_state=on_state)
+
+
+class DlmServer(LanguageServer):
+    """Documents, options, scheduler and the engine handle of one editor session."""
+
+    def __init__(self, engine_factory=None):
+        super().__init__("dlm-lsp", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+                         protocol_cls=DlmProtocol)
+        self.options = InitializationOptions()
+        self.option_warnings: list[str] = []
+        self.documents = DocumentStore()
+        self.stats = Stats()
+        self.scheduler = Scheduler(self._submit, self.stats)
+        self.typing = TypingThrough()
+        self.engine_factory = engine_factory or default_engine_factory
+        self.engine = None
+        self.engine_gen = 0
+        self.engine_state = "idle"
+        self.engine_info: dict = {"model": "default", "device": "auto", "message": None}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Event | None = None
+        self._progress_open: str | None = None  # token of the progress that has begun and not ended
+
+    # ------------------------------------------------------------------ engine
+
+    def _submit(self, job):
+        return self.engine.submit(job)
+
+    def start_engine(self) -> None:
+        """(Re)starts the engine with the current model/device options; loading runs off the loop."""
+        old, self.engine = self.engine, None
+        if old is not None:
+            self.loop.run_in_executor(None, old.close)
+        self.typing.clear()  # fills of another model
+        self.engine_gen += 1
+        gen = self.engine_gen
+        self._ready = asyncio.Event()
+        self.engine_state = "loading"
+        self.engine_info = {"model": self.options.model or "default", "device": self.options.device, "message": None}
+
+        def on_state(state, info, gen=gen):  # engine thread
+            self.loop.call_soon_threadsafe(self._engine_state_changed, gen, state, dict(info or {}))
+
+        try:
+            self.engine = self.engine_factory(self.options.model, self.options.device, on_state)
+            self.engine.start()
+        except Exception as e:  # noqa: BLE001 - a bad engine setup must not take the server down
+            log.exception("engine failed to start")
+            self._engine_state_changed(gen, "error", {"message": f"engine failed to start: {e}"})
+            return
+        self._begin_progress()
+
+    def _engine_state_changed(self, gen: int, state: str, info: dict) -> None:
+        if gen != self.engine_gen:
+            return  # a callback from an engine that was replaced
+        self.engine_state = state
+        self.engine_info.update({k: v for k, v in info.items() if v is not None or k == "message"})
+        log.info("engine %s (%s on %s)%s", state, self.engine_info.get("model"), self.engine_info.get("device"),
+                 f": {info.get('message')}" if info.get("message") else "")
+        if state in ("ready", "error"):
+            self._ready.set()
+            self._end_progress(state)
+        if state == "error":
+            self.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Error,
+                message=f"dlm-lsp: {info.get('message') or 'the model failed to load'}. "
+                        "Check the `model` and `device` options (or run `dlm-lsp complete` to see the error).",
+            ))
+        self.send_status()
+
+    def send_status(self) -> None:
+        """Sends the dlm/status notification."""
+        self.protocol.notify(STATUS, {
+            "state": self.engine_state, "model": str(self.engine_info.get("model") or "default"),
+            "device": str(self.engine_info.get("device") or self.options.device),
+            "lastLatencyMs": self.stats.last_latency_ms, "message": self.engine_info.get("message"),
+        })
+
+    def _supports_progress(self) -> bool:
+        caps = getattr(self.protocol, "client_capabilities", None)
+        return bool(caps and caps.window and caps.window.work_done_progress)
+
+    def _begin_progress(self) -> None:
+        if not self._supports_progress() or self.engine_state != "loading":
+            return
+        token = f"{PROGRESS_TOKEN}/{self.engine_gen}"
+
+        async def begin():
+            try:
+                await asyncio.wait_for(self.work_done_progress.create_async(token), 5)
+                if self.engine_state != "loading" or token != f"{PROGRESS_TOKEN}/{self.engine_gen}":
+                    return
+                self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
+                    title="dlm-lsp", message=f"loading model {self.engine_info.get('model')}", cancellable=False))
+                self._progress_open = token
+            except Exception as e:  # noqa: BLE001 - progress is cosmetic
+                log.debug("work done progress unavailable: %s", e)
+
+        self.loop.create_task(begin())
+
+    def _end_progress(self, state: str) -> None:
+        if self._progress_open:
+            token, self._progress_open = self._progress_open, None
+            self.work_done_progress.end(token, types.WorkDoneProgressEnd(
+                message="model ready" if state == "ready" else "model failed to load"))
+
+    async def _wait_ready(self, ticket) -> bool:
+        """True once the engine is ready; waits at most until the request's deadline."""
+        if self.engine is None or self.engine_state == "error":
+            return False
+        if self.engine_state == "ready":
+            return True
+        left = ticket.deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            await ticket.race(asyncio.wait_for(self._ready.wait(), left))
+        except asyncio.TimeoutError:
+            return False
+        return self.engine_state == "ready"
+
+    # ------------------------------------------------------------------ fills
+
+    @property
+    def encoding(self) -> str:
+        try:
+            return str(self.workspace.position_encoding or UTF16)
+        except RuntimeError:
+            return UTF16
+
+    async def fill_at(self, uri: str, position: types.Position):
+        """Returns (text, range) of the fill at `position`, or None; never raises except
+        CancelledError (the client's $/cancelRequest)."""
+        arrival = time.monotonic()
+        doc = self.documents.get(uri)
+        if doc is None:
+            log.info("completion asked for a document that is not open: %s", uri)
+            return None
+        if not self.options.serves(doc.language_id):
+            return None
+        idx = doc.index(self.encoding)
+        offset = idx.offset(position.line, position.character)
+        inflight = self.scheduler.inflight(uri)
+        spare = inflight if inflight is not None and inflight.typed_along(doc.text, offset) else None
+        ticket = self.scheduler.begin(uri, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
+        outcome = "empty"
+        try:
+            hit = self.typing.rest(uri, doc.text, offset)
+            if hit is None and spare is not None:
+                # the user is typing along a job in flight: its fill, once kept, may serve this cursor
+                await self.scheduler.wait_for(ticket, spare)
+                hit = self.typing.rest(uri, doc.text, offset)
+            if hit is not None:
+                self.stats.typed_through += 1
+                outcome = "answered"
+                return self._range_result(doc, offset, *hit)
+            await self.scheduler.debounce(ticket, self.options.debounce_ms)
+            if not await self._wait_ready(ticket):
+                return None
+            if self.documents.get(uri) is not doc or doc.version != ticket.version:
+                outcome = "stale"
+                return None
+            t0 = time.perf_counter()
+            req = context.build_request(doc, offset, self.options.max_fill_tokens)
+            job = context.to_fill_job(req, ticket.deadline)
+            tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place
+            context_ms = (time.perf_counter() - t0) * 1000
+            fill = await self.scheduler.run(ticket, job)
+            stale = self.documents.get(uri) is not doc or doc.version != ticket.version
+            if stale and not (self.documents.get(uri) is doc and ticket.typed_along(doc.text)):
+                self.scheduler.mark_wasted(ticket)
+                outcome = "stale"
+                return None
+            check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
+                     if tree is not None and self.options.postprocess else None)
+            fin = postprocess.finish(req, fill.text, check, filters=self.options.postprocess)
+            latency = (time.monotonic() - arrival) * 1000
+            self.stats.last_latency_ms = round(latency, 1)
+            log.debug(
+                "fill %s:%d:%d %s: context %.1f ms, queue %.1f ms, engine %.1f ms, %d steps, %d tokens, "
+                "postprocess %.1f ms, total %.1f ms%s%s%s", uri.rsplit("/", 1)[-1], position.line, position.character,
+                req.hole_kind, context_ms, fill.queue_ms, fill.compute_ms, fill.steps, fill.tokens,
+                fin.postprocess_ms, latency, " (deadline hit)" if fill.deadline_hit else "",
+                f" dropped: {fin.dropped}" if fin.dropped else "", " (typed along: kept)" if stale else "")
+            self.send_status()
+            if fill.cancelled:
+                outcome = "cancelled"
+                return None
+            self.typing.remember(uri, ticket.text, offset, fin.text, fin.replace_len)
+            if stale:  # its version is gone; the fill stays for the request typing along it
+                self.stats.typed_along += 1
+                outcome = "stale"
+                return None
+            if not fin.text:
+                return None
+            outcome = "answered"
+            return self._range_result(doc, offset, fin.text, fin.replace_len)
+        except Superseded:
+            outcome = "cancelled"
+            return None
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as e:  # noqa: BLE001 - one failed request must not affect the others
+            outcome = "errors"
+            log.warning("fill failed for %s at %s: %s", uri, position, e, exc_info=not _is_engine_error(e))
+            return None
+        finally:
+            self.scheduler.end(ticket)
+            with self.stats._lock:
+                setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+
+    def _range_result(self, doc, offset: int, text: str, replace_len: int):
+        idx = doc.index(self.encoding)
+        line, char = idx.position(offset)
+        row, col = idx.row_col(offset)
+        end_char = char + units_len(idx.line_text(row)[col : col + replace_len], self.encoding)
+        rng = types.Range(types.Position(line, char), types.Position(line, end_char))
+        return text, rng
+
+    # ------------------------------------------------------------------ configuration
+
+    def apply_options(self, raw, initial: bool = False) -> None:
+        """Applies raw option values; restarts the engine when model or device changed."""
+        old = self.options
+        self.options, warnings = parse_options(raw, old)
+        self.typing.clear()  # a kept fill was made under the old options
+        for w in warnings:
+            log.warning(w)
+        if initial:
+            self.option_warnings.extend(warnings)
+        else:
+            for w in warnings:
+                self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=w))
+            if (self.options.model, self.options.device) != (old.model, old.device) and self.loop is not None:
+                log.info("model/device changed: restarting the engine")
+                self.start_engine()
+
+
+def _is_engine_error(e: Exception) -> bool:
+    return type(e).__name__ == "EngineError"
+
+
+def make_server(engine_factory=None) -> DlmServer:
+    """Builds the server with every handler registered. `engine_factory(model, device, on_state)`
+    replaces the real engine (tests use a scripted one)."""
+    server = DlmServer(engine_factory)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: DlmServer, params: types.InitializeParams):
+        """Reads initializationOptions (bad values fall back to defaults, with a warning later)."""
+        ls.apply_options(params.initialization_options, initial=True)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: DlmServer, params: types.InitializedParams):
+        """Starts loading the model and reports option warnings."""
+        ls.loop = asyncio.get_running_loop()
+        for w in ls.option_warnings:
+            ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=w))
+        ls.option_warnings.clear()
+        ls.start_engine()
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: DlmServer, params):
+        """Stops the engine."""
+        if ls.engine is not None:
+            ls.engine.close()
+            ls.engine = None
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams):
+        """Tracks a newly opened document."""
+        d = params.text_document
+        ls.documents.open(d.uri, d.language_id, d.version, d.text)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams):
+        """Applies edits (incrementally re-parsing) and cancels the document's now-stale job (unless
+        the edit only typed along it)."""
+        uri = params.text_document.uri
+        doc = ls.documents.change(uri, params.text_document.version, params.content_changes, ls.encoding)
+        inflight = ls.scheduler.inflight(uri)
+        typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
+        ls.scheduler.cancel_document(uri, spare=inflight if typing_along else None)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams):
+        """Forgets a closed document."""
+        uri = params.text_document.uri
+        ls.scheduler.cancel_document(uri)
+        ls.typing.forget(uri)
+        ls.documents.close(uri)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
+        """Ghost text at the cursor: a fill from the engine, or the rest of one being typed."""
+        got = await ls.fill_at(params.text_document.uri, params.position)
+        if got is None:
+            return types.InlineCompletionList(items=[])
+        text, rng = got
+        return types.InlineCompletionList(items=[types.InlineCompletionItem(insert_text=text, range=rng)])
+
+    @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=[]))
+    async def completion(ls: DlmServer, params: types.CompletionParams):
+        """Fallback for editors without inline completion: the fill as one (multi-line) item."""
+        got = await ls.fill_at(params.text_document.uri, params.position)
+        if got is None:
+            return types.CompletionList(is_incomplete=True, items=[])
+        text, rng = got
+        label = text.strip().split("\n", 1)[0][:60] or text[:60]
+        item = types.CompletionItem(
+            label=label, kind=types.CompletionItemKind.Snippet, detail="dlm-lsp fill",
+            documentation=types.MarkupContent(kind=types.MarkupKind.PlainText, value=text),
+            text_edit=types.TextEdit(range=rng, new_text=text), filter_text=label,
+            insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
+        )
+        return types.CompletionList(is_incomplete=True, items=[item])
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(ls: DlmServer, params: types.DidChangeConfigurationParams):
+        """Applies the `dlm` settings section (pulls it with workspace/configuration if not pushed)."""
+        section = dlm_section(params.settings)
+        if section is None and _supports_configuration(ls):
+            try:
+                got = await asyncio.wait_for(ls.workspace_configuration_async(
+                    types.ConfigurationParams(items=[types.ConfigurationItem(section="dlm")])), 5)
+                section = got[0] if got and isinstance(got[0], dict) else None
+            except Exception as e:  # noqa: BLE001
+                log.debug("workspace/configuration failed: %s", e)
+        if section is not None:
+            ls.apply_options(section)
+
+    @server.feature(STATS)
+    def stats(ls: DlmServer, params=None):
+        """Counters since start (requests, cancelled, typed-through, engine steps, wasted steps...)."""
+        out = ls.stats.as_json()
+        out.update({"state": ls.engine_state, "model": str(ls.engine_info.get("model")),
+                    "device": str(ls.engine_info.get("device"))})
+        return out
+
+    return server
+
+
+def _supports_configuration(ls: DlmServer) -> bool:
+    caps = getattr(ls.protocol, "client_capabilities", None)
+    return bool(caps and caps.workspace and caps.workspace.configuration)
+
+
+def serve(engine_factory=None) -> None:
+    """Runs the server over stdio until the client exits."""
+    server = make_server(engine_factory)
+    server.start_io()
+    if server.engine is not None:
+        server.engine.close()
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)")
+    p.add_argument("--log-file", default=None, help="also write the log to this file")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    quiet_pygls()
+    if getattr(args, "log_file", None):
+        h = logging.FileHandler(args.log_file)
+        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(h)
+    serve()
+    return 0
+
+
+def quiet_pygls() -> None:
+    """pygls logs every message body at INFO; keep stderr readable."""
+    logging.getLogger("pygls").setLevel(logging.WARNING)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_pygls()
+    serve()

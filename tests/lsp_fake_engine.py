@@ -1,0 +1,89 @@
+"""A scripted stand-in for engine.service.EngineService, for server tests that need exact timing.
+
+The server passes its `model` option to the engine factory, so a test picks the behaviour with
+`"model": "scripted:steps=20,step_ms=50,text=hello%20world"`:
+  steps     denoising steps per job (default 4)
+  step_ms   sleep per step (default 10)
+  load_ms   time spent "loading" before ready (default 0)
+  text      the fill text, URL-quoted (default "x = 1")
+  fail      1: every job raises EngineError
+  echo      N > 0: the fill is the last N characters of the job's prefix (checks what the server sent)
+Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
+resolves cancelled jobs with Fill(cancelled=True) carrying the steps taken.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import urllib.parse
+from concurrent.futures import Future
+
+from engine.api import EngineError, Fill
+
+
+def parse_script(model: str | None) -> dict:
+    params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0"}
+    body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
+    for part in filter(None, body.split(",")):
+        k, _, v = part.partition("=")
+        params[k] = urllib.parse.unquote(v)
+    return params
+
+
+class ScriptedEngine:
+    def __init__(self, model=None, device="auto", on_state=None):
+        self.model_name, self.device_name, self.on_state = model, device, on_state
+        self.p = parse_script(model)
+        self.state = "idle"
+        self._inbox: queue.Queue = queue.Queue()
+        self._thread = None
+        self.jobs_seen = 0
+
+    def _set(self, state, message=None):
+        self.state = state
+        if self.on_state:
+            self.on_state(state, {"model": str(self.model_name), "device": "cpu", "message": message})
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, job) -> Future:
+        fut: Future = Future()
+        self._inbox.put((job, fut))
+        return fut
+
+    def close(self):
+        self._inbox.put(None)
+
+    def _run(self):
+        self._set("loading")
+        time.sleep(int(self.p["load_ms"]) / 1000)
+        self._set("ready")
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            job, fut = item
+            self.jobs_seen += 1
+            if self.p["fail"] == "1":
+                fut.set_exception(EngineError("scripted failure"))
+                continue
+            started = time.monotonic()
+            steps, cancelled, hit = 0, False, False
+            for _ in range(int(self.p["steps"])):
+                if job.cancelled:
+                    cancelled = True
+                    break
+                if job.deadline is not None and time.monotonic() >= job.deadline:
+                    hit = True
+                    break
+                time.sleep(int(self.p["step_ms"]) / 1000)
+                steps += 1
+            n = int(self.p["echo"])
+            text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
+            fut.set_result(Fill(text=text, tokens=len(text) // 3, steps=steps, slots=job.max_tokens,
+                                cancelled=cancelled, deadline_hit=hit, queue_ms=(started - job.submitted_at) * 1000,
+                                compute_ms=(time.monotonic() - started) * 1000))

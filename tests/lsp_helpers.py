@@ -1,0 +1,58 @@
+"""Helpers for the end-to-end tests: start a real server process, talk LSP to it."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import urllib.parse
+from pathlib import Path
+
+from dlm_lsp.replay import LspClient
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_SERVER = [sys.executable, str(REPO / "tests" / "lsp_fake_server.py")]
+REAL_SERVER = [sys.executable, "-m", "dlm_lsp", "serve"]
+
+
+def scripted(**kw) -> str:
+    """The `model` option that selects the scripted engine's behaviour (tests/lsp_fake_engine.py)."""
+    return "scripted:" + ",".join(f"{k}={urllib.parse.quote(str(v), safe='')}" for k, v in kw.items())
+
+
+@contextlib.asynccontextmanager
+async def lsp_server(cmd, options: dict | None = None, capabilities: dict | None = None, log_path=None,
+                     wait_ready: bool = True, config: dict | None = None, ready_timeout: float = 120):
+    """Yields an initialized LspClient talking to `cmd`; stops the server afterwards."""
+    log = open(log_path, "wb") if log_path else None
+    client = LspClient(cmd, cwd=str(REPO), stderr=log, config=config)
+    await client.start()
+    try:
+        client.init_result = await client.initialize(options, capabilities)
+        if wait_ready:
+            await client.wait_ready(ready_timeout)
+        yield client
+    finally:
+        await client.stop()
+        if log:
+            log.close()
+
+
+def open_doc(client: LspClient, uri: str, text: str, lang: str = "python", version: int = 1) -> None:
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": version, "text": text}})
+
+
+def insert(client: LspClient, uri: str, version: int, line: int, char: int, text: str) -> None:
+    client.notify("textDocument/didChange", {
+        "textDocument": {"uri": uri, "version": version},
+        "contentChanges": [{"range": {"start": {"line": line, "character": char},
+                                      "end": {"line": line, "character": char}}, "text": text}],
+    })
+
+
+def inline_params(uri: str, line: int, char: int) -> dict:
+    return {"textDocument": {"uri": uri}, "position": {"line": line, "character": char}, "context": {"triggerKind": 2}}
+
+
+async def inline(client: LspClient, uri: str, line: int, char: int, timeout: float = 30):
+    """Returns the items of a textDocument/inlineCompletion answer."""
+    res = await client.request("textDocument/inlineCompletion", inline_params(uri, line, char), timeout=timeout)
+    return res["items"] if isinstance(res, dict) else (res or [])

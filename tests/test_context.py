@@ -1,0 +1,259 @@
+"""Cursor context: hole kinds per language, windows, imports and headers, positions, documents."""
+import pytest
+
+from dlm_lsp.context import build_request, count_closed, lex_state
+from dlm_lsp.documents import Document, DocumentStore, make_parser
+from dlm_lsp.options import InitializationOptions, parse_options
+from dlm_lsp.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, index_to_column, units_len
+
+
+def request(lang: str, src: str, **kw):
+    """Builds the request for `src` with the cursor at the `|` marker."""
+    offset = src.index("|")
+    doc = Document("file:///t", lang, 1, src.replace("|", "", 1))
+    return build_request(doc, offset, **kw)
+
+
+# ----------------------------------------------------------------------------- hole kinds
+
+CASES = [
+    # (language, source with | at the cursor, expected hole kind, single line?)
+    ("python", "def f(x):\n    y = x +|\n", "line", True),
+    ("python", "def f(x):\n    |\n", "block", False),
+    ("python", "def f(x):|\n", "block", False),
+    ("python", "def f(x):\n    if x|:\n        pass\n", "middle", True),
+    ("python", "def f(x):\n    return foo(x, |)\n", "args", True),
+    ("python", "d = {'a': 1, |}\n", "args", True),
+    ("python", "foo(\n    a,\n    |\n)\n", "args", False),
+    ("python", "s = 'abc|'\n", "middle", True),
+    ("javascript", "function f(a) {\n  const b = a *|\n}\n", "line", True),
+    ("javascript", "function f(a) {\n  |\n}\n", "block", False),
+    ("javascript", "function f(a) {\n  return g(a, |);\n}\n", "args", True),
+    ("javascript", "const o = {a: 1, |};\n", "args", True),
+    ("javascript", "if (a|) {\n}\n", "args", True),
+    ("typescript", "function f(a: number): number {\n  |\n}\n", "block", False),
+    ("typescript", "function f(a: number): number {\n  return a|;\n}\n", "middle", True),
+    ("go", "package main\n\nfunc main() {\n\tx := 1\n\t|\n}\n", "block", False),
+    ("go", "package main\n\nfunc main() {\n\tfmt.Println(|)\n}\n", "args", True),
+    ("go", "package main\n\nfunc main() {\n\ty := x +|\n}\n", "line", True),
+    ("rust", "fn main() {\n    let v = vec![1, |];\n}\n", "args", True),
+    ("rust", "fn main() {\n    let y = x +|\n}\n", "line", True),
+    ("rust", "fn f<'a>(x: &'a str) {\n    |\n}\n", "block", False),
+    ("plaintext", "proc x {\n  set a 1\n  |\n}\n", "block", False),
+    ("plaintext", "set a [expr 1 +|\n", "args", True),
+]
+
+
+@pytest.mark.parametrize("lang,src,kind,single", CASES, ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_hole_kind(lang, src, kind, single):
+    req = request(lang, src)
+    assert req.hole_kind == kind
+    assert req.stop.single_line is single
+
+
+def test_mask_slots_per_kind_and_bound():
+    assert request("python", "x = |\n").mask_slots == 24
+    assert request("python", "if x|:\n    pass\n").mask_slots == 16
+    assert request("python", "f(|)\n").mask_slots == 16
+    assert request("python", "def f():\n    |\n").mask_slots == 64
+    assert request("python", "def f():\n    |\n", max_fill_tokens=20).mask_slots == 20
+
+
+def test_block_indent_rules():
+    # empty line in a body: the block is the body's indentation
+    assert request("python", "def f(x):\n    a = 1\n    |\n").stop.block_indent == 4
+    # end of a line that opens a block: one indent unit deeper
+    assert request("python", "def f(x):|\n").stop.block_indent == 4
+    assert request("python", "class A:\n  def f(self):|\n").stop.block_indent == 4  # 2-space file
+    # top level: ends at the first blank line
+    top = request("python", "import os\n|\n")
+    assert top.stop.block_indent == 0 and top.stop.stop_at_blank_line
+    # tabs count 4
+    assert request("go", "package main\n\nfunc main() {\n\t|\n}\n").stop.block_indent == 4
+
+
+def test_prefix_and_suffix_are_exact_around_the_cursor_for_small_files():
+    src = "import os\n\ndef f(x):\n    y = x +| 1\n    return y\n"
+    req = request("python", src)
+    text = src.replace("|", "")
+    assert req.prefix == text[: src.index("|")]
+    assert req.suffix == text[src.index("|") :]
+    assert req.line_before == "    y = x +" and req.line_after == " 1"
+
+
+# ----------------------------------------------------------------------------- windows
+
+def _big_python() -> str:
+    helpers = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(80))
+    body = "".join(f"        total += helper_{i}(x)\n" for i in range(120))
+    return ("import os\nfrom collections import OrderedDict\n\n\n" + helpers
+            + "class Ledger:\n    rate = 3\n\n    def settle(\n        self,\n        x,\n    ):\n"
+            + "        total = 0\n" + body + "        |\n        return total\n\n\ndef tail():\n    pass\n")
+
+
+def test_window_keeps_imports_and_enclosing_headers_under_budget():
+    req = request("python", _big_python(), context_tokens=512)
+    budget = (512 - 64) * 3.5
+    assert len(req.prefix) + len(req.suffix) <= budget * 1.05
+    assert req.prefix.startswith("import os\nfrom collections import OrderedDict\n")
+    assert "class Ledger:\n" in req.prefix
+    assert "    def settle(\n        self,\n        x,\n    ):\n" in req.prefix  # whole multi-line header
+    assert "helper_0(x):" not in req.prefix  # far definitions are out
+    assert req.prefix.endswith("        total += helper_119(x)\n        ")
+
+
+def test_window_starts_on_a_statement_boundary():
+    req = request("python", _big_python())
+    window = req.prefix.split("    ):\n", 1)[1]
+    assert window.startswith("        total += helper_")  # a whole statement of the body
+    assert req.suffix.startswith("\n        return total\n")
+
+
+def test_window_never_starts_inside_a_sibling_body():
+    helpers = "".join(f"def helper_{i}(x):\n    y = x * {i}\n    return y + 1\n\n" for i in range(80))
+    req = request("python", "import os\n\n" + helpers + "def last(x):\n    |\n")
+    after_imports = req.prefix.split("import os\n", 1)[1].lstrip("\n")
+    assert after_imports.startswith("def helper_"), after_imports[:60]
+
+
+@pytest.mark.parametrize("lang,src,head,imp", [
+    ("go", "package main\n\nimport \"fmt\"\n\nfunc main() {\n" + "".join(f"\tx += {i}\n" for i in range(300)) + "\t|\n}\n",
+     "func main() {\n", "package main\nimport \"fmt\"\n"),
+    ("rust", "use std::io;\n\nimpl Acc {\n    fn add(&mut self) -> i32 {\n" + "".join(f"        x += {i};\n" for i in range(300))
+     + "        |\n    }\n}\n", "impl Acc {\n    fn add(&mut self) -> i32 {\n", "use std::io;\n"),
+    ("javascript", "import x from 'y';\n\nclass A {\n  run(a) {\n" + "".join(f"    a += {i};\n" for i in range(300))
+     + "    |\n  }\n}\n", "class A {\n  run(a) {\n", "import x from 'y';\n"),
+    ("typescript", "import {x} from 'y';\n\nfunction g(a: number): number {\n" + "".join(f"  a += {i};\n" for i in range(300))
+     + "  |\n}\n", "function g(a: number): number {\n", "import {x} from 'y';\n"),
+])
+def test_headers_and_imports_per_language(lang, src, head, imp):
+    req = request(lang, src)
+    assert req.prefix.startswith(imp)
+    assert head in req.prefix
+    assert len(req.prefix) < 1600
+    # the prefix's own brackets say we are inside the function's braces
+    assert req.lex.stack and req.lex.stack[-1] == "{"
+    assert req.suffix_closes >= 1
+
+
+def test_indentation_fallback_headers_for_other_languages():
+    body = "".join(f"    line {i}\n" for i in range(300))
+    req = request("plaintext", "import thing\nsection alpha\n" + body + "    |\n")
+    assert req.prefix.startswith("import thing\n")
+    assert "section alpha\n" in req.prefix
+    assert len(req.prefix) < 1600
+
+
+# ----------------------------------------------------------------------------- lexing
+
+def test_lexer_ignores_brackets_in_strings_and_comments():
+    st = lex_state("f('(', \"[\", x  # )\n", "python")
+    assert st.stack == ["("]
+    st = lex_state("g(`${a}(`, /* ) */ b", "javascript")
+    assert st.stack == ["("]
+    st = lex_state("fn f<'a>(x: &'a str, c: char) { let q = '(';", "rust")
+    assert st.stack == ["{"]
+    st = lex_state('x = """ ( \n ) ( """ + (', "python")
+    assert st.stack == ["("]
+
+
+def test_count_closed():
+    assert count_closed(")\n", "python", ["("]) == 1
+    assert count_closed("])", "python", ["(", "["]) == 2
+    assert count_closed("]", "python", ["("]) == 0  # mismatch stops counting
+    assert count_closed("\n  x\n}\n", "go", ["{"]) == 1
+
+
+# ----------------------------------------------------------------------------- positions
+
+def test_utf16_columns():
+    line = "s = '😀é' + x"
+    # 😀 is one code point, two UTF-16 units, four UTF-8 bytes
+    i = line.index("+")
+    assert index_to_column(line, i, UTF16) == i + 1
+    assert index_to_column(line, i, UTF8) == i + 4
+    assert index_to_column(line, i, UTF32) == i
+    for enc in (UTF8, UTF16, UTF32):
+        assert column_to_index(line, index_to_column(line, i, enc), enc) == i
+    assert column_to_index(line, 6, UTF16) == 6  # inside the surrogate pair: snaps past the emoji
+    assert column_to_index(line, 999, UTF16) == len(line)
+    assert units_len("😀", UTF16) == 2 and units_len("😀", UTF8) == 4
+
+
+def test_line_index_round_trip_and_clamping():
+    text = "a😀b\r\nsecond\n"
+    idx = LineIndex(text, UTF16)
+    assert idx.offset(0, 3) == 2  # after the emoji
+    assert idx.position(2) == (0, 3)
+    assert idx.offset(0, 99) == 3  # clamps before "\r"
+    assert idx.offset(1, 2) == text.index("second") + 2
+    assert idx.offset(9, 0) == len(text)
+
+
+# ----------------------------------------------------------------------------- documents
+
+def _change(line, ch, eline, ech, text):
+    class Pos:
+        def __init__(self, l, c):
+            self.line, self.character = l, c
+
+    class Rng:
+        def __init__(self):
+            self.start, self.end = Pos(line, ch), Pos(eline, ech)
+
+    class Change:
+        pass
+
+    c = Change()
+    c.range, c.text = Rng(), text
+    return c
+
+
+def test_incremental_edits_match_a_fresh_parse():
+    store = DocumentStore()
+    src = "def f(x):\n    return x\n"
+    store.open("u", "python", 1, src)
+    edits = [(1, 12, 1, 12, " + 1"), (1, 4, 1, 4, "y = 2\n    "), (0, 6, 0, 7, "value"),
+             (2, 11, 2, 12, "value"), (0, 0, 0, 0, "# é 😀\n")]
+    expected = src
+    for v, (l, c, el, ec, t) in enumerate(edits, start=2):
+        doc = store.change("u", v, [_change(l, c, el, ec, t)])
+        idx = LineIndex(expected, UTF16)
+        a, b = idx.offset(l, c), idx.offset(el, ec)
+        expected = expected[:a] + t + expected[b:]
+        assert doc.text == expected and doc.version == v
+        fresh = make_parser("python").parse(expected.encode())
+        assert str(doc.tree.root_node) == str(fresh.root_node)
+    assert doc.text == "# é 😀\ndef f(value):\n    y = 2\n    return value + 1\n"
+
+
+def test_full_change_replaces_text():
+    store = DocumentStore()
+    store.open("u", "go", 1, "package a\n")
+
+    class Full:
+        range = None
+        text = "package b\n"
+
+    doc = store.change("u", 2, [Full()])
+    assert doc.text == "package b\n" and "package_clause" in str(doc.tree.root_node)
+
+
+# ----------------------------------------------------------------------------- options
+
+def test_options_defaults_and_bad_values():
+    opts, warns = parse_options({"budgetMs": 150, "maxFillTokens": 32, "debounceMs": 20})
+    assert (opts.budget_ms, opts.max_fill_tokens, opts.debounce_ms) == (150, 32, 20)
+    assert warns == []
+    opts, warns = parse_options({"budgetMs": -1, "device": "tpu", "languages": "python", "nope": 1})
+    assert opts.budget_ms == 300 and opts.device == "auto" and "*" in opts.languages
+    text = " ".join(warns)
+    for key in ("budgetMs", "device", "languages", "nope"):
+        assert key in text
+    assert "using 300" in text
+    base = InitializationOptions(budget_ms=500)
+    opts, _ = parse_options({"device": "cpu"}, base)
+    assert opts.budget_ms == 500 and opts.device == "cpu"
+    assert parse_options({"model": "default"})[0].model is None
+    assert not InitializationOptions(languages=["python"]).serves("go")
+    assert InitializationOptions().serves("lua")  # "*": other languages by indentation

@@ -1,0 +1,83 @@
+"""`dlm-lsp replay`: typing a file into the real server process and measuring it."""
+import json
+import os
+import subprocess
+import sys
+
+from dlm_lsp.replay import replay, write_histogram
+from tests.lsp_helpers import FAKE_SERVER, REPO, scripted
+
+KEYS = {"requests", "answered", "cancelled", "typed_through", "p50_ms", "p95_ms", "max_ms", "wasted_step_share",
+        "next_text_match"}
+
+
+async def test_replay_counts_typing_through_and_matches(tmp_path):
+    # the scripted engine always proposes "ello_world = 1": right after the "h" it is exactly what is
+    # typed next, so the following keystrokes are served from the shown fill without the engine
+    src = tmp_path / "hello.py"
+    src.write_text("hello_world = 1\n")
+    res = await replay(str(src), cps=10, max_chars=100, model=scripted(steps=2, step_ms=5, text="ello_world = 1"),
+                       server_cmd=FAKE_SERVER)
+    assert KEYS <= set(res)
+    assert res["requests"] == 16
+    assert res["typed_through"] == 13  # "e" .. "=" + " " : every proper prefix of the fill
+    assert res["engine_jobs"] <= 3
+    assert res["answered"] >= 14
+    assert res["next_text_match"] >= 0.8
+    assert res["p50_ms"] is not None and res["p50_ms"] <= res["p95_ms"] <= res["max_ms"]
+    assert res["wasted_step_share"] == 0.0  # nothing was superseded at this pace
+
+
+async def test_replay_fast_typing_wastes_and_cancels(tmp_path):
+    # jobs of 8 x 20 ms = 160 ms against keystrokes every 25 ms; every other keystroke is a line
+    # break, which no running job survives
+    src = tmp_path / "x.py"
+    src.write_text("a\n" * 10)
+    res = await replay(str(src), cps=40, max_chars=20, model=scripted(steps=8, step_ms=20, text="zz"),
+                       server_cmd=FAKE_SERVER, budget_ms=5000)
+    assert res["requests"] == 20
+    assert res["cancelled"] >= 15
+    assert res["wasted_step_share"] > 0.0
+    assert res["answered"] <= 2
+
+
+async def test_replay_typing_along_a_slow_fill(tmp_path):
+    # one 160 ms job proposes exactly what is typed next: typing along it, the later keystrokes
+    # are served from it instead of each starting (and cancelling) a job
+    src = tmp_path / "x.py"
+    src.write_text("abcdefghijklmnop\n")
+    res = await replay(str(src), cps=40, max_chars=10, model=scripted(steps=8, step_ms=20, text="bcdefghijklmnop"),
+                       server_cmd=FAKE_SERVER, budget_ms=5000)
+    assert res["typed_along"] >= 1 and res["typed_through"] >= 1
+    assert res["engine_jobs"] <= 3 and res["wasted_step_share"] == 0.0
+
+
+async def test_replay_with_client_cancel(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("abcdefghij\n")
+    res = await replay(str(src), cps=40, max_chars=10, cancel=True, model=scripted(steps=8, step_ms=20, text="zz"),
+                       server_cmd=FAKE_SERVER, budget_ms=5000)
+    assert res["requests"] == 10 and res["cancelled"] >= 7
+    assert res["errors"] == 0  # RequestCancelled answers are cancellations, not errors
+
+
+def test_histogram_png(tmp_path):
+    out = tmp_path / "h.png"
+    write_histogram([10.0, 20.0, 25.0, 300.0], str(out), "t", budget_ms=300)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_command_with_the_default_model(tmp_path):
+    """`dlm-lsp replay` end to end: real server, real model, JSON and PNG written."""
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    cmd = [sys.executable, "-m", "dlm_lsp", "replay", "examples/tide_log.py", "--max-chars", "30", "--cps", "20",
+           "--json", str(out), "--png", str(png)]
+    if os.environ.get("DLM_LSP_TEST_MODEL"):
+        cmd += ["--model", os.environ["DLM_LSP_TEST_MODEL"]]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert KEYS <= set(res)
+    assert res["requests"] == 30
+    assert res["answered"] + res["cancelled"] + res["empty"] >= 30 - res["typed_through"]
+    assert png.read_bytes()[:4] == b"\x89PNG"

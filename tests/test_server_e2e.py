@@ -1,0 +1,331 @@
+"""The server as a real process over stdio.
+
+Most tests run tests/lsp_fake_server.py - the real server with a scripted engine whose step time,
+step count and text are exact, so scheduling (latest-wins, cancel, stale versions, typing-through)
+can be asserted. The last tests run `python -m dlm_lsp serve` with the default model.
+"""
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dlm_lsp.replay import LspError
+from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, inline_params, insert, lsp_server, open_doc, scripted
+
+URI = "file:///tmp/dlm-e2e/a.py"
+SRC = "import os\n\n\ndef total(items):\n    s = 0\n    for x in items:\n        \n    return s\n"
+LINE, COL = 6, 8  # the empty line in the loop body: a block hole
+TEST_MODEL = os.environ.get("DLM_LSP_TEST_MODEL")  # None: the default model in models/default
+
+
+async def stats(client):
+    return await client.request("dlm/stats", {}, timeout=10)
+
+
+# ----------------------------------------------------------------------------- protocol basics
+
+async def test_capabilities_and_status():
+    async with lsp_server(FAKE_SERVER, {"model": scripted()}) as c:
+        caps = c.init_result["capabilities"]
+        assert caps["inlineCompletionProvider"] is not None
+        assert "completionProvider" in caps
+        assert caps["textDocumentSync"]["change"] == 2  # incremental
+        st = await c.wait_notification("dlm/status", lambda p: p["state"] == "ready")
+        assert set(st) == {"state", "model", "device", "lastLatencyMs", "message"}
+        open_doc(c, URI, SRC)
+        items = await inline(c, URI, LINE, COL)
+        assert items[0]["insertText"] == "x = 1"
+        # a status after the fill carries its latency
+        st = await c.wait_notification("dlm/status", lambda p: p["lastLatencyMs"] is not None)
+        assert st["lastLatencyMs"] > 0
+
+
+@pytest.mark.parametrize("encoding,col", [("utf-16", 11), ("utf-8", 14)])
+async def test_fill_range_and_negotiated_positions(encoding, col):
+    # the scripted engine echoes the prefix's tail: the server must have cut the text at the cursor,
+    # counting columns in the encoding it negotiated (Neovim offers UTF-8 first)
+    caps = {"general": {"positionEncodings": [encoding]}, "textDocument": {"inlineCompletion": {}}}
+    async with lsp_server(FAKE_SERVER, {"model": scripted(echo=6), "postprocess": False}, capabilities=caps) as c:
+        assert c.init_result["capabilities"]["positionEncoding"] == encoding
+        open_doc(c, URI, "s = '😀é' + x\n")
+        assert col == len("s = '😀é' +".encode(encoding + ("-le" if encoding == "utf-16" else ""))) // (2 if encoding == "utf-16" else 1)
+        items = await inline(c, URI, 0, col)
+        assert items[0]["insertText"] == "'😀é' +"
+        assert items[0]["range"] == {"start": {"line": 0, "character": col}, "end": {"line": 0, "character": col}}
+
+
+async def test_replace_range_over_auto_closed_bracket():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="items, 2)")}) as c:
+        open_doc(c, URI, "print(max())\n")
+        items = await inline(c, URI, 0, 10)  # between the inner "(" and ")"
+        assert items[0]["insertText"] == "items, 2)"
+        assert items[0]["range"] == {"start": {"line": 0, "character": 10}, "end": {"line": 0, "character": 11}}
+
+
+async def test_completion_fallback_item():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="total = 0\n    return total")}) as c:
+        open_doc(c, URI, "def f():\n    \n")
+        res = await c.request("textDocument/completion", inline_params(URI, 1, 4))
+        assert res["isIncomplete"] is True
+        item = res["items"][0]
+        assert item["textEdit"]["newText"] == "total = 0\n    return total"
+        assert item["textEdit"]["range"]["start"] == {"line": 1, "character": 4}
+
+
+# ----------------------------------------------------------------------------- scheduling
+
+async def test_latest_wins_without_client_cancel():
+    # 40 steps x 25 ms = 1 s per job; the first request must be dropped at once, its job stopped
+    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=40, step_ms=25, text="s += 1"), "budgetMs": 5000}) as c:
+        open_doc(c, URI, SRC)
+        t0 = time.monotonic()
+        _, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, 4, 9))
+        await asyncio.sleep(0.2)
+        _, second = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
+        r1 = await asyncio.wait_for(first, 5)
+        t1 = time.monotonic() - t0
+        assert r1["items"] == []
+        assert t1 < 0.6  # answered when superseded, not when its job would have finished (1 s)
+        r2 = await asyncio.wait_for(second, 10)
+        assert r2["items"][0]["insertText"] == "s += 1"
+        s = await stats(c)
+        assert s["cancelled"] == 1 and s["answered"] == 1 and s["requests"] == 2
+        assert s["engineJobs"] == 2
+        assert 1 <= s["wastedSteps"] <= 15  # the first job stopped within a step of the cancel
+        assert s["engineSteps"] == s["wastedSteps"] + 40
+
+
+async def test_cancel_request_stops_the_job():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=40, step_ms=25), "budgetMs": 5000}) as c:
+        open_doc(c, URI, SRC)
+        msg_id, fut = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
+        await asyncio.sleep(0.2)
+        c.cancel(msg_id)
+        with pytest.raises(LspError) as err:
+            await asyncio.wait_for(fut, 5)
+        assert err.value.code == -32800  # RequestCancelled
+        await asyncio.sleep(0.2)
+        s = await stats(c)
+        assert s["cancelled"] == 1
+        assert 1 <= s["wastedSteps"] <= 15 and s["engineSteps"] == s["wastedSteps"]
+        # the server is fine afterwards
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "x = 1"
+
+
+async def test_same_cursor_twice_shares_one_job():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=20, text="s += 1"), "budgetMs": 5000}) as c:
+        open_doc(c, URI, SRC)
+        futs = [c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))[1] for _ in range(2)]
+        r1, r2 = await asyncio.wait_for(asyncio.gather(*futs), 5)
+        assert r1["items"][0]["insertText"] == r2["items"][0]["insertText"] == "s += 1"
+        assert (await stats(c))["engineJobs"] == 1
+
+
+async def test_typing_along_a_running_job_reuses_its_fill():
+    # a 300 ms job; the user types "s +" meanwhile: no new job, the rest of the fill is served
+    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="s += x"), "budgetMs": 5000}) as c:
+        open_doc(c, URI, SRC)
+        _, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
+        await asyncio.sleep(0.05)
+        for v, ch in enumerate("s +", start=2):
+            insert(c, URI, v, LINE, COL + v - 2, ch)
+            _, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
+            await asyncio.sleep(0.03)
+        assert (await asyncio.wait_for(first, 5))["items"] == []  # its version is gone
+        res = await asyncio.wait_for(last, 5)
+        assert res["items"][0]["insertText"] == "= x"
+        s = await stats(c)
+        assert s["engineJobs"] == 1 and s["typedAlong"] == 1 and s["wastedSteps"] == 0
+
+
+async def test_stale_version_is_never_returned():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="STALE"), "budgetMs": 5000}) as c:
+        open_doc(c, URI, SRC)
+        _, fut = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
+        await asyncio.sleep(0.05)
+        insert(c, URI, 2, LINE, COL, "pass")
+        res = await asyncio.wait_for(fut, 5)
+        assert res["items"] == []
+        s = await stats(c)
+        assert s["answered"] == 0 and s["cancelled"] + s["stale"] == 1
+
+
+async def test_typing_through_needs_no_engine():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="sum(items)")}) as c:
+        open_doc(c, URI, "def f(items):\n    return \n")
+        items = await inline(c, URI, 1, 11)
+        assert items[0]["insertText"] == "sum(items)"
+        insert(c, URI, 2, 1, 11, "s")
+        items = await inline(c, URI, 1, 12)
+        assert items[0]["insertText"] == "um(items)"
+        assert items[0]["range"]["start"] == {"line": 1, "character": 12}
+        insert(c, URI, 3, 1, 12, "um(")
+        items = await inline(c, URI, 1, 15)
+        assert items[0]["insertText"] == "items)"
+        s = await stats(c)
+        assert s["typedThrough"] == 2 and s["engineJobs"] == 1
+        # typing something else goes back to the engine
+        insert(c, URI, 4, 1, 15, "z")
+        await inline(c, URI, 1, 16)
+        s = await stats(c)
+        assert s["typedThrough"] == 2 and s["engineJobs"] == 2
+
+
+async def test_debounce_drops_requests_superseded_while_waiting():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(), "debounceMs": 300}) as c:
+        open_doc(c, URI, SRC)
+        futs = [c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))[1] for _ in range(3)]
+        results = await asyncio.wait_for(asyncio.gather(*futs), 5)
+        assert [len(r["items"]) for r in results] == [0, 0, 1]
+        assert (await stats(c))["engineJobs"] == 1  # only the last one reached the engine
+
+
+# ----------------------------------------------------------------------------- robustness
+
+async def test_malformed_params_get_an_error_and_the_server_lives():
+    async with lsp_server(FAKE_SERVER, {"model": scripted()}) as c:
+        open_doc(c, URI, SRC)
+        with pytest.raises(LspError) as err:
+            await c.request("textDocument/inlineCompletion", {"textDocument": 5}, timeout=5)
+        assert err.value.code == -32602
+        with pytest.raises(LspError):
+            await c.request("textDocument/inlineCompletion", {"position": {"line": "x"}}, timeout=5)
+        c.write_raw(b'{"jsonrpc": "2.0", "id": 999, "method": "textDocument/inlineCompletion", "params": [}')
+        c.notify("textDocument/didChange", {"textDocument": {"uri": 3}})  # a broken notification
+        # unknown document and far-away positions are answered, not errors
+        assert await inline(c, "file:///nowhere.py", 0, 0) == []
+        assert len(await inline(c, URI, 999, 999)) == 1
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "x = 1"
+
+
+async def test_engine_errors_answer_empty():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(fail=1)}) as c:
+        open_doc(c, URI, SRC)
+        assert await inline(c, URI, LINE, COL) == []
+        s = await stats(c)
+        assert s["errors"] == 1
+
+
+async def test_bad_options_warn_and_fall_back():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(), "budgetMs": -3, "languages": "python", "maxFillTokens": 0}) as c:
+        msgs = []
+        for key in ("budgetMs", "languages", "maxFillTokens"):
+            msgs.append(await c.wait_notification("window/showMessage", lambda p, k=key: k in p["message"], timeout=5))
+        assert all(m["type"] == 2 for m in msgs)  # Warning
+        assert "using 300" in msgs[0]["message"]
+        open_doc(c, URI, SRC)
+        assert len(await inline(c, URI, LINE, COL)) == 1
+
+
+async def test_configuration_change_restarts_engine():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="first")}) as c:
+        open_doc(c, URI, SRC)
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "first"
+        n = len(c.notifications)
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"model": scripted(text="second")}}})
+        await c.wait_notification("dlm/status", lambda p: p["state"] == "ready" and "second" in p["model"], since=n, timeout=10)
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "second"
+        # a settings change without model/device does not restart
+        n = len(c.notifications)
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"budgetMs": 200}}})
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "second"
+        assert not any(m == "dlm/status" and p["state"] == "loading" for _, m, p in c.notifications[n:])
+
+
+async def test_progress_while_loading():
+    caps = {"window": {"workDoneProgress": True}, "textDocument": {"inlineCompletion": {}}}
+    async with lsp_server(FAKE_SERVER, {"model": scripted(load_ms=800)}, capabilities=caps) as c:
+        await c.wait_notification("$/progress", lambda p: p["value"]["kind"] == "end", timeout=10)
+        assert ("window/workDoneProgress/create", {"token": "dlm-lsp/loading/1"}) in c.server_requests
+        kinds = [p["value"]["kind"] for _, m, p in c.notifications if m == "$/progress"]
+        assert kinds == ["begin", "end"]
+
+
+async def test_request_while_loading_is_answered_within_budget():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(load_ms=3000), "budgetMs": 200}, wait_ready=False) as c:
+        open_doc(c, URI, SRC)
+        t0 = time.monotonic()
+        assert await inline(c, URI, LINE, COL) == []
+        assert time.monotonic() - t0 < 1.0
+
+
+# ----------------------------------------------------------------------------- the real model
+
+async def test_real_server_gives_a_fill_with_a_correct_range(tmp_path):
+    """`python -m dlm_lsp serve` with the default model: protocol and range, not the text."""
+    text = (REPO / "examples" / "tide_log.py").read_text()
+    cut = text.index("        return self.high - self.low")
+    doc = text[:cut] + "        \n" + text[text.index("\n", cut) + 1 :]
+    line = doc[:cut].count("\n")
+    opts = {"postprocess": False, "budgetMs": 2000}
+    if TEST_MODEL:
+        opts["model"] = TEST_MODEL
+    async with lsp_server(REAL_SERVER, opts, log_path=tmp_path / "server.log", ready_timeout=180) as c:
+        uri = (REPO / "examples" / "tide_log.py").as_uri()
+        open_doc(c, uri, doc)
+        items = await inline(c, uri, line, 8, timeout=60)
+        assert len(items) == 1 and items[0]["insertText"].strip()
+        assert items[0]["range"] == {"start": {"line": line, "character": 8}, "end": {"line": line, "character": 8}}
+        # with the filters on the answer is still well-formed: empty, or a fill starting at the cursor
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"postprocess": True}}})
+        items = await inline(c, uri, line, 8, timeout=60)
+        for it in items:
+            assert it["range"]["start"] == {"line": line, "character": 8}
+            assert it["range"]["end"]["line"] == line
+            assert "<|" not in it["insertText"]
+        s = await stats(c)
+        assert s["engineJobs"] == 2 and s["engineSteps"] >= 2 and s["errors"] == 0
+
+
+def test_complete_command_json(tmp_path):
+    """`dlm-lsp complete PATH:LINE:COL --json` runs the same path as the server."""
+    src = tmp_path / "half.py"
+    src.write_text("def area(w, h):\n    size = w *\n    return size\n")
+    cmd = [sys.executable, "-m", "dlm_lsp", "complete", f"{src}:2:15", "--json", "--budget-ms", "2000"]
+    if TEST_MODEL:
+        cmd += ["--model", TEST_MODEL]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"text", "range", "hole_kind", "latency_ms", "steps", "tokens"} <= set(res)
+    assert res["range"]["start"] == {"line": 1, "character": 14}
+    assert res["range"]["end"] == {"line": 1, "character": 14}
+    assert res["hole_kind"] == "line" and res["steps"] >= 1
+
+
+async def test_result_for_an_older_version_is_dropped_in_process():
+    """The version check after the engine await, on its own: a change the scheduler never saw
+    (no didChange handler ran) must still keep the old result from being returned."""
+    from lsprotocol import types
+
+    from dlm_lsp.server import DlmServer
+    from tests.lsp_fake_engine import ScriptedEngine
+
+    server = DlmServer(ScriptedEngine)
+    server.loop = asyncio.get_running_loop()
+    server.apply_options({"model": scripted(steps=5, step_ms=20, text="y = 2")}, initial=True)
+    server.start_engine()
+    await asyncio.wait_for(server._ready.wait(), 5)
+    doc = server.documents.open(URI, "python", 1, SRC)
+    task = asyncio.create_task(server.fill_at(URI, types.Position(LINE, COL)))
+    await asyncio.sleep(0.03)
+    doc.text, doc.version = doc.text.replace("s = 0", "s = 1"), 2
+    assert await task is None
+    assert server.stats.stale == 1 and server.stats.wasted_steps == 5
+    text, rng = await server.fill_at(URI, types.Position(LINE, COL))  # control: same version -> the fill
+    assert text == "y = 2" and rng.start.line == LINE
+    # a change that only typed along the running job: still not returned, but kept for typing-through
+    task = asyncio.create_task(server.fill_at(URI, types.Position(LINE - 1, 4)))
+    await asyncio.sleep(0.03)
+    cur = server.documents.get(URI).index().offset(LINE - 1, 4)
+    doc.text, doc.version = doc.text[:cur] + "y" + doc.text[cur:], 3
+    assert await task is None
+    assert server.stats.typed_along == 1 and server.stats.wasted_steps == 5
+    jobs = server.stats.engine_jobs
+    text, _ = await server.fill_at(URI, types.Position(LINE - 1, 5))
+    assert text == " = 2" and server.stats.engine_jobs == jobs
+    server.engine.close()
