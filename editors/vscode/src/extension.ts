@@ -1,0 +1,155 @@
+// VS Code client: starts `dlm-lsp serve` over stdio and lets vscode-languageclient (>= 10.1, which has
+// inline completion built in) turn the server's fills into ghost text.
+import * as vscode from 'vscode';
+import {
+  DidChangeConfigurationNotification,
+  LanguageClient,
+  LanguageClientOptions,
+  State,
+  TransportKind,
+} from 'vscode-languageclient/node';
+import { COMMANDS, CommandName } from './commands';
+import { LaunchError, resolveLaunch } from './launch';
+import { documentSelector, serverOptions } from './settings';
+import { ClientState, EngineStatus, statusView } from './status';
+
+let client: LanguageClient | undefined;
+let log: vscode.LogOutputChannel;
+let statusItem: vscode.StatusBarItem;
+let lastStatus: EngineStatus | ClientState = 'stopped';
+
+const config = () => vscode.workspace.getConfiguration('dlm');
+const enabled = () => config().get<boolean>('enable', true);
+
+function showStatus(s: EngineStatus | ClientState = lastStatus): void {
+  lastStatus = s;
+  const view = statusView(s, enabled());
+  statusItem.text = view.text;
+  statusItem.tooltip = view.tooltip;
+  statusItem.backgroundColor = view.error ? new vscode.ThemeColor('statusBarItem.errorBackground') : undefined;
+}
+
+async function start(): Promise<void> {
+  const cfg = config();
+  const dirs = (vscode.workspace.workspaceFolders ?? []).filter((f) => f.uri.scheme === 'file').map((f) => f.uri.fsPath);
+  let launch;
+  try {
+    launch = resolveLaunch(
+      {
+        path: cfg.get<string>('server.path', 'dlm-lsp'),
+        args: cfg.get<string[]>('server.args', ['serve']),
+        pythonPath: cfg.get<string>('server.pythonPath', ''),
+      },
+      process.env,
+      dirs,
+    );
+  } catch (e) {
+    if (!(e instanceof LaunchError)) throw e;
+    log.error(e.message);
+    showStatus('missing');
+    void vscode.window.showErrorMessage(e.message, 'Open Settings', 'Show Log').then((choice) => {
+      if (choice === 'Open Settings') void vscode.commands.executeCommand('workbench.action.openSettings', 'dlm.server');
+      if (choice === 'Show Log') log.show();
+    });
+    return;
+  }
+  log.info(`starting ${launch.command} ${launch.args.join(' ')}`);
+
+  const options = serverOptions((key) => cfg.get(key));
+  const clientOptions: LanguageClientOptions = {
+    documentSelector: documentSelector(options.languages),
+    initializationOptions: options,
+    outputChannel: log,
+    middleware: {
+      // Returning without calling next() sends no request, so "off" costs the server nothing.
+      provideInlineCompletionItems: (document, position, context, token, next) =>
+        enabled() ? next(document, position, context, token) : null,
+      // VS Code shows fills as ghost text; the server's textDocument/completion fallback would repeat the
+      // same fill in the suggest widget and cost a second model run per keystroke.
+      provideCompletionItem: () => null,
+    },
+  };
+  const c = new LanguageClient(
+    'dlm', // also makes the library read the `dlm.trace.server` setting
+    'dlm-lsp',
+    { command: launch.command, args: launch.args, transport: TransportKind.stdio },
+    clientOptions,
+  );
+  c.onNotification('dlm/status', (params: EngineStatus) => showStatus(params));
+  c.onDidChangeState((e) => {
+    if (e.newState === State.Starting) showStatus('starting');
+    else if (e.newState === State.Stopped) showStatus('stopped');
+    else if (typeof lastStatus === 'string') showStatus('running');
+  });
+  client = c;
+  try {
+    await c.start();
+  } catch (e) {
+    log.error(`dlm-lsp failed to start: ${e}`);
+    showStatus('stopped');
+    void vscode.window.showErrorMessage(`dlm-lsp failed to start: ${e instanceof Error ? e.message : e}. See "DLM: Show Log".`);
+  }
+}
+
+async function stop(): Promise<void> {
+  const c = client;
+  client = undefined;
+  if (!c) return;
+  try {
+    await c.dispose(5000);
+  } catch (e) {
+    log.warn(`stopping dlm-lsp: ${e}`);
+  }
+  showStatus('stopped');
+}
+
+let lifecycle: Promise<void> = Promise.resolve();
+
+/** Stops and starts the client; calls queue up so quick setting changes never leave two servers. */
+function restart(): Promise<void> {
+  lifecycle = lifecycle.then(stop).then(start).catch((e) => log.error(`restarting dlm-lsp: ${e}`));
+  return lifecycle;
+}
+
+export function activate(context: vscode.ExtensionContext): void {
+  log = vscode.window.createOutputChannel('dlm-lsp', { log: true });
+  statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  statusItem.command = COMMANDS.toggle;
+  statusItem.name = 'dlm-lsp';
+  showStatus('stopped');
+  statusItem.show();
+
+  // A Record over CommandName makes the compiler insist that every declared command has a handler.
+  const handlers: Record<CommandName, () => unknown> = {
+    restart,
+    toggle: () => {
+      const inWorkspace = config().inspect('enable')?.workspaceValue !== undefined;
+      const target = inWorkspace ? vscode.ConfigurationTarget.Workspace : vscode.ConfigurationTarget.Global;
+      return config().update('enable', !enabled(), target);
+    },
+    showLog: () => log.show(),
+  };
+  for (const [name, handler] of Object.entries(handlers)) {
+    context.subscriptions.push(vscode.commands.registerCommand(COMMANDS[name as CommandName], handler));
+  }
+
+  context.subscriptions.push(
+    log,
+    statusItem,
+    vscode.workspace.onDidChangeConfiguration(async (e) => {
+      if (!e.affectsConfiguration('dlm')) return;
+      // The launch command and the document selector are fixed for a client's lifetime.
+      if (e.affectsConfiguration('dlm.server') || e.affectsConfiguration('dlm.languages')) return restart();
+      if (e.affectsConfiguration('dlm.enable')) showStatus();
+      if (client?.isRunning()) {
+        const settings = { dlm: serverOptions((key) => config().get(key)) };
+        await client.sendNotification(DidChangeConfigurationNotification.type, { settings });
+      }
+    }),
+  );
+  lifecycle = start().catch((e) => log.error(`starting dlm-lsp: ${e}`));
+}
+
+export function deactivate(): Promise<void> {
+  return lifecycle.then(stop);
+}

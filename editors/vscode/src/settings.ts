@@ -1,0 +1,47 @@
+// Settings under the `dlm.` prefix. Pure module (no `vscode` import) so the tests can load it in plain node.
+
+/** The server's initialization options (docs/lsp-extensions.md), camelCase as sent on the wire. */
+export interface ServerOptions {
+  model: string | null;
+  device: string; // 'auto' | 'cpu' | 'cuda' | 'cuda:N'
+  budgetMs: number;
+  debounceMs: number;
+  maxFillTokens: number;
+  languages: string[];
+}
+
+// The languages the server parses with tree-sitter. The server's own default adds "*" (every other
+// language, by indentation alone); a client opts into that by listing "*" itself.
+export const DEFAULT_LANGUAGES = ['python', 'javascript', 'javascriptreact', 'typescript', 'typescriptreact', 'go', 'rust'];
+
+/** Settings forwarded to the server, keyed by their name after `dlm.`. */
+export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
+  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages',
+];
+
+/** Settings only the extension reads: how to launch the server and the on/off switch. */
+export const CLIENT_SETTINGS = ['enable', 'server.path', 'server.args', 'server.pythonPath'] as const;
+
+/** Read by vscode-languageclient itself because the client id is `dlm`. */
+export const LIBRARY_SETTINGS = ['trace.server'] as const;
+
+/** Gives the server options from a settings getter (vscode's `WorkspaceConfiguration.get`). */
+export function serverOptions(get: (key: string) => unknown): ServerOptions {
+  const model = get('model');
+  return {
+    // An empty string in the settings UI means "the default model", which the server spells null.
+    model: typeof model === 'string' && model.trim() !== '' ? model : null,
+    device: (get('device') as string) ?? 'auto',
+    budgetMs: (get('budgetMs') as number) ?? 300,
+    debounceMs: (get('debounceMs') as number) ?? 0,
+    maxFillTokens: (get('maxFillTokens') as number) ?? 64,
+    languages: (get('languages') as string[]) ?? DEFAULT_LANGUAGES,
+  };
+}
+
+/** Gives the document selector for the enabled languages ("*": every file and untitled document). */
+export function documentSelector(languages: string[]): { scheme: string; language?: string }[] {
+  const schemes = ['file', 'untitled'];
+  if (languages.includes('*')) return schemes.map((scheme) => ({ scheme }));
+  return languages.flatMap((language) => schemes.map((scheme) => ({ scheme, language })));
+}

@@ -1,0 +1,67 @@
+// The manifest (package.json `contributes`) must match what the code reads and registers.
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import * as path from 'node:path';
+import { test } from 'node:test';
+import { COMMANDS } from '../src/commands';
+import { LaunchError, resolveLaunch } from '../src/launch';
+import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, LIBRARY_SETTINGS, SERVER_SETTINGS, serverOptions } from '../src/settings';
+import { statusView } from '../src/status';
+
+const root = path.resolve(__dirname, '../..');
+const manifest = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8'));
+const properties: Record<string, { default: unknown }> = manifest.contributes.configuration.properties;
+
+test('every setting the code reads is contributed, and nothing else', () => {
+  const expected = [...SERVER_SETTINGS, ...CLIENT_SETTINGS, ...LIBRARY_SETTINGS].map((k) => `dlm.${k}`);
+  assert.deepEqual(Object.keys(properties).sort(), expected.sort());
+});
+
+test('contributed defaults are the defaults the code falls back to', () => {
+  const fromManifest = serverOptions((key) => properties[`dlm.${key}`].default);
+  assert.deepEqual(fromManifest, serverOptions(() => undefined));
+  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, languages: DEFAULT_LANGUAGES });
+});
+
+test('contributed commands are exactly the registered ones', () => {
+  const contributed = manifest.contributes.commands.map((c: { command: string }) => c.command).sort();
+  assert.deepEqual(contributed, Object.values(COMMANDS).sort());
+});
+
+test('activates on every default language; main points at the build', () => {
+  for (const lang of DEFAULT_LANGUAGES) assert.ok(manifest.activationEvents.includes(`onLanguage:${lang}`), lang);
+  assert.ok(existsSync(path.join(root, manifest.main)), `${manifest.main} missing: run npm run build`);
+});
+
+test('engines.vscode satisfies vscode-languageclient and matches @types/vscode', () => {
+  const lib = JSON.parse(readFileSync(path.join(root, 'node_modules/vscode-languageclient/package.json'), 'utf8'));
+  const types = JSON.parse(readFileSync(path.join(root, 'node_modules/@types/vscode/package.json'), 'utf8'));
+  const [major, minor] = lib.version.split('.').map(Number);
+  assert.ok(major > 10 || (major === 10 && minor >= 1), `vscode-languageclient ${lib.version} lacks built-in inline completion`);
+  assert.equal(manifest.engines.vscode, lib.engines.vscode);
+  assert.equal(`^${types.version}`, manifest.engines.vscode);
+});
+
+test('document selector: listed languages, or everything for "*"', () => {
+  assert.deepEqual(documentSelector(['go']), [{ scheme: 'file', language: 'go' }, { scheme: 'untitled', language: 'go' }]);
+  assert.deepEqual(documentSelector(['go', '*']), [{ scheme: 'file' }, { scheme: 'untitled' }]);
+});
+
+test('a missing server is one clear message', () => {
+  const settings = { path: 'dlm-lsp-does-not-exist', args: ['serve'], pythonPath: '' };
+  assert.throws(() => resolveLaunch(settings, { PATH: '/nonexistent' }, []), (e: Error) => {
+    return e instanceof LaunchError && /not found/.test(e.message) && /dlm\.server\.path/.test(e.message);
+  });
+  const python = { path: 'dlm-lsp', args: ['serve'], pythonPath: '/nonexistent/python3' };
+  assert.throws(() => resolveLaunch(python, {}, []), /dlm\.server\.pythonPath/);
+});
+
+test('status bar shows state and last latency', () => {
+  const ready = { state: 'ready', model: 'default', device: 'cpu', lastLatencyMs: 123.4, message: null } as const;
+  assert.match(statusView(ready, true).text, /DLM 123 ms$/);
+  assert.match(statusView(ready, false).text, /\(off\)$/);
+  assert.match(statusView({ ...ready, state: 'loading', lastLatencyMs: null }, true).text, /loading/);
+  const error = statusView({ ...ready, state: 'error', message: 'no such folder' }, true);
+  assert.ok(error.error && /no such folder/.test(error.tooltip));
+  assert.ok(statusView('missing', true).error);
+});
