@@ -53,6 +53,9 @@ class TrainArgs:
     save_every_min: float = 10.0
     seed: int = 0
     max_files: int | None = None  # for tests: a tiny corpus
+    tokenizer: str | None = None  # reuse this tokenizer.json (or folder) instead of training one
+    stdlib: bool = True  # include the interpreter's stdlib (the GPU recipe trains on a packed copy instead)
+    workers: int = 0  # processes building batches (0: on the training thread); a GPU step outruns one
     val_examples: int = 64
     progress: bool = True
 
@@ -117,6 +120,35 @@ class Batches:
         return collate([self.example() for _ in range(n)], self.ids.pad)
 
 
+class _BatchSource(torch.utils.data.IterableDataset):
+    """Endless batches for DataLoader workers; each worker draws with its own seed."""
+
+    def __init__(self, data: Batches, n: int, seed: int):
+        self.data, self.n, self.seed = data, n, seed
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is not None:  # forked copies share the parent's RNG state: give each its own
+            self.data.rng = random.Random(self.seed * 1000 + info.id)
+        while True:
+            yield self.data.batch(self.n)
+
+
+def batch_stream(data: Batches, n: int, workers: int, seed: int, pin: bool = False):
+    """Yields training batches, built inline (workers=0) or by `workers` processes."""
+    if workers <= 0:
+        while True:
+            yield data.batch(n)
+    import multiprocessing
+
+    # fork: the workers inherit the tokenized corpus instead of unpickling it (spawn/forkserver)
+    ctx = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    loader = torch.utils.data.DataLoader(_BatchSource(data, n, seed), batch_size=None, num_workers=workers,
+                                         prefetch_factor=4, persistent_workers=True, pin_memory=pin,
+                                         multiprocessing_context=ctx)
+    yield from loader
+
+
 def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast) -> torch.Tensor:
     """Weighted cross-entropy on target positions only: the LM head runs on those rows alone."""
     ids, tgt, valid, w = (b[k].to(device) for k in ("ids", "targets", "key_valid", "weights"))
@@ -164,7 +196,7 @@ def train(args: TrainArgs) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    files = corpus.collect([Path(s) for s in args.sources])
+    files = corpus.collect([Path(s) for s in args.sources], include_stdlib=args.stdlib)
     train_files, held_files = corpus.split(files)
     if args.max_files:
         train_files, held_files = train_files[: args.max_files], held_files[: max(2, args.max_files // 10)]
@@ -186,7 +218,7 @@ def train(args: TrainArgs) -> Path:
             shutil.copy(prev_log, out / "train_log.jsonl")
         print(f"resumed from {args.resume}: {prior_hours:.2f} h, step {step0}", flush=True)
     else:
-        tok = train_bpe(texts, args.vocab)
+        tok = TextTokenizer.load(args.tokenizer) if args.tokenizer else train_bpe(texts, args.vocab)
         cfg = ModelConfig(
             vocab_size=tok.vocab_size, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
             ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len),
@@ -209,6 +241,7 @@ def train(args: TrainArgs) -> Path:
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     data = Batches(texts, tok, args, seed=args.seed + step0)
+    batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
     vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0})
     val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
@@ -281,15 +314,17 @@ def train(args: TrainArgs) -> Path:
             lr *= max(0.1, (1 - frac) / 0.15)
         for g in opt.param_groups:
             g["lr"] = lr
-        b = data.batch(args.batch)
+        b = next(batches)
         loss = loss_on(model, b, device, autocast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        # the EMA's horizon grows with the run, so an early checkpoint is not mostly the random init
+        ema_decay = min(args.ema, (1 + local) / (10 + local))
         with torch.no_grad():
             for k, v in model.state_dict().items():
-                ema[k].mul_(args.ema).add_(v.float(), alpha=1 - args.ema)
+                ema[k].mul_(ema_decay).add_(v.float(), alpha=1 - ema_decay)
         step += 1
         local += 1
         tokens += int(b["key_valid"].sum())

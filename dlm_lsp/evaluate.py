@@ -1,0 +1,438 @@
+"""`dlm-lsp eval`: fills held-out holes through the server's own path and scores them.
+
+Holes (engine/holes.py): `line`, `block` and `middle`, cut with tree-sitter from the held-out files of
+the training split (or the .py files of --source DIR) with a fixed seed. Each hole is filled the way
+the server fills a cursor: the document without the middle -> dlm_lsp.context.build_request ->
+EngineService.run_now(FillJob) (default DecodeOptions) -> post-processing. Per kind:
+  exact         shown fill == middle, trailing whitespace stripped (per line)
+  edit_sim      1 - Levenshtein / max length (CrossCodeEval), shown fill vs middle
+  syntax_clean  share of raw fills (before post-processing) that leave the file with no more
+                tree-sitter ERROR / MISSING nodes than it had
+  dup_suffix    share of raw fills whose first line is within 5% edit distance of the suffix's first
+                non-empty line (Tabby's duplicate filter)
+  p50/p95_ms    wall time per fill: context + engine + post-processing
+--ar-model runs an autoregressive FIM twin (PSM: <|fim_prefix|>p<|fim_suffix|>s<|fim_middle|> ->
+middle <|endoftext|>, greedy with a KV cache: engine.autoregressive) on the same holes, requests and
+post-processing. --oracle sends the true middle through the same path: the pipeline's ceiling.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.holes import KINDS, Hole, count_syntax_errors, cut_holes
+
+DUP_TOLERANCE = 0.05  # Tabby drops a completion within 5% edit distance of the suffix
+METRIC_KEYS = ("holes", "exact", "edit_sim", "syntax_clean", "dup_suffix", "p50_ms", "p95_ms")  # per kind, in --json
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Returns the edit distance (insert, delete, substitute) between two strings."""
+    if len(a) < len(b):
+        a, b = b, a
+    if not b:
+        return len(a)
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def edit_similarity(pred: str, ref: str) -> float:
+    """Returns 1 - Levenshtein(pred, ref) / max(len) (1.0 for two empty strings)."""
+    m = max(len(pred), len(ref))
+    return 1.0 if m == 0 else 1.0 - levenshtein(pred, ref) / m
+
+
+def normalize(text: str) -> str:
+    """Text with trailing whitespace stripped from every line and from the end."""
+    return "\n".join(ln.rstrip() for ln in text.split("\n")).rstrip()
+
+
+def exact_match(pred: str, ref: str) -> bool:
+    return normalize(pred) == normalize(ref)
+
+
+def syntax_clean(hole: Hole, fill: str, original_errors: int | None = None) -> bool:
+    """True when the file with `fill` in the hole has no more ERROR/MISSING nodes than the original."""
+    base = count_syntax_errors(hole.text) if original_errors is None else original_errors
+    return count_syntax_errors(hole.filled(fill)) <= base
+
+
+def repeats_suffix(fill: str, suffix: str, tolerance: float = DUP_TOLERANCE) -> bool:
+    """True when the fill's first non-empty line is within `tolerance` edit distance of the suffix's
+    first non-empty line (the fill repeats what already follows the cursor)."""
+    first = next((ln.strip() for ln in fill.split("\n") if ln.strip()), "")
+    after = next((ln.strip() for ln in suffix.split("\n") if ln.strip()), "")
+    if not first or not after:
+        return False
+    return levenshtein(first, after) <= tolerance * max(len(first), len(after))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation; 0.0 for no data."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+# ----------------------------------------------------------------------------- the fill path
+
+
+@dataclass
+class Sample:
+    """One filled hole."""
+
+    raw: str  # engine output, padding dropped, before post-processing
+    shown: str  # what the editor would show
+    ms: float  # context + engine + post-processing
+    engine_ms: float
+    steps: int
+    tokens: int
+    server_kind: str  # the hole kind the server's context builder saw
+    replace_len: int = 0  # the shown fill also replaces this many characters after the cursor
+
+
+def _request(hole: Hole):
+    """(document, FillRequest) the server builds for the cursor at the hole (the middle removed)."""
+    from dlm_lsp.context import build_request
+    from dlm_lsp.documents import Document
+
+    doc = Document(f"file:///eval/{hole.key.replace(':', '/')}", "python", 1, hole.document)
+    return doc, build_request(doc, hole.a)
+
+
+def _postprocessor():
+    """Returns (name, fn(doc, request, raw) -> (shown text, replace_len)): the server's
+    post-processing (dlm_lsp.postprocess.finish with its syntax check) when it is importable, else
+    the request's stop rules alone."""
+    try:
+        from dlm_lsp.postprocess import SyntaxCheck, finish
+    except ImportError:
+        return "stop rules only (dlm_lsp.postprocess.finish not importable)", \
+            lambda doc, req, raw: (apply_stop_rules(req, raw), 0)
+
+    def run(doc, req, raw):
+        check = SyntaxCheck(doc.text, doc.tree, doc.parser, req.offset) if doc.tree is not None else None
+        out = finish(req, raw, check)
+        return out.text, out.replace_len
+
+    return "dlm_lsp.postprocess.finish + SyntaxCheck", run
+
+
+def apply_stop_rules(req, raw: str) -> str:
+    """Minimal post-processing from the request's stop rules: one line for line/middle holes; for
+    blocks, cut at the first non-blank line indented less than the block."""
+    from dlm_lsp.context import indent_width
+
+    text = raw
+    if req.stop.single_line:
+        text = text.split("\n", 1)[0]
+    elif req.stop.block_indent is not None:
+        lines = text.split("\n")
+        keep = [lines[0]]
+        for ln in lines[1:]:
+            if ln.strip() and indent_width(ln) < req.stop.block_indent:
+                break
+            if req.stop.stop_at_blank_line and not ln.strip():
+                break
+            keep.append(ln)
+        text = "\n".join(keep)
+    return text.rstrip()
+
+
+class Filler:
+    """The server's path around a decoder: context -> decode(hole, request) -> post-processing.
+    Subclasses give decode(); it returns (raw text, steps, tokens)."""
+
+    def __init__(self):
+        self.post_name, self.post = _postprocessor()
+
+    def decode(self, hole: Hole, req) -> tuple[str, int, int]:
+        raise NotImplementedError
+
+    def __call__(self, hole: Hole) -> Sample:
+        t0 = time.perf_counter()
+        doc, req = _request(hole)
+        t1 = time.perf_counter()
+        raw, steps, tokens = self.decode(hole, req)
+        engine_ms = (time.perf_counter() - t1) * 1000
+        shown, replace_len = self.post(doc, req, raw)
+        ms = (time.perf_counter() - t0) * 1000
+        return Sample(raw, shown, ms, engine_ms, steps, tokens, req.hole_kind, replace_len)
+
+
+class DiffusionFiller(Filler):
+    """The diffusion engine as the server runs it: EngineService.run_now(FillJob)."""
+
+    def __init__(self, model: str | None, device: str = "cpu", threads: int | None = None,
+                 budget_ms: float | None = None, options=None):
+        from engine.api import DecodeOptions
+        from engine.service import EngineService
+
+        super().__init__()
+        self.options = options or DecodeOptions()
+        self.budget_ms = budget_ms
+        self.service = EngineService(model, device=device, threads=threads)
+        self.service.load()
+
+    def decode(self, hole, req):
+        from dlm_lsp.context import to_fill_job
+
+        deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
+        fill = self.service.run_now(to_fill_job(req, deadline, options=dataclasses.replace(self.options)))
+        return fill.text, fill.steps, fill.tokens
+
+
+class AutoregressiveFiller(Filler):
+    """The AR twin on the same requests: greedy FIM decoding with a KV cache, one token per step."""
+
+    def __init__(self, model: str, device: str = "cpu", threads: int | None = None):
+        import torch
+
+        from engine.checkpoint import load_checkpoint
+
+        super().__init__()
+        if threads:
+            torch.set_num_threads(threads)
+        self.model, self.tok, self.cfg = load_checkpoint(model, device=device)
+        if self.cfg.attention != "causal":
+            raise SystemExit(f"--ar-model {model}: attention is {self.cfg.attention!r}, expected 'causal' "
+                             "(train it with --objective ar)")
+
+    def decode(self, hole, req):
+        ids = fim_greedy(self.model, self.tok, req.prefix, req.suffix, req.mask_slots)
+        return self.tok.decode(ids), len(ids) + 1, len(ids)  # one forward per token + the prompt's
+
+
+class OracleFiller(Filler):
+    """Decodes the true middle: the ceiling that context + post-processing leave a perfect model."""
+
+    def decode(self, hole, req):
+        return hole.middle, 0, 0
+
+
+def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_tokens: int = 512) -> list[int]:
+    """Returns the middle's token ids from greedy PSM decoding with a KV cache
+    (engine.autoregressive), stopping at end-of-text or padding. The context is cut like the
+    diffusion canvas (engine.sampler.Canvas.build): the suffix keeps at most a third of the room."""
+    from engine.autoregressive import fim_prompt, greedy_decode
+    from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+
+    if None in (tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE)):
+        raise ValueError("the AR checkpoint's tokenizer has no FIM tokens")
+    p_ids, s_ids = tok.encode_batch([prefix, suffix])
+    room = max(0, context_tokens - max_tokens - 3)
+    s_keep = min(len(s_ids), room // 3)
+    p_keep = min(len(p_ids), room - s_keep)
+    prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
+    cfg = model.cfg
+    return greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id)).ids
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def load_files(source: str | None, limit_files: int | None) -> list[tuple[str, str]]:
+    """(key, text) of the held-out files of the training split, or of every .py file under `source`."""
+    if source:
+        root = Path(source).resolve()
+        if not root.is_dir():
+            raise SystemExit(f"--source {source} is not a folder")
+        paths = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+        items = [(f"{root.name}:{p.relative_to(root).as_posix()}", p) for p in paths]
+    else:
+        from engine.corpus import heldout_files
+
+        items = [(f.key, f.path) for f in heldout_files()]
+    out = []
+    for key, path in items:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            out.append((key, text))
+        if limit_files and len(out) >= limit_files:
+            break
+    return out
+
+
+def score(holes: list[Hole], samples: list[Sample]) -> dict:
+    """Per-kind metrics of filled holes."""
+    base: dict[str, int] = {}
+    exact = sim = clean = clean_shown = dup = 0.0
+    shown_n = 0
+    kinds: dict[str, int] = {}
+    for h, s in zip(holes, samples):
+        if h.key not in base:
+            base[h.key] = count_syntax_errors(h.text)
+        # a fill that also replaces text after the cursor (re-typed closers) must equal middle + that text
+        ref = h.middle + h.suffix[: s.replace_len]
+        exact += exact_match(s.shown, ref)
+        sim += edit_similarity(normalize(s.shown), normalize(ref))
+        clean += syntax_clean(h, s.raw, base[h.key])
+        if s.shown.strip():
+            shown_n += 1
+            accepted = h.text[: h.a] + s.shown + h.text[h.b + s.replace_len :]
+            clean_shown += count_syntax_errors(accepted) <= base[h.key]
+        dup += repeats_suffix(s.raw, h.suffix)
+        kinds[s.server_kind] = kinds.get(s.server_kind, 0) + 1
+    n = max(1, len(samples))
+    ms = [s.ms for s in samples]
+    return {
+        "holes": len(samples),
+        "exact": round(exact / n, 4),
+        "edit_sim": round(sim / n, 4),
+        "syntax_clean": round(clean / n, 4),
+        "dup_suffix": round(dup / n, 4),
+        "p50_ms": round(percentile(ms, 50), 1),
+        "p95_ms": round(percentile(ms, 95), 1),
+        # extras: syntax of the non-empty shown fills once accepted, decoding effort, share of holes
+        # where nothing is shown, and what the server's context called the hole
+        "syntax_clean_shown": round(clean_shown / max(1, shown_n), 4),
+        "engine_p50_ms": round(percentile([s.engine_ms for s in samples], 50), 1),
+        "steps_mean": round(statistics.fmean([s.steps for s in samples]), 2) if samples else 0.0,
+        "tokens_mean": round(statistics.fmean([s.tokens for s in samples]), 2) if samples else 0.0,
+        "empty": round(sum(1 for s in samples if not s.shown.strip()) / n, 4),
+        "server_kinds": dict(sorted(kinds.items())),
+    }
+
+
+def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=None) -> dict:
+    """Fills every hole with `filler` and returns {kind: metrics}."""
+    results = {}
+    total = sum(len(v) for v in holes.values())
+    done, t0 = 0, time.time()
+    for kind, hs in holes.items():
+        samples = []
+        for h in hs:
+            s = filler(h)
+            samples.append(s)
+            done += 1
+            if samples_out is not None:
+                samples_out.write(json.dumps({"model": label, **h.describe(), "raw": s.raw, "shown": s.shown,
+                                              "ms": round(s.ms, 1), "server_kind": s.server_kind}) + "\n")
+            if done % 50 == 0 or done == total:
+                print(f"[eval{' ' + label if label else ''}] {done}/{total} holes, {time.time() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+        results[kind] = score(hs, samples)
+    return results
+
+
+def markdown_table(results: dict[str, dict[str, dict]]) -> str:
+    """A Markdown table: one row per (model, kind)."""
+    rows = ["| model | kind | holes | exact | edit sim | syntax clean | dup suffix | p50 ms | p95 ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, res in results.items():
+        for kind in KINDS:
+            if kind not in res:
+                continue
+            r = res[kind]
+            rows.append(f"| {label} | {kind} | {r['holes']} | {r['exact']:.3f} | {r['edit_sim']:.3f} | "
+                        f"{r['syntax_clean']:.3f} | {r['dup_suffix']:.3f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
+    return "\n".join(rows)
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", default=None, help="evaluate on the .py files of DIR (default: the held-out split)")
+    p.add_argument("--model", default=None, help="diffusion checkpoint folder (default: models/default)")
+    p.add_argument("--ar-model", default=None, help="also evaluate this autoregressive FIM twin on the same holes")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write metrics as JSON")
+    p.add_argument("--md", dest="md_out", default=None, metavar="OUT", help="write the Markdown table")
+    p.add_argument("--samples", default=None, metavar="OUT", help="write every hole and fill as JSON lines")
+    p.add_argument("--per-kind", type=int, default=300, help="holes per kind (default 300)")
+    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hole kinds")
+    p.add_argument("--limit-files", type=int, default=None, help="use only the first N files (by key)")
+    p.add_argument("--seed", type=int, default=0, help="hole-cutting seed")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--oracle", action="store_true",
+                   help="also score the true middle through the same post-processing (the ceiling)")
+    p.add_argument("--budget-ms", type=float, default=None,
+                   help="give each fill the server's deadline (default: none, so results do not depend on load)")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from engine.api import DecodeOptions
+
+    t_start = time.time()
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    files = load_files(args.source, args.limit_files)
+    if not files:
+        print("no Python files to cut holes from", file=sys.stderr)
+        return 1
+    holes = cut_holes(files, args.per_kind, args.seed, kinds)
+    print(f"[eval] {len(files)} files, holes: " + ", ".join(f"{k} {len(v)}" for k, v in holes.items()),
+          file=sys.stderr, flush=True)
+
+    samples_out = open(args.samples, "w") if args.samples else None
+    try:
+        dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms)
+        results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
+        ar = None
+        if args.ar_model:
+            ar = AutoregressiveFiller(args.ar_model, device=args.device, threads=args.threads)
+            results["autoregressive"] = evaluate(ar, holes, "autoregressive", samples_out)
+        if args.oracle:
+            results["oracle"] = evaluate(OracleFiller(), holes, "oracle", samples_out)
+    finally:
+        if samples_out is not None:
+            samples_out.close()
+
+    from dlm_lsp.context import MASK_SLOTS
+
+    out: dict = dict(results["diffusion"])
+    out["meta"] = {
+        "model": str(args.model or "default"),
+        "model_path": _resolved(args.model),
+        "source": args.source or "held-out split (engine.corpus.heldout_files)",
+        "files": len(files),
+        "limit_files": args.limit_files,
+        "seed": args.seed,
+        "per_kind": args.per_kind,
+        "counts": {k: len(v) for k, v in holes.items()},
+        "decode": dataclasses.asdict(DecodeOptions()),
+        "mask_slots": dict(MASK_SLOTS),
+        "context": "dlm_lsp.context.build_request",
+        "postprocess": dlm.post_name,
+        "budget_ms": args.budget_ms,
+        "device": args.device,
+        "threads": args.threads,
+        "elapsed_s": round(time.time() - t_start, 1),
+    }
+    if ar is not None:
+        out["ar"] = {**results["autoregressive"], "model": str(args.ar_model), "decode": "greedy FIM PSM, KV cache"}
+    if "oracle" in results:
+        out["oracle"] = results["oracle"]
+    table = markdown_table(results)
+    print(table)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+    if args.md_out:
+        Path(args.md_out).write_text(table + "\n")
+    return 0
+
+
+def _resolved(model) -> str:
+    try:
+        from engine.checkpoint import resolve_model_path
+
+        return str(resolve_model_path(model))
+    except Exception as e:  # noqa: BLE001 - only for the record
+        return f"unresolved: {e}"

@@ -1,0 +1,268 @@
+"""`dlm-lsp eval`: hole cutting (engine/holes.py), the metrics, the AR decoder, and a tiny end-to-end run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlm_lsp.evaluate import (
+    METRIC_KEYS, OracleFiller, Sample, edit_similarity, evaluate, exact_match, fim_greedy, levenshtein, load_files,
+    percentile, repeats_suffix, score, syntax_clean,
+)
+from engine.holes import KINDS, Hole, count_syntax_errors, cut_holes, parse
+from tests.tiny import make_tiny_checkpoint
+
+SAMPLE = Path(__file__).parent / "data" / "eval_sample.py"
+
+
+@pytest.fixture(scope="module")
+def stdlib_files():
+    """A few held-out stdlib files (the eval's default source)."""
+    files = load_files(None, limit_files=8)
+    assert len(files) == 8
+    return files
+
+
+def _spans(holes):
+    return {k: [(h.key, h.a, h.b) for h in v] for k, v in holes.items()}
+
+
+# ----------------------------------------------------------------------------- hole cutting
+
+
+def test_holes_are_deterministic_for_a_seed(stdlib_files):
+    a = cut_holes(stdlib_files, 30, seed=7)
+    b = cut_holes(list(reversed(stdlib_files)), 30, seed=7)  # input order does not matter
+    assert _spans(a) == _spans(b)
+    assert all(len(a[k]) == 30 for k in KINDS)
+    c = cut_holes(stdlib_files, 30, seed=8)
+    assert _spans(a) != _spans(c)
+    # asking for one kind alone gives that kind's same holes (each kind has its own RNG)
+    assert _spans(cut_holes(stdlib_files, 30, seed=7, kinds=("middle",)))["middle"] == _spans(a)["middle"]
+
+
+def test_holes_do_not_repeat(stdlib_files):
+    holes = cut_holes(stdlib_files, 60, seed=0)
+    for kind, hs in holes.items():
+        spans = [(h.key, h.a, h.b) for h in hs]
+        assert len(set(spans)) == len(spans), kind
+
+
+def test_line_holes_run_to_the_end_of_the_line(stdlib_files):
+    for h in cut_holes(stdlib_files, 60, seed=1, kinds=("line",))["line"]:
+        assert h.middle.strip() and "\n" not in h.middle
+        assert h.suffix == "" or h.suffix.startswith("\n"), (h.key, h.middle, h.suffix[:20])
+        line = h.text.split("\n")[h.line]
+        indent = len(line) - len(line.lstrip())
+        assert 1 <= h.col - indent <= 15, (h.key, h.line, h.col)
+        assert not line.lstrip().startswith("#")
+        assert h.prefix + h.middle + h.suffix == h.text
+
+
+def _function_bodies(text: str) -> dict[int, object]:
+    """First-statement char offset -> the function_definition's body node."""
+    tree = parse(text)
+    raw = text.encode()
+    out, stack = {}, [tree.root_node]
+    while stack:
+        n = stack.pop()
+        stack.extend(n.children)
+        if n.type == "function_definition":
+            body = n.child_by_field_name("body")
+            first = next(c for c in body.named_children if c.type != "comment")
+            out[len(raw[: first.start_byte].decode())] = body
+    return out
+
+
+def test_block_holes_are_whole_function_bodies(stdlib_files):
+    holes = cut_holes(stdlib_files, 40, seed=2, kinds=("block",))["block"]
+    assert len(holes) >= 20  # these 8 files hold fewer than 40 bodies of 2-8 lines: all of them
+    bodies = {}
+    for h in holes:
+        if h.key not in bodies:
+            bodies[h.key] = _function_bodies(h.text)
+        assert h.a in bodies[h.key], f"{h.key}:{h.line + 1} does not start a function body"
+        body = bodies[h.key][h.a]
+        raw = h.text.encode()
+        body_end = len(raw[: body.end_byte].decode())
+        tail = h.text[body_end : h.b].strip()  # after the body's last statement: nothing or a comment
+        assert body_end <= h.b and (tail == "" or tail.startswith("#"))
+        assert 2 <= h.middle.count("\n") + 1 <= 8
+        # the prefix ends after the header line's newline plus the body's indentation
+        head, _, indent = h.prefix.rpartition("\n")
+        assert indent.strip() == "" and not h.middle[0].isspace()
+        assert head.rstrip().endswith(":") or "#" in head.split("\n")[-1]
+        assert h.suffix == "" or h.suffix.startswith("\n")
+
+
+def test_block_holes_on_a_known_file():
+    text = SAMPLE.read_text()
+    holes = cut_holes([("sample", text)], 100, seed=0)
+    middles = sorted(h.middle for h in holes["block"])
+    assert middles == sorted([
+        "c = a + b\n    return c",  # two()
+        'if y:\n            return os.path.join(y, "a")\n        return None',  # method(), comment on its header
+        "await self.method(1)\n        return 2",  # async later()
+        "total = first + second\n    return total",  # wrapped(), header over several lines
+    ])  # not: one() (one-line def), nine() (9 lines), single() (1 line)
+
+
+def test_middle_holes_have_code_after_them(stdlib_files):
+    for h in cut_holes(stdlib_files, 60, seed=3, kinds=("middle",))["middle"]:
+        assert h.middle.strip() and "\n" not in h.middle and 2 <= len(h.middle.encode()) <= 40
+        rest = h.suffix.split("\n", 1)[0].strip()
+        assert rest and not rest.startswith("#"), (h.key, h.middle, rest)
+
+
+def test_files_with_syntax_errors_give_no_holes():
+    broken = "def f(:\n    x = 1\n    return x\n"
+    assert all(not v for v in cut_holes([("bad", broken)], 10).values())
+    with pytest.raises(ValueError):
+        cut_holes([("ok", "x = 1\n")], 1, kinds=("lines",))
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_edit_distance_and_similarity():
+    assert levenshtein("kitten", "sitting") == 3
+    assert levenshtein("", "abc") == levenshtein("abc", "") == 3
+    assert levenshtein("flaw", "lawn") == 2
+    assert edit_similarity("abc", "abc") == 1.0
+    assert edit_similarity("", "") == 1.0
+    assert edit_similarity("abcd", "abce") == pytest.approx(0.75)
+    assert edit_similarity("", "abcd") == 0.0
+
+
+def test_exact_match_ignores_trailing_whitespace_only():
+    assert exact_match("x = 1   \n", "x = 1")
+    assert exact_match("if a:  \n    b\n\n", "if a:\n    b")
+    assert not exact_match("x = 1", "x = 2")
+    assert not exact_match(" x = 1", "x = 1")  # leading whitespace matters
+
+
+def test_syntax_clean_compares_with_the_original_file():
+    text = "def f(a):\n    return a + 1\n"
+    h = Hole("block", "t", text, text.index("return"), text.index("\n", text.index("return")))
+    assert syntax_clean(h, "return a + 1")
+    assert syntax_clean(h, "return a * 2")
+    assert not syntax_clean(h, "return (a +")
+    assert not syntax_clean(h, "return a +\n  x = 1")
+    assert syntax_clean(h, "")  # tree-sitter-python accepts an empty block: no error node
+    # a file that already had an error: a fill that adds none is clean
+    bad = "x = (\ndef f(a):\n    return a\n"
+    base = count_syntax_errors(bad)
+    assert base > 0
+    hb = Hole("line", "b", bad, bad.index("return") + 7, bad.index("\n", bad.index("return")))
+    assert syntax_clean(hb, "a", base)
+
+
+def test_repeats_suffix():
+    assert repeats_suffix("    return x\n", "\n    return x\n")
+    assert repeats_suffix("\n\nreturn result", "\n\n    return result  \n")
+    assert not repeats_suffix("return y", "\nreturn x\n")
+    assert not repeats_suffix("", "\nreturn x")
+    assert not repeats_suffix("return x", "\n\n")
+    long = "self.assertEqual(result, expected_value_number_one)"
+    assert repeats_suffix(long.replace("one", "onf"), "\n" + long)  # one edit in 50 chars: within 5%
+
+
+def test_percentile():
+    assert percentile([], 50) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 95) == pytest.approx(9.5)
+
+
+def test_score_on_hand_made_samples():
+    text = "def f(a):\n    return a + 1\n\nvalue = f(2)\n"
+    a = text.index("return")
+    h = Hole("block", "t", text, a, text.index("\n", a))
+    perfect = Sample(raw=h.middle, shown=h.middle, ms=10, engine_ms=9, steps=2, tokens=4, server_kind="block")
+    broken = Sample(raw="return (a", shown="", ms=30, engine_ms=29, steps=3, tokens=3, server_kind="block")
+    dup = Sample(raw="value = f(2)", shown="value = f(2)", ms=20, engine_ms=19, steps=1, tokens=4, server_kind="block")
+    r = score([h, h, h], [perfect, broken, dup])
+    assert r["holes"] == 3
+    assert r["exact"] == pytest.approx(1 / 3, abs=1e-3)
+    assert r["syntax_clean"] == pytest.approx(2 / 3, abs=1e-3)  # the broken raw fill adds an error
+    assert r["dup_suffix"] == pytest.approx(1 / 3, abs=1e-3)  # the third repeats the next statement
+    assert r["p50_ms"] == 20.0
+    assert r["empty"] == pytest.approx(1 / 3, abs=1e-3)
+    assert 0 < r["edit_sim"] < 1
+
+
+def test_oracle_through_the_server_path_scores_high():
+    """The true middle through the server's context and post-processing: the pipeline's ceiling."""
+    holes = cut_holes([("sample", SAMPLE.read_text())], 4, seed=0)
+    res = evaluate(OracleFiller(), holes)
+    for kind in KINDS:
+        assert res[kind]["holes"] == 4
+        assert res[kind]["syntax_clean"] == 1.0 and res[kind]["dup_suffix"] == 0.0
+    assert res["block"]["edit_sim"] > 0.5
+
+
+# ----------------------------------------------------------------------------- AR decoding, end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval_models")
+    return make_tiny_checkpoint(root / "dlm"), make_tiny_checkpoint(root / "ar", attention="causal", seed=1)
+
+
+def test_fim_greedy_matches_recomputing_every_token(tiny_models):
+    from engine.checkpoint import load_checkpoint
+    from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+
+    model, tok, cfg = load_checkpoint(tiny_models[1])
+    prefix, suffix = "def add(a, b):\n    ret", "\n\nfor i in range(10):\n"
+    got = fim_greedy(model, tok, prefix, suffix, max_tokens=12)
+    seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix), tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
+           tok.token_id(FIM_MIDDLE)]
+    want = []
+    with torch.no_grad():
+        for _ in range(12):
+            nxt = int(model(torch.tensor([seq + want]))[0, -1].argmax())
+            if nxt in (cfg.eos_token_id, cfg.pad_token_id):
+                break
+            want.append(nxt)
+    assert got == want and len(got) > 0
+
+
+def test_eval_end_to_end_writes_json_and_markdown(tiny_models, tmp_path):
+    from dlm_lsp.cli import main
+
+    dlm, ar = tiny_models
+    out, md = tmp_path / "eval.json", tmp_path / "eval.md"
+    rc = main(["eval", "--model", str(dlm), "--ar-model", str(ar), "--per-kind", "3", "--limit-files", "6",
+               "--threads", "1", "--json", str(out), "--md", str(md)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(KINDS) | {"meta", "ar"} <= set(res)
+    for kind in KINDS:
+        for src in (res, res["ar"]):
+            r = src[kind]
+            assert set(METRIC_KEYS) == {"holes", "exact", "edit_sim", "syntax_clean", "dup_suffix", "p50_ms", "p95_ms"}
+            assert set(METRIC_KEYS) <= set(r)
+            assert r["holes"] == 3
+            assert all(0.0 <= r[k] <= 1.0 for k in ("exact", "edit_sim", "syntax_clean", "dup_suffix"))
+            assert 0 < r["p50_ms"] <= r["p95_ms"]
+    meta = res["meta"]
+    assert meta["seed"] == 0 and meta["counts"] == {k: 3 for k in KINDS} and meta["files"] == 6
+    assert meta["model"] == str(dlm) and "threshold" in meta["decode"]
+    table = md.read_text()
+    assert table.startswith("| model | kind |") and table.count("\n") == 2 + 6
+
+
+def test_eval_on_a_source_folder(tiny_models, tmp_path):
+    from dlm_lsp.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "sample.py").write_text(SAMPLE.read_text())
+    out = tmp_path / "e.json"
+    assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--per-kind", "2",
+                 "--kinds", "block", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["block"]["holes"] == 2 and "line" not in res and res["meta"]["files"] == 1

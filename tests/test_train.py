@@ -1,0 +1,173 @@
+"""`dlm-lsp train` on a tiny budget: checkpoints, manifest, log, curve, resume, the AR twin, and the GPU
+recipe's packed corpus + sharded checkpoints (run here on CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import corpus
+from engine.checkpoint import load_checkpoint, read_state_dict
+from engine.shard import INDEX, plan_shards, save_sharded, shard_checkpoint
+from engine.train import TrainArgs, train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(max_files=10, dim=32, n_layers=2, n_heads=2, ffn_dim=64, seq_len=128, vocab=512, batch=4,
+            val_examples=16, warmup=2, threads=1, progress=False)
+
+
+def _log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One tiny diffusion run through the CLI: 5 steps."""
+    from dlm_lsp.cli import main
+
+    out = tmp_path_factory.mktemp("train") / "run"
+    rc = main(["train", "--out", str(out), "--max-files", "10", "--dim", "32", "--n-layers", "2", "--n-heads", "2",
+               "--ffn-dim", "64", "--seq-len", "128", "--vocab", "512", "--batch", "4", "--warmup", "2",
+               "--max-steps", "5", "--threads", "1", "--no-progress"])
+    assert rc == 0
+    return out
+
+
+def test_train_writes_loadable_checkpoints(run):
+    for name in ("best", "last"):
+        model, tok, cfg = load_checkpoint(run / name)
+        assert cfg.attention == "bidirectional" and cfg.dim == 32 and cfg.n_layers == 2
+        assert cfg.vocab_size == tok.vocab_size <= 512
+        # special ids in the config are the tokenizer's own
+        assert tok.decode([cfg.mask_token_id]) == "<|mask|>" and tok.decode([cfg.pad_token_id]) == "<|pad|>"
+        with torch.no_grad():
+            logits = model(torch.tensor([tok.encode("def f(x):\n    return x\n")]))
+        assert logits.shape[-1] == cfg.vocab_size and torch.isfinite(logits).all()
+        state = json.loads((run / name / "training_state.json").read_text())
+        assert state["step"] == 5 and state["tokens"] > 0
+
+
+def test_train_writes_split_log_and_curve(run):
+    split = json.loads((run / "split.json").read_text())
+    train_keys, held = set(split["train"]), set(split["heldout"])
+    assert len(train_keys) == 10 and held and not train_keys & held
+    assert all(corpus.is_heldout(k) for k in held) and not any(corpus.is_heldout(k) for k in train_keys)
+    rows = _log(run)
+    assert rows[-1]["step"] == 5 and "val_loss" in rows[-1]
+    png = run / "train_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / "best" / "train_curve.png").exists()
+
+
+def test_resume_continues_the_step_count(run, tmp_path):
+    out = tmp_path / "resumed"
+    train(TrainArgs(out=str(out), resume=str(run / "last"), max_steps=3, **{k: v for k, v in TINY.items()
+                                                                              if k not in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab")}))
+    state = json.loads((out / "last" / "training_state.json").read_text())
+    assert state["step"] == 8  # 5 before + 3 now
+    steps = [r["step"] for r in _log(out) if "val_loss" in r]
+    assert steps == [5, 8]  # the earlier run's log is carried over
+    # the resumed model keeps the checkpoint's tokenizer and shape
+    _, tok0, cfg0 = load_checkpoint(run / "last")
+    _, tok1, cfg1 = load_checkpoint(out / "last")
+    assert cfg0 == cfg1 and tok0.encode("import os\n") == tok1.encode("import os\n")
+
+
+def test_ar_objective_trains_a_causal_twin(tmp_path):
+    from engine.tokenizer import FIM_MIDDLE
+
+    out = tmp_path / "ar"
+    train(TrainArgs(out=str(out), objective="ar", max_steps=4, workers=2, **TINY))  # batches from 2 processes
+    model, tok, cfg = load_checkpoint(out / "best")
+    assert cfg.attention == "causal" and json.loads((out / "best" / "config.json").read_text())["attention"] == "causal"
+    assert tok.token_id(FIM_MIDDLE) is not None
+    assert json.loads((out / "last" / "training_state.json").read_text())["step"] == 4
+
+
+# ----------------------------------------------------------------------------- GPU recipe, on CPU
+
+
+def test_sharding_round_trips_and_respects_the_limit(tmp_path):
+    sd = {f"w{i}": torch.randn(64, 64) for i in range(5)}  # 16 KiB each
+    assert [len(g) for g in plan_shards(sd, 40 * 1024)] == [2, 2, 1]
+    with pytest.raises(ValueError):
+        plan_shards({"big": torch.zeros(1024)}, 1000)
+    (tmp_path / "model.safetensors").write_bytes(b"stale")  # must not shadow the shards
+    names = save_sharded(tmp_path, sd, 40 * 1024)
+    assert names == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert not (tmp_path / "model.safetensors").exists()
+    assert all((tmp_path / n).stat().st_size <= 40 * 1024 + 1024 for n in names)  # + the small header
+    index = json.loads((tmp_path / INDEX).read_text())
+    assert index["metadata"]["total_size"] == 5 * 64 * 64 * 4 and set(index["weight_map"]) == set(sd)
+    back = read_state_dict(tmp_path)
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_pack_corpus_keeps_the_split(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import pack_corpus
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "c.tar.xz"
+    m = pack_corpus.pack(out, [], max_files=10)
+    assert out.stat().st_size < 40 * 2**20
+    keys = {e["key"] for e in m["train"]} | {e["key"] for e in m["heldout"]}
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path / "x", filter="data")
+    assert "MANIFEST.json" in names
+    # unpacked as --source x/stdlib, the files get the same keys and so the same split
+    files = corpus.collect([tmp_path / "x" / "stdlib"], include_stdlib=False)
+    assert {f.key for f in files} == keys
+    train_files, held = corpus.split(files)
+    assert {f.key for f in train_files} == {e["key"] for e in m["train"]}
+    assert {f.key for f in held} == {e["key"] for e in m["heldout"]}
+
+
+def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import pack_corpus
+    finally:
+        sys.path.pop(0)
+    packed = tmp_path / "corpus.tar.xz"
+    pack_corpus.pack(packed, [], max_files=10)
+    run_dir, export = tmp_path / "gpu", tmp_path / "out"
+    env = {**os.environ, "PY": sys.executable, "CORPUS": str(packed), "WORKERS": "0", "SHARD_MB": "0.07",
+           "OUT": str(export), "LIMIT_S": "120"}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_train.sh"), str(run_dir), "--device", "cpu", "--max-steps", "3",
+         "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--ffn-dim", "64", "--vocab", "512",
+         "--seq-len", "128", "--batch", "4", "--warmup", "2", "--threads", "1"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    best = run_dir / "best"
+    shards = sorted(best.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 2 and not (best / "model.safetensors").exists()
+    assert all(s.stat().st_size <= 0.07 * 2**20 + 4096 for s in shards)
+    model, tok, cfg = load_checkpoint(best)
+    assert cfg.dim == 32 and json.loads((best / "training_state.json").read_text())["args"]["stdlib"] is False
+    # trained on the packed files only, with the original split
+    split = json.loads((run_dir / "split.json").read_text())
+    assert split["train"] and all(k.startswith("stdlib:") and not corpus.is_heldout(k) for k in split["train"])
+    # the export: shards as they are + one tar with the rest, which rebuilds a loadable checkpoint
+    exported = sorted(p.name for p in (export / "best").iterdir())
+    assert exported == sorted([s.name for s in shards] + ["rest.tar"])
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with tarfile.open(export / "best" / "rest.tar") as tar:
+        tar.extractall(ckpt, filter="data")
+    for s in shards:
+        (ckpt / s.name).write_bytes(s.read_bytes())
+    model2, _, _ = load_checkpoint(ckpt)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, model2.state_dict()[k])
+    assert shard_checkpoint(best) == [s.name for s in shards]  # already sharded: a no-op
