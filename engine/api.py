@@ -25,7 +25,8 @@ class DecodeOptions:
     pad_stop: float = 0.9  # stop when every masked slot predicts padding with at least this probability
     temperature: float = 0.0  # 0: deterministic argmax
     cache: bool = True  # reuse prefix/suffix K/V between steps (DualCache)
-    refresh_every: int = 0  # 0: never refresh the context K/V; k: full forward every k steps
+    refresh_every: int = 0  # 0: never refresh the context K/V; k: a full forward every k steps (1: exact)
+    freeze: bool = True  # cached steps skip slots committed two steps ago: their K/V join the context
     seed: int = 0
 
 

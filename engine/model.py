@@ -72,7 +72,8 @@ class Attention(nn.Module):
         if ctx is not None:
             k = torch.cat([ctx[0], k], dim=2)
             v = torch.cat([ctx[1], v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None)
+        # with cached context the causal mask is built explicitly (SDPA's is_causal aligns top-left)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None and ctx is None)
         out = out.transpose(1, 2).reshape(B, L, -1)
         return self.wo(out), new_kv
 
@@ -137,7 +138,8 @@ class Transformer(nn.Module):
 
     def _mask(self, B, L, device, key_valid, ctx_valid, Lc):
         """Boolean attention mask (B, 1, L, Lc+L), True = attend; None when nothing is masked."""
-        if key_valid is None and ctx_valid is None and (not self.causal or Lc == 0):
+        # a single causal query after its context sees everything: no mask (the AR decode step)
+        if key_valid is None and ctx_valid is None and (not self.causal or Lc == 0 or L == 1):
             return None
         kv_self = key_valid if key_valid is not None else torch.ones(B, L, dtype=torch.bool, device=device)
         kv_ctx = ctx_valid if ctx_valid is not None else torch.ones(B, Lc, dtype=torch.bool, device=device)

@@ -6,12 +6,12 @@ and leaves the rest masked. Slots filled with padding / end-of-text are dropped 
 canvas with surplus slots gives a variable-length fill; decoding ends when no mask is left or every
 remaining mask is confidently padding.
 
-The state of one job lives in `Canvas`; `forward_full` / `forward_cached` run a *batch* of canvases
-so the service can put several jobs into one forward pass. `reference_fill` is the naive oracle.
+The state of one job lives in `Canvas`; `forward` runs a *batch* of canvases (engine/cache.py: full
+forward or cached step) so the service can put several jobs into one pass. `reference_fill` is the
+naive oracle the fast loop is tested against, token for token.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import DecodeOptions
+from engine.cache import BatchContext, Rows, forward_cached, forward_full
 from engine.config import ModelConfig
-from engine.model import Transformer
 from kernels import slot_stats
 
+SELECTIONS = ("threshold", "topk")
+CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
 # ---------------------------------------------------------------- pure pieces
 
@@ -45,18 +47,15 @@ def confidence_from_stats(max_prob, top2_prob, entropy, kind: str) -> torch.Tens
     raise ValueError(f"unknown confidence {kind!r}")
 
 
-def select_topk(conf: torch.Tensor, k: int) -> torch.Tensor:
+def select_topk(conf: list[float], k: int) -> list[int]:
     """Indices of the k most confident slots; ties go to the leftmost slot (stable, reproducible)."""
-    order = torch.sort(conf, descending=True, stable=True).indices
-    return order[: max(1, min(k, conf.numel()))]
+    order = sorted(range(len(conf)), key=lambda i: -conf[i])  # sorted() is stable: leftmost first on ties
+    return order[: max(1, min(k, len(conf)))]
 
 
-def select_threshold(conf: torch.Tensor, tau: float) -> torch.Tensor:
+def select_threshold(conf: list[float], tau: float) -> list[int]:
     """Indices of every slot with confidence >= tau, and always at least the most confident one."""
-    idx = torch.nonzero(conf >= tau).flatten()
-    if idx.numel() == 0:
-        idx = select_topk(conf, 1)
-    return idx
+    return [i for i, x in enumerate(conf) if x >= tau] or select_topk(conf, 1)
 
 
 def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
@@ -68,6 +67,18 @@ def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
         if t != pad_id:
             out.append(t)
     return out
+
+
+def check_options(o: DecodeOptions) -> None:
+    """Raises ValueError for options no loop can run (checked when a job is admitted, not mid-batch)."""
+    if o.selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {o.selection!r}")
+    if o.confidence not in CONFIDENCES:
+        raise ValueError(f"confidence must be one of {CONFIDENCES}, got {o.confidence!r}")
+    if o.steps is not None and o.steps < 1:
+        raise ValueError(f"steps must be None or >= 1, got {o.steps}")
+    if o.temperature < 0 or o.refresh_every < 0:
+        raise ValueError("temperature and refresh_every must be >= 0")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -83,31 +94,51 @@ class Canvas:
     masked: torch.Tensor  # (n,) bool
     opts: DecodeOptions
     cfg: ModelConfig
+    active_pos: torch.Tensor  # (A,) absolute positions of the active span
     plan: list[int] = field(default_factory=list)  # top-k schedule still to run
+    n_masked: int = 0  # slots still masked (kept on the host: no device sync to know it)
     steps: int = 0
     tokens_per_step: list[int] = field(default_factory=list)
     ms_per_step: list[float] = field(default_factory=list)
-    ctx: list | None = None  # per layer (k, v) of context positions, (1, H, Lc, Dh)
-    ctx_pos: torch.Tensor | None = None  # (Lc,) positions of the cached context
-    since_refresh: int = 0
+    kv: list | None = None  # per layer (k, v) buffers (1, H, L, Dh); the first ctx_len rows are the context
+    ctx_len: int = 0
+    n_frozen: int = 0
+    frozen: torch.Tensor | None = None  # (n,) slots whose K/V are in the context (not run by cached steps)
+    ctx_version: int = 0  # bumped at every refill, so a batch's padded copy knows to recopy
+    since_refresh: int = 0  # steps since (and including) the last full forward
     generator: torch.Generator | None = None
     done: bool = False
     deadline_hit: bool = False
+    cancelled: bool = False
+    full_ms: float = 0.0  # last full-forward step, the estimate for the next one (0: unknown)
+    cached_ms: float = 0.0  # last cached step
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
               context_tokens: int = 512, device="cpu") -> "Canvas":
+        """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots."""
+        check_options(opts)
         if n < 1:
             raise ValueError("a fill needs at least one mask slot")
-        room = max(0, context_tokens - n)
+        context_tokens = min(context_tokens, cfg.max_seq_len)
+        if n > context_tokens:
+            raise ValueError(f"{n} mask slots do not fit a context of {context_tokens} tokens")
+        room = context_tokens - n
         # keep the suffix to at most a third of the room: the prefix says more about the fill
         s_keep = min(len(suffix), room // 3)
         p_keep = min(len(prefix), room - s_keep)
-        if cfg.logits_shift and p_keep == 0:
-            raise ValueError("this model shifts logits: it needs at least one token before the hole")
         prefix, suffix = prefix[len(prefix) - p_keep :], suffix[:s_keep]
+        if cfg.logits_shift and not prefix:
+            # the logit at i-1 predicts token i: the first slot needs a token before it
+            if cfg.bos_token_id is None or room < 1:
+                raise ValueError("this model shifts logits: it needs at least one token before the hole")
+            prefix = [cfg.bos_token_id]
         ids = torch.tensor(prefix + [cfg.mask_token_id] * n + suffix, dtype=torch.long, device=device)
-        c = cls(ids=ids, start=len(prefix), n=n, masked=torch.ones(n, dtype=torch.bool, device=device), opts=opts, cfg=cfg)
+        start = len(prefix)
+        a0 = start - (1 if cfg.logits_shift else 0)
+        c = cls(ids=ids, start=start, n=n, masked=torch.ones(n, dtype=torch.bool, device=device), opts=opts,
+                cfg=cfg, active_pos=torch.arange(a0, start + n, device=device),
+                frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n)
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         if opts.temperature > 0:
@@ -117,98 +148,66 @@ class Canvas:
     @property
     def active(self) -> tuple[int, int]:
         """Span of positions whose hidden states a step needs (one more on the left when shifted)."""
-        s = self.start - (1 if self.cfg.logits_shift else 0)
-        return s, self.start + self.n
+        return self.start - (1 if self.cfg.logits_shift else 0), self.start + self.n
+
+    @property
+    def ctx(self) -> list | None:
+        """Per layer (k, v) of the cached context, (1, H, ctx_len, Dh); None before the first full forward."""
+        if self.kv is None:
+            return None
+        return [(k[:, :, : self.ctx_len], v[:, :, : self.ctx_len]) for k, v in self.kv]
 
     def slot_ids(self) -> list[int]:
         return self.ids[self.start : self.start + self.n].tolist()
 
     def fill_ids(self) -> list[int]:
-        return trim_fill(self.slot_ids(), self.cfg.pad_token_id, self.cfg.eos_token_id)
+        """Committed fill tokens so far: padding dropped, cut at end-of-text, masks left out."""
+        slots = self.slot_ids()
+        return trim_fill([t for t, m in zip(slots, self.masked.tolist()) if not m], self.cfg.pad_token_id, self.cfg.eos_token_id)
 
     def needs_full(self) -> bool:
         """True when this step must run the whole sequence (no cache yet, or a refresh is due)."""
         o = self.opts
-        return (not o.cache) or self.ctx is None or (o.refresh_every > 0 and self.since_refresh >= o.refresh_every)
+        return (not o.cache) or self.kv is None or (o.refresh_every > 0 and self.since_refresh >= o.refresh_every)
+
+    def next_step_ms(self) -> float:
+        """Estimated duration of the next step (0 when nothing has been measured yet)."""
+        return self.full_ms if self.needs_full() else (self.cached_ms or self.full_ms)
+
+    def last_step_due(self) -> bool:
+        """True when the step budget (`steps` with threshold selection) is down to one step."""
+        return self.opts.selection == "threshold" and self.opts.steps is not None and self.steps + 1 >= self.opts.steps
 
 
-# ---------------------------------------------------------------- forward passes (batched)
+# ---------------------------------------------------------------- forward + commit
 
 
-def _pad_stack(rows: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Tensor]:
-    L = max(r.shape[0] for r in rows)
-    out = torch.full((len(rows), L) + tuple(rows[0].shape[1:]), fill, dtype=rows[0].dtype, device=rows[0].device)
-    valid = torch.zeros(len(rows), L, dtype=torch.bool, device=rows[0].device)
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-        valid[i, : r.shape[0]] = True
-    return out, valid
-
-
-@torch.no_grad()
-def forward_full(model: Transformer, canvases: list[Canvas]) -> list[torch.Tensor]:
-    """One full forward over each canvas's whole sequence (batched with padding). Refills each
-    canvas's context K/V cache. Returns per canvas the hidden states of its active span (A, D)."""
-    ids, valid = _pad_stack([c.ids for c in canvases], canvases[0].cfg.pad_token_id)
-    want_kv = any(c.opts.cache for c in canvases)
-    out = model.hidden(ids, key_valid=None if bool(valid.all()) else valid, return_kv=want_kv)
-    h, kvs = out if want_kv else (out, None)
-    res = []
-    for i, c in enumerate(canvases):
-        a0, a1 = c.active
-        res.append(h[i, a0:a1])
-        if c.opts.cache:
-            L = c.ids.shape[0]
-            keep = torch.ones(L, dtype=torch.bool, device=c.ids.device)
-            keep[a0:a1] = False
-            c.ctx = [(k[i : i + 1, :, :L][:, :, keep], v[i : i + 1, :, :L][:, :, keep]) for k, v in kvs]
-            c.ctx_pos = torch.arange(L, device=c.ids.device)[keep]
-            c.since_refresh = 0
-    return res
-
-
-@torch.no_grad()
-def forward_cached(model: Transformer, canvases: list[Canvas]) -> list[torch.Tensor]:
-    """A cheap step: only the active span of each canvas runs, attending to its cached context K/V
-    (approximate for a bidirectional model: the context's K/V saw older canvas contents)."""
-    spans = [c.ids[c.active[0] : c.active[1]] for c in canvases]
-    poss = [torch.arange(*c.active, device=c.ids.device) for c in canvases]
-    ids, valid = _pad_stack(spans, canvases[0].cfg.pad_token_id)
-    pos, _ = _pad_stack(poss, 0)
-    Lc = max(c.ctx[0][0].shape[2] for c in canvases)
-    n_layers = len(canvases[0].ctx)
-    if len(canvases) == 1:
-        ctx, ctx_valid = canvases[0].ctx, None
+def forward(model, canvases: list[Canvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
+    """Hidden states for a batch: one full forward for the canvases that need one, one cached step
+    for the rest. Returns per canvas (hidden (R, D), their positions (R,)), in order."""
+    full = [c for c in canvases if c.needs_full()]
+    cached = [c for c in canvases if not c.needs_full()]
+    hs: dict[int, Rows] = {}
+    if full and full[0].ids.is_cuda:
+        hs.update(zip(map(id, full), forward_full(model, full)))
     else:
-        ctx = []
-        for li in range(n_layers):
-            ks, vs = [], []
-            for c in canvases:
-                k, v = c.ctx[li]
-                padn = Lc - k.shape[2]
-                ks.append(F.pad(k, (0, 0, 0, padn)))
-                vs.append(F.pad(v, (0, 0, 0, padn)))
-            ctx.append((torch.cat(ks), torch.cat(vs)))
-        ctx_valid = torch.zeros(len(canvases), Lc, dtype=torch.bool, device=ids.device)
-        for i, c in enumerate(canvases):
-            ctx_valid[i, : c.ctx[0][0].shape[2]] = True
-    h = model.hidden(ids, pos=pos, key_valid=None if bool(valid.all()) else valid, ctx=ctx, ctx_valid=ctx_valid)
-    res = []
-    for i, c in enumerate(canvases):
-        c.since_refresh += 1
-        res.append(h[i, : spans[i].shape[0]])
-    return res
+        # a full forward is compute-bound on a CPU: batching saves nothing there and padding costs
+        for c in full:
+            hs[id(c)] = forward_full(model, [c])[0]
+    if cached:
+        hs.update(zip(map(id, cached), forward_cached(model, cached, batch_ctx)))
+    return [hs[id(c)] for c in canvases]
 
 
-# ---------------------------------------------------------------- commit
-
-
-def commit(model: Transformer, c: Canvas, h_active: torch.Tensor, final: bool) -> int:
-    """Predicts the masked slots of one canvas from its active hidden states and commits some (all
-    when `final`). Returns how many slots were committed; sets c.done when nothing is left."""
+def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
+    """Predicts the masked slots of one canvas from the hidden states of a forward and commits some
+    (all when `final`). Returns how many slots were committed; sets c.done when nothing is left."""
     cfg, o = c.cfg, c.opts
+    h_rows, pos = rows  # (R, D), (R,) ascending positions
     slot_idx = torch.nonzero(c.masked).flatten()  # (M,)
-    h = h_active[slot_idx]  # row r of the active span predicts slot r (shifted: the span starts one earlier)
+    # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
+    want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
+    h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
     if o.temperature > 0:
         logits = model.logits(h).float() / o.temperature  # (M, V)
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
@@ -220,45 +219,47 @@ def commit(model: Transformer, c: Canvas, h_active: torch.Tensor, final: bool) -
     else:
         max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
     conf = confidence_from_stats(max_p, top2_p, ent, o.confidence)
-    is_pad = (pred == cfg.pad_token_id) | (pred == cfg.eos_token_id)
-    if final or bool((is_pad & (max_p >= o.pad_stop)).all()):
-        pick = torch.arange(slot_idx.numel(), device=conf.device)
+    # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
+    conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
+    ends = (cfg.pad_token_id, cfg.eos_token_id)
+    if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
+        pick = list(range(len(conf_l)))
     elif o.selection == "topk":
-        k = c.plan.pop(0) if c.plan else 1
-        pick = select_topk(conf, k)
-    elif o.selection == "threshold":
-        pick = select_threshold(conf, o.threshold)
+        pick = select_topk(conf_l, c.plan.pop(0) if c.plan else 1)
     else:
-        raise ValueError(f"unknown selection {o.selection!r}")
-    pos = slot_idx[pick]
-    c.ids[c.start + pos] = pred[pick]
-    c.masked[pos] = False
+        pick = select_threshold(conf_l, o.threshold)
+    pick_t = torch.tensor(pick, device=slot_idx.device)
+    chosen = slot_idx[pick_t]
+    c.ids[c.start + chosen] = pred[pick_t]
+    c.masked[chosen] = False
+    c.n_masked -= len(pick)
     c.steps += 1
-    c.tokens_per_step.append(int(pick.numel()))
-    if not bool(c.masked.any()):
-        c.done = True
-    return int(pick.numel())
+    c.tokens_per_step.append(len(pick))
+    c.done = c.n_masked == 0
+    return len(pick)
 
 
-def step(model: Transformer, canvases: list[Canvas], final: list[bool] | None = None) -> None:
-    """One denoising step for a batch of canvases: a full forward for those that need one, a cached
-    step for the rest, then each commits its own slots."""
+def record_step(c: Canvas, was_full: bool, ms: float) -> None:
+    """Keeps a step's wall time: the job's stats, and the estimate for its next step of that kind."""
+    c.ms_per_step.append(ms)
+    if was_full:
+        c.full_ms = ms
+    else:
+        c.cached_ms = ms
+
+
+@torch.inference_mode()
+def step(model, canvases: list[Canvas], final: list[bool] | None = None, batch_ctx: BatchContext | None = None) -> None:
+    """One denoising step for a batch of canvases: forward, then each commits its own slots."""
     final = final or [False] * len(canvases)
     t0 = time.perf_counter()
-    full = [c for c in canvases if c.needs_full()]
-    cached = [c for c in canvases if not c.needs_full()]
-    hs: dict[int, torch.Tensor] = {}
-    if full:
-        for c, h in zip(full, forward_full(model, full)):
-            hs[id(c)] = h
-    if cached:
-        for c, h in zip(cached, forward_cached(model, cached)):
-            hs[id(c)] = h
-    for c, f in zip(canvases, final):
-        commit(model, c, hs[id(c)], f)
-    ms = (time.perf_counter() - t0) * 1000 / len(canvases)
-    for c in canvases:
-        c.ms_per_step.append(ms)
+    was_full = [c.needs_full() for c in canvases]
+    hs = forward(model, canvases, batch_ctx)
+    for c, h, f in zip(canvases, hs, final):
+        commit(model, c, h, f)
+    ms = (time.perf_counter() - t0) * 1000  # every job in the batch waited the whole step
+    for c, wf in zip(canvases, was_full):
+        record_step(c, wf, ms)
 
 
 @dataclass
@@ -271,40 +272,47 @@ class DecodeResult:
     deadline_hit: bool = False
 
 
-def fill(model: Transformer, canvas: Canvas, deadline: float | None = None, cancelled=lambda: False) -> DecodeResult:
+def deadline_due(c: Canvas, deadline: float | None, now: float | None = None) -> bool:
+    """True when the next step would end past the deadline: it must be the last one."""
+    if deadline is None:
+        return False
+    return (time.monotonic() if now is None else now) + c.next_step_ms() / 1000 >= deadline
+
+
+def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda: False) -> DecodeResult:
     """Denoises one canvas to the end. Between steps: a cancelled job stops at once; when the next
     step would pass the deadline it becomes the last one and commits every remaining mask."""
-    hit = False
     while not canvas.done:
         if cancelled():
-            return DecodeResult(canvas.fill_ids(), canvas.steps, canvas.tokens_per_step, canvas.ms_per_step, cancelled=True)
-        last = canvas.ms_per_step[-1] / 1000 if canvas.ms_per_step else 0.0
-        final = deadline is not None and time.monotonic() + last >= deadline
-        hit = hit or final
+            canvas.cancelled = True
+            break
+        final = deadline_due(canvas, deadline)
+        canvas.deadline_hit |= final
         step(model, [canvas], [final])
-    return DecodeResult(canvas.fill_ids(), canvas.steps, canvas.tokens_per_step, canvas.ms_per_step, deadline_hit=hit)
+    return DecodeResult(canvas.fill_ids(), canvas.steps, canvas.tokens_per_step, canvas.ms_per_step,
+                        cancelled=canvas.cancelled, deadline_hit=canvas.deadline_hit)
 
 
 # ---------------------------------------------------------------- the oracle
 
 
 @torch.no_grad()
-def reference_fill(model: Transformer, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
+def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
                    context_tokens: int = 512) -> list[int]:
-    """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary,
-    plain Python selection. Temperature 0 only. Returns the fill's token ids (padding dropped)."""
+    """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
+    in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
-    c = Canvas.build(prefix, suffix, n, cfg, DecodeOptions(**{**opts.__dict__, "cache": False}), context_tokens)
-    seq = c.ids.tolist()
-    s = c.start
+    c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens)  # the same cut of the context
+    seq, s = c.ids.tolist(), c.start
     masked = list(range(n))
     plan = schedule(n, opts.steps or max(1, n // 2)) if opts.selection == "topk" else []
     shift = 1 if cfg.logits_shift else 0
+    steps = 0
     while masked:
-        logits = model(torch.tensor([seq]))[0]  # (L, V)
+        logits = model(torch.tensor([seq]))[0].double()  # (L, V)
         logits[:, cfg.mask_token_id] = float("-inf")
-        probs = F.softmax(logits.double(), dim=-1)
+        probs = F.softmax(logits, dim=-1)
         cand = []
         for j in masked:
             p = probs[s + j - shift]
@@ -315,16 +323,24 @@ def reference_fill(model: Transformer, prefix: list[int], suffix: list[int], n: 
             conf = {"max_prob": mp, "margin": mp - t2, "neg_entropy": -ent}[opts.confidence]
             is_pad = tok in (cfg.pad_token_id, cfg.eos_token_id)
             cand.append((j, tok, conf, is_pad and mp >= opts.pad_stop))
-        if all(x[3] for x in cand):
+        budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
+        if budget_out or all(x[3] for x in cand):
             chosen = cand
         else:
             ranked = sorted(cand, key=lambda x: (-x[2], x[0]))
             if opts.selection == "topk":
-                k = plan.pop(0) if plan else 1
-                chosen = ranked[:k]
+                chosen = ranked[: plan.pop(0) if plan else 1]
             else:
                 chosen = [x for x in cand if x[2] >= opts.threshold] or ranked[:1]
         for j, tok, _, _ in chosen:
             seq[s + j] = tok
             masked.remove(j)
+        steps += 1
     return trim_fill(seq[s : s + n], cfg.pad_token_id, cfg.eos_token_id)
+
+
+__all__ = [
+    "Canvas", "BatchContext", "DecodeResult", "check_options", "commit", "confidence_from_stats", "deadline_due",
+    "fill", "forward", "forward_cached", "forward_full", "reference_fill", "schedule", "select_threshold",
+    "select_topk", "step", "trim_fill",
+]

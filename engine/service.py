@@ -3,7 +3,9 @@
 submit(job) -> Future[Fill]. Jobs that are waiting when a step begins join the batch; finished and
 cancelled jobs leave it between steps, so several documents or clients share each forward pass.
 Cancel and deadline are checked between steps: a cancelled job stops within one step; a job whose
-next step would pass its deadline commits all its remaining masks in that step.
+next step would pass its deadline commits all its remaining masks in that step. A job that fails
+(bad input, an exception while decoding) fails alone: its future raises EngineError, the batch and
+the worker go on.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import sampler
 from engine.api import EngineError, Fill, FillJob
+from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint
-from engine.sampler import Canvas, step
 
 log = logging.getLogger("dlm.engine")
 
@@ -34,7 +37,7 @@ def pick_device(device: str) -> torch.device:
 @dataclass
 class _Active:
     job: FillJob
-    canvas: Canvas
+    canvas: sampler.Canvas
     future: Future
     started: float
 
@@ -56,7 +59,10 @@ class EngineService:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"jobs": 0, "steps": 0, "cancelled_jobs": 0, "cancelled_steps": 0, "batched_steps": 0}
+        self._batch_ctx = BatchContext()
+        self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
+        self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
+                      "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0}
         self._stats_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -98,6 +104,7 @@ class EngineService:
         return self.state == "ready"
 
     def close(self) -> None:
+        """Stops the worker; jobs still running come back cancelled, queued ones fail."""
         self._stop.set()
         self._inbox.put(None)
         if self._thread is not None:
@@ -110,56 +117,97 @@ class EngineService:
         fut: Future = Future()
         if self.state == "error":
             fut.set_exception(EngineError(self.message or "engine failed to load"))
-            return fut
-        self._inbox.put((job, fut))
+        elif self._stop.is_set():
+            fut.set_exception(EngineError("the engine is shut down"))
+        else:
+            self._inbox.put((job, fut))
         return fut
 
     def run_now(self, job: FillJob) -> Fill:
         """Runs one job on the calling thread (headless commands, benchmarks); the model must be loaded."""
         fut: Future = Future()
         act = self._admit(job, fut)
-        if act is None:
-            return fut.result()
-        batch = [act]
+        batch = [act] if act is not None else []
+        ctx = BatchContext()
         while batch:
-            batch = self._step_batch(batch)
+            batch = self._step_batch(batch, ctx)
         return fut.result()
 
     def _admit(self, job: FillJob, fut: Future) -> _Active | None:
+        """Tokenizes a job and builds its canvas; a bad job fails its future here and returns None."""
+        started = time.monotonic()
         try:
+            if self.model is None:
+                raise EngineError("the model is not loaded")
             if job.max_tokens < 1:
                 raise EngineError("max_tokens must be at least 1")
             p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
-            canvas = Canvas.build(p_ids, s_ids, job.max_tokens, self.cfg, job.options, job.context_tokens, self.device)
+            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens, self.cfg, job.options, job.context_tokens, self.device)
+            canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
         except Exception as e:  # noqa: BLE001
             fut.set_exception(e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
+            with self._stats_lock:
+                self.stats["failed_jobs"] += 1
             return None
-        return _Active(job, canvas, fut, time.monotonic())
+        return _Active(job, canvas, fut, started)
 
-    def _finish(self, a: _Active, cancelled: bool = False) -> None:
+    def _finish(self, a: _Active) -> None:
         c = a.canvas
-        ids = c.fill_ids()
-        fill = Fill(
-            text=self.tok.decode(ids), tokens=len(ids), steps=c.steps, slots=c.n, cancelled=cancelled,
-            deadline_hit=getattr(c, "deadline_hit", False), queue_ms=(a.started - a.job.submitted_at) * 1000,
-            compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
-            ms_per_step=list(c.ms_per_step), token_ids=ids,
-        )
+        try:
+            ids = c.fill_ids()
+            fill = Fill(
+                text=self.tok.decode(ids), tokens=len(ids), steps=c.steps, slots=c.n, cancelled=c.cancelled,
+                deadline_hit=c.deadline_hit, queue_ms=(a.started - a.job.submitted_at) * 1000,
+                compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
+                ms_per_step=list(c.ms_per_step), token_ids=ids,
+            )
+        except Exception as e:  # noqa: BLE001
+            self._fail(a, e)
+            return
         with self._stats_lock:
             self.stats["jobs"] += 1
             self.stats["steps"] += c.steps
-            if cancelled:
+            self.stats["tokens"] += len(ids)
+            if c.cancelled:
                 self.stats["cancelled_jobs"] += 1
                 self.stats["cancelled_steps"] += c.steps
         if not a.future.done():
             a.future.set_result(fill)
 
-    def _step_batch(self, batch: list[_Active]) -> list[_Active]:
+    def _fail(self, a: _Active, e: BaseException) -> None:
+        log.error("job %s failed: %s", a.job.job_id, e, exc_info=e)
+        with self._stats_lock:
+            self.stats["failed_jobs"] += 1
+        if not a.future.done():
+            a.future.set_exception(e if isinstance(e, EngineError) else EngineError(f"decoding failed: {e}"))
+
+    @torch.inference_mode()
+    def _forward(self, live: list[_Active], ctx: BatchContext) -> list[torch.Tensor | BaseException]:
+        """Hidden states per job; if the batched forward fails, each job is retried alone so only
+        the culprit fails."""
+        canvases = [a.canvas for a in live]
+        try:
+            return sampler.forward(self.model, canvases, ctx)
+        except Exception as e:  # noqa: BLE001
+            if len(live) == 1:
+                return [e]
+        ctx.clear()
+        out: list[torch.Tensor | BaseException] = []
+        for c in canvases:
+            try:
+                out.append(sampler.forward(self.model, [c], None)[0])
+            except Exception as e:  # noqa: BLE001
+                out.append(e)
+        return out
+
+    @torch.inference_mode()
+    def _step_batch(self, batch: list[_Active], ctx: BatchContext) -> list[_Active]:
         """Drops cancelled jobs, runs one step for the rest, resolves finished ones; returns the rest."""
         live = []
         for a in batch:
             if a.job.cancelled or a.future.cancelled():
-                self._finish(a, cancelled=True)
+                a.canvas.cancelled = True
+                self._finish(a)
             else:
                 live.append(a)
         if not live:
@@ -167,42 +215,63 @@ class EngineService:
         now = time.monotonic()
         finals = []
         for a in live:
-            last = a.canvas.ms_per_step[-1] / 1000 if a.canvas.ms_per_step else 0.0
-            final = a.job.deadline is not None and now + last >= a.job.deadline
-            if final:
-                a.canvas.deadline_hit = True
+            final = sampler.deadline_due(a.canvas, a.job.deadline, now)
+            a.canvas.deadline_hit |= final
             finals.append(final)
-        try:
-            step(self.model, [a.canvas for a in live], finals)
+        t0 = time.perf_counter()
+        was_full = [a.canvas.needs_full() for a in live]
+        hs = self._forward(live, ctx)
+        ok = []
+        for a, h, f in zip(live, hs, finals):
+            if isinstance(h, BaseException):
+                self._fail(a, h)
+                continue
+            try:
+                sampler.commit(self.model, a.canvas, h, f)
+                ok.append(a)
+            except Exception as e:  # noqa: BLE001
+                self._fail(a, e)
+        ms = (time.perf_counter() - t0) * 1000
+        for a, wf in zip(live, was_full):
+            sampler.record_step(a.canvas, wf, ms)
+        if all(was_full):
+            tokens = sum(a.canvas.ids.shape[0] for a in live)
+            est = ms / max(1, tokens)
+            self._full_ms_per_token = est if not self._full_ms_per_token else 0.7 * self._full_ms_per_token + 0.3 * est
+        with self._stats_lock:
+            self.stats["forwards"] += (1 if any(was_full) else 0) + (1 if not all(was_full) else 0)
+            self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(live))
             if len(live) > 1:
-                with self._stats_lock:
-                    self.stats["batched_steps"] += 1
-        except Exception as e:  # noqa: BLE001
-            if len(live) == 1:
-                live[0].future.set_exception(EngineError(f"decoding failed: {e}"))
-                log.exception("job %s failed", live[0].job.job_id)
-                return []
-            # isolate the failing job: run each alone so one bad job fails only itself
-            survivors = []
-            for a, f in zip(live, finals):
-                try:
-                    step(self.model, [a.canvas], [f])
-                    survivors.append(a)
-                except Exception as e1:  # noqa: BLE001
-                    log.exception("job %s failed", a.job.job_id)
-                    a.future.set_exception(EngineError(f"decoding failed: {e1}"))
-            live = survivors
+                self.stats["batched_steps"] += 1
         rest = []
-        for a in live:
+        for a in ok:
             if a.canvas.done:
                 self._finish(a)
             else:
                 rest.append(a)
         return rest
 
+    def _drain(self, active: list[_Active], block: bool) -> bool:
+        """Admits every queued job into `active`; returns False when close() was asked for."""
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return not self._stop.is_set()
+        while True:
+            if item is None:
+                return False
+            a = self._admit(*item)
+            if a is not None:
+                active.append(a)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return not self._stop.is_set()
+
     def _run(self) -> None:
         try:
-            self.load()
+            if self.model is None:  # load() may already have run on the caller's thread
+                self.load()
         except Exception:  # noqa: BLE001
             # fail whatever is queued, and keep failing new jobs with the load error
             while not self._stop.is_set():
@@ -210,27 +279,28 @@ class EngineService:
                 if item is None:
                     return
                 item[1].set_exception(EngineError(self.message or "engine failed to load"))
+            return
         active: list[_Active] = []
-        while not self._stop.is_set():
-            try:
-                item = self._inbox.get(timeout=0.5) if not active else self._inbox.get_nowait()
-            except queue.Empty:
-                item = False
-            while item:
-                job, fut = item
-                a = self._admit(job, fut)
-                if a is not None:
-                    active.append(a)
-                try:
-                    item = self._inbox.get_nowait()
-                except queue.Empty:
-                    item = False
-            if item is None:
-                break
+        while self._drain(active, block=not active):
             if not active:
                 continue
             # newest jobs first: latest-wins traffic wants the fresh request served before old ones
             batch, waiting = active[-self.max_batch :], active[: -self.max_batch]
-            active = waiting + self._step_batch(batch)
+            try:
+                active = waiting + self._step_batch(batch, self._batch_ctx)
+            except Exception as e:  # noqa: BLE001 - the worker must survive anything a batch does
+                log.exception("engine step failed")
+                for a in batch:
+                    self._fail(a, e)
+                self._batch_ctx.clear()
+                active = waiting
         for a in active:
-            self._finish(a, cancelled=True)
+            a.canvas.cancelled = True
+            self._finish(a)
+        while True:  # jobs queued after close() was asked for: answer them, never leave them hanging
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1].set_exception(EngineError("the engine is shut down"))

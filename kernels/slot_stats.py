@@ -1,9 +1,27 @@
 """Softmax statistics of masked slots: final RMSNorm + LM head + max prob, argmax, second prob and
-entropy per slot. The torch reference lives here; the Triton kernel joins it in the same module."""
+entropy per slot, without materialising the (slots, vocabulary) probabilities.
+
+One ladder, Liger-style: `_slot_stats_kernel` (Triton) -> `slot_stats_triton` (launcher + combine of
+the vocabulary splits) -> `slot_stats` (public; dispatch chosen once at import). The torch reference
+`slot_stats_reference` is the oracle and the CPU path.
+
+Dispatch: CUDA visible and Triton importable -> the kernel; otherwise the reference. DLM_KERNELS=torch
+or =triton overrides at import, `set_backend()` at run time (tests). With TRITON_INTERPRET=1 set
+before Triton is first imported (Triton decorates its own language library at import), the kernel
+runs on CPU tensors in Triton's interpreter: that is how the tests check it without a GPU.
+"""
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
+
+try:  # Triton is optional: CPU-only installs and non-Linux platforms run the reference
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the platform
+    triton = tl = None
 
 
 def slot_stats_reference(h: torch.Tensor, norm_w: torch.Tensor, eps: float, head_w: torch.Tensor, ban: int = -1):
@@ -22,5 +40,192 @@ def slot_stats_reference(h: torch.Tensor, norm_w: torch.Tensor, eps: float, head
     return top.values[:, 0].exp(), top.indices[:, 0], top.values[:, 1].exp(), ent
 
 
+# ---------------------------------------------------------------- Triton kernel
+#
+# For one slot row x (D,) with RMSNorm gain g (D,) and head W (V, D):
+#   r   = 1 / sqrt(mean_d x_d^2 + eps)                     (final RMSNorm, fp32)
+#   z_v = sum_d (x_d r g_d) W[v, d]                         (logit of token v; z_ban = NEG)
+# The vocabulary is read in chunks of BLOCK_V with an online softmax. Running state per row:
+#   m = max z seen so far,  s = sum_v exp(z_v - m),  u = sum_v (z_v - m) exp(z_v - m)
+# When a chunk raises the max from m to m' (d = m - m' <= 0), the old sums are rescaled:
+#   s' = e^d s,   u' = e^d (u + d s)            (since z - m' = (z - m) + d)
+# and the chunk's own terms are added. At the end, with p_v = exp(z_v - m) / s:
+#   max prob = exp(top1 - m) / s,   2nd prob = exp(top2 - m) / s,
+#   entropy  = -sum_v p_v log p_v = -sum_v p_v (z_v - m - log s) = log s - u / s.
+# u is kept relative to the running max (not sum z e^z) so it never loses precision to large logits.
+# Masked entries (past V, the banned id) get the finite NEG rather than -inf: (NEG - m) * exp(NEG - m)
+# is 0, where -inf * 0 would be nan.
+# Top-2: each chunk's best and second best (the best position masked out) merge into the running
+# pair; a strict > keeps the earliest index on ties, as argmax does.
+# The vocabulary may also be split across programs (grid axis 1) for parallelism at few slots; each
+# split writes its (m, s, u, top1, top1 index, top2) and `_combine_splits` merges them in torch with
+# the same rescaling rule.
+
+NEG = -1.0e30
+
+
+def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
+    h_ptr, g_ptr, w_ptr,  # (M, D), (D,), (V, D)
+    m_ptr, s_ptr, u_ptr, t1_ptr, t1i_ptr, t2_ptr,  # outputs (SPLIT, M) each
+    M, D, V, stride_hm, stride_wv, eps, ban, v_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+
+    # final RMSNorm: 1/rms per row (fp32 whatever the input dtype)
+    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        x = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < D), other=0.0)
+        x = x.to(tl.float32)
+        sumsq += tl.sum(x * x, axis=1)
+    rstd = 1.0 / tl.sqrt(sumsq / D + eps)
+
+    m_run = tl.full([BLOCK_M], NEG, dtype=tl.float32)
+    s_run = tl.zeros([BLOCK_M], dtype=tl.float32)
+    u_run = tl.zeros([BLOCK_M], dtype=tl.float32)
+    t1 = tl.full([BLOCK_M], NEG, dtype=tl.float32)
+    t2 = tl.full([BLOCK_M], NEG, dtype=tl.float32)
+    t1i = tl.zeros([BLOCK_M], dtype=tl.int32)
+    v_lo = pid_s * v_per_split
+    v_hi = tl.minimum(v_lo + v_per_split, V)
+    local = tl.arange(0, BLOCK_V)
+    for v0 in range(v_lo, v_hi, BLOCK_V):
+        vcols = v0 + local
+        v_ok = vcols < v_hi
+        z = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)  # (BLOCK_M, BLOCK_V) logits of this chunk
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            d_ok = cols < D
+            x = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            g = tl.load(g_ptr + cols, mask=d_ok, other=0.0)
+            xn = x.to(tl.float32) * rstd[:, None] * g.to(tl.float32)[None, :]
+            w = tl.load(w_ptr + vcols[None, :] * stride_wv + cols[:, None], mask=d_ok[:, None] & v_ok[None, :], other=0.0)
+            z += tl.dot(xn, w.to(tl.float32), input_precision="ieee")  # fp32 like the reference
+        z = tl.where(v_ok[None, :] & (vcols[None, :] != ban), z, NEG)
+
+        b1 = tl.max(z, axis=1)
+        b1i = tl.argmax(z, axis=1)
+        b2 = tl.max(tl.where(local[None, :] == b1i[:, None], NEG, z), axis=1)
+        better = b1 > t1
+        t2 = tl.where(better, tl.maximum(t1, b2), tl.maximum(t2, b1))
+        t1i = tl.where(better, v0 + b1i, t1i)
+        t1 = tl.maximum(t1, b1)
+
+        m_new = tl.maximum(m_run, b1)
+        d = m_run - m_new
+        alpha = tl.exp(d)
+        zc = z - m_new[:, None]
+        e = tl.exp(zc)
+        u_run = alpha * (u_run + d * s_run) + tl.sum(zc * e, axis=1)
+        s_run = alpha * s_run + tl.sum(e, axis=1)
+        m_run = m_new
+
+    out = pid_s * M + rows
+    tl.store(m_ptr + out, m_run, mask=row_ok)
+    tl.store(s_ptr + out, s_run, mask=row_ok)
+    tl.store(u_ptr + out, u_run, mask=row_ok)
+    tl.store(t1_ptr + out, t1, mask=row_ok)
+    tl.store(t1i_ptr + out, t1i, mask=row_ok)
+    tl.store(t2_ptr + out, t2, mask=row_ok)
+
+
+if triton is not None:
+    _slot_stats_kernel = triton.jit(_slot_stats_kernel)
+
+
+def launch_settings(M: int, D: int, V: int, device: torch.device) -> dict:
+    """BLOCK_M/D/V and the vocabulary split for a problem size (the one place launch settings live)."""
+    block_m = 16  # tl.dot needs >= 16 rows
+    block_d = min(128, max(16, triton.next_power_of_2(D)))
+    if device.type == "cuda":
+        block_v = 128
+        # enough programs to fill the GPU at a handful of slots: split the vocabulary
+        m_blocks = triton.cdiv(M, block_m)
+        n_sm = torch.cuda.get_device_properties(device).multi_processor_count
+        split = max(1, min(triton.cdiv(V, block_v), (2 * n_sm) // m_blocks))
+    else:  # the interpreter: ~0.7 ms per program and per loop trip, so few large blocks
+        block_v = min(1024, max(16, triton.next_power_of_2(V)))
+        split = 1
+    return {"BLOCK_M": block_m, "BLOCK_D": block_d, "BLOCK_V": block_v, "split": split}
+
+
+def _combine_splits(m, s, u, t1, t1i, t2):
+    """Merges per-split online-softmax states (SPLIT, M) into the final statistics (M,)."""
+    mx = m.max(0).values  # (M,)
+    scale = torch.exp(m - mx)
+    S = (scale * s).sum(0)
+    U = (scale * (u + (m - mx) * s)).sum(0)
+    best = t1.argmax(0)  # first split on ties = lowest token id
+    top1 = t1.gather(0, best[None]).squeeze(0)
+    idx = t1i.gather(0, best[None]).squeeze(0).long()
+    others = t1.scatter(0, best[None], NEG)  # the other splits' best values compete for second place
+    top2 = torch.maximum(others.max(0).values, t2.gather(0, best[None]).squeeze(0))
+    return torch.exp(top1 - mx) / S, idx, torch.exp(top2 - mx) / S, torch.log(S) - U / S
+
+
+def slot_stats_triton(h, norm_w, eps, head_w, ban: int = -1, *, block_v: int | None = None,
+                      block_d: int | None = None, split: int | None = None):
+    """The kernel's answer to slot_stats_reference (same signature and outputs); the keyword
+    arguments override launch settings (tests cover odd blockings with them)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    M, D = h.shape
+    V = head_w.shape[0]
+    h = h.contiguous()
+    head_w = head_w.contiguous()
+    st = launch_settings(M, D, V, h.device)
+    bv = block_v or st["BLOCK_V"]
+    bd = block_d or st["BLOCK_D"]
+    sp = split or st["split"]
+    # each split covers a whole number of vocabulary blocks
+    per = triton.cdiv(triton.cdiv(V, sp), bv) * bv
+    sp = triton.cdiv(V, per)
+    f32 = dict(dtype=torch.float32, device=h.device)
+    m, s, u, t1, t2 = (torch.empty(sp, M, **f32) for _ in range(5))
+    t1i = torch.empty(sp, M, dtype=torch.int32, device=h.device)
+    grid = (triton.cdiv(M, st["BLOCK_M"]), sp)
+    _slot_stats_kernel[grid](h, norm_w, head_w, m, s, u, t1, t1i, t2, M, D, V, h.stride(0), head_w.stride(0),
+                             float(eps), int(ban), per, BLOCK_M=st["BLOCK_M"], BLOCK_D=bd, BLOCK_V=bv)
+    if sp == 1:
+        S, U, mx = s[0], u[0], m[0]
+        return torch.exp(t1[0] - mx) / S, t1i[0].long(), torch.exp(t2[0] - mx) / S, torch.log(S) - U / S
+    return _combine_splits(m, s, u, t1, t1i, t2)
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def _initial_backend() -> str:
+    forced = os.environ.get("DLM_KERNELS", "").strip().lower()
+    if forced in ("torch", "triton"):
+        return forced
+    return "triton" if triton is not None and torch.cuda.is_available() else "torch"
+
+
+_backend = _initial_backend()
+
+
+def set_backend(name: str) -> str:
+    """Switches the implementation ("triton" or "torch"); returns the previous one."""
+    global _backend
+    if name not in ("torch", "triton"):
+        raise ValueError(f"backend must be 'torch' or 'triton', got {name!r}")
+    if name == "triton" and triton is None:
+        raise RuntimeError("Triton is not installed")
+    prev, _backend = _backend, name
+    return prev
+
+
+def backend() -> str:
+    return _backend
+
+
 def slot_stats(h, norm_w, eps, head_w, ban: int = -1):
+    """(max_prob, argmax, top2_prob, entropy) per slot row of h; see slot_stats_reference."""
+    if _backend == "triton" and (h.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
+        return slot_stats_triton(h, norm_w, eps, head_w, ban)
     return slot_stats_reference(h, norm_w, eps, head_w, ban)

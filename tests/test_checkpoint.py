@@ -1,0 +1,101 @@
+"""engine/checkpoint.py: the HF-style folder round trip and the errors that say what to do next."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.checkpoint import CheckpointError, load_checkpoint, read_state_dict, resolve_model_path, save_checkpoint
+from tests.tiny import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=3)
+
+
+def test_round_trip_gives_the_same_logits(tiny, tmp_path):
+    model, tok, cfg = load_checkpoint(tiny)
+    assert not model.training and cfg.mask_token_id == tok.token_id("<|mask|>")
+    ids = torch.tensor([tok.encode("def add(a, b):\n    return")])
+    with torch.no_grad():
+        want = model(ids)
+    save_checkpoint(tmp_path / "copy", model, tok, extra={"step": 1})
+    again, _, _ = load_checkpoint(tmp_path / "copy")
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids), want)
+    assert json.loads((tmp_path / "copy" / "training_state.json").read_text()) == {"step": 1}
+
+
+def test_rope_tables_are_real_after_a_meta_load(tiny):
+    model, _, _ = load_checkpoint(tiny)
+    assert model.rope_cos.device.type == "cpu" and torch.isfinite(model.rope_cos).all()
+
+
+def test_bf16_load(tiny):
+    model, _, _ = load_checkpoint(tiny, dtype=torch.bfloat16)
+    assert model.head_weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[5, 6, 7]])).float()).all()
+
+
+def test_sharded_weights(tiny, tmp_path):
+    sd = read_state_dict(tiny)
+    names = sorted(sd)
+    half = len(names) // 2
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        (folder / f).write_bytes((tiny / f).read_bytes())
+    save_file({k: sd[k] for k in names[:half]}, str(folder / "a.safetensors"))
+    save_file({k: sd[k] for k in names[half:]}, str(folder / "b.safetensors"))
+    index = {"weight_map": {k: "a.safetensors" if i < half else "b.safetensors" for i, k in enumerate(names)}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    model, _, _ = load_checkpoint(folder)
+    assert torch.equal(model.state_dict()["norm.weight"], sd["norm.weight"])
+
+
+def _copy(tiny, dst, skip=()):
+    dst.mkdir()
+    for f in tiny.iterdir():
+        if f.name not in skip:
+            (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_errors_say_what_is_wrong(tiny, tmp_path):
+    with pytest.raises(CheckpointError, match="neither a local folder"):
+        resolve_model_path(str(tmp_path / "nope"))
+    with pytest.raises(CheckpointError, match="no tokenizer.json"):
+        load_checkpoint(_copy(tiny, tmp_path / "notok", skip=("tokenizer.json",)))
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_checkpoint(_copy(tiny, tmp_path / "nocfg", skip=("config.json",)))
+    pickles = _copy(tiny, tmp_path / "pickles", skip=("model.safetensors",))
+    (pickles / "pytorch_model.bin").write_bytes(b"not unpickled")
+    with pytest.raises(CheckpointError, match="convert them to safetensors"):
+        load_checkpoint(pickles)
+    wrong = _copy(tiny, tmp_path / "wrong")
+    cfg = json.loads((wrong / "config.json").read_text())
+    cfg["n_layers"] += 1
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="do not match"):
+        load_checkpoint(wrong)
+    bad = _copy(tiny, tmp_path / "badcfg")
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_checkpoint(bad)
+
+
+def test_repo_ids_resolve_from_the_local_hf_cache_only(tiny, tmp_path, monkeypatch):
+    hub = tmp_path / "hub"
+    snap = hub / "models--org--tiny" / "snapshots" / "abc123"
+    snap.parent.mkdir(parents=True)
+    _copy(tiny, snap)
+    (hub / "models--org--tiny" / "refs").mkdir(parents=True)
+    (hub / "models--org--tiny" / "refs" / "main").write_text("abc123\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert resolve_model_path("org/tiny") == snap
+    with pytest.raises(CheckpointError):
+        resolve_model_path("org/absent")

@@ -1,0 +1,362 @@
+"""The sampler: pure pieces, the fast loop against the naive oracle, variable length, the context
+cache, cancel and deadline."""
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+
+from engine.api import DecodeOptions
+from engine.config import ModelConfig
+from engine import sampler
+from engine.cache import BatchContext
+from engine.sampler import Canvas, fill, reference_fill, schedule, select_threshold, select_topk, trim_fill
+from tests.engine_models import MockModel, peaked_model
+
+# a token the peaked seed-0 models predict often: calling it padding puts padding and early stops on
+# the oracle's path too
+PAD = 249
+
+
+def _io(seed: int, n_prefix: int = 13, n_suffix: int = 6, vocab: int = 300):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(4, vocab, (n_prefix,), generator=g).tolist(),
+            torch.randint(4, vocab, (n_suffix,), generator=g).tolist())
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {shift: peaked_model(logits_shift=shift, pad=PAD) for shift in (False, True)}
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+def test_schedule_splits_evenly_larger_first():
+    assert schedule(10, 4) == [3, 3, 2, 2]
+    assert schedule(5, 5) == [1] * 5
+    assert schedule(3, 10) == [1, 1, 1]  # never more steps than tokens
+    assert schedule(7, 1) == [7]
+    for n, s in itertools.product(range(1, 20), range(1, 12)):
+        plan = schedule(n, s)
+        assert sum(plan) == n and plan == sorted(plan, reverse=True) and max(plan) - min(plan) <= 1
+
+
+def test_confidence_kinds():
+    mp, t2, ent = torch.tensor([0.9, 0.5]), torch.tensor([0.05, 0.45]), torch.tensor([0.4, 0.8])
+    assert torch.equal(sampler.confidence_from_stats(mp, t2, ent, "max_prob"), mp)
+    assert torch.allclose(sampler.confidence_from_stats(mp, t2, ent, "margin"), torch.tensor([0.85, 0.05]))
+    assert torch.equal(sampler.confidence_from_stats(mp, t2, ent, "neg_entropy"), -ent)
+    with pytest.raises(ValueError):
+        sampler.confidence_from_stats(mp, t2, ent, "vibes")
+
+
+def test_selection_rules():
+    conf = [0.2, 0.95, 0.5, 0.95, 0.91]
+    assert select_topk(conf, 2) == [1, 3]  # ties: leftmost first
+    assert select_topk(conf, 0) == [1]  # always at least one
+    assert len(select_topk(conf, 99)) == 5
+    assert select_threshold(conf, 0.9) == [1, 3, 4]
+    assert select_threshold(conf, 0.99) == [1]  # nothing above tau: the best one alone
+
+
+def test_trim_fill_drops_padding_and_cuts_at_eos():
+    assert trim_fill([5, 0, 6, 1, 7, 0], pad_id=0, eos_id=1) == [5, 6]
+    assert trim_fill([0, 0], pad_id=0, eos_id=1) == []
+
+
+def test_bad_options_are_refused_when_the_canvas_is_built():
+    cfg = ModelConfig(vocab_size=50)
+    for bad in (DecodeOptions(selection="best"), DecodeOptions(confidence="gut"), DecodeOptions(steps=0)):
+        with pytest.raises(ValueError):
+            Canvas.build([5, 6], [], 4, cfg, bad)
+    with pytest.raises(ValueError):
+        Canvas.build([5, 6], [], 0, cfg, DecodeOptions())
+
+
+def test_context_is_cut_to_fit_and_keeps_the_prefix_end():
+    cfg = ModelConfig(vocab_size=50, max_seq_len=64)
+    c = Canvas.build(list(range(4, 44)), list(range(4, 34)), 8, cfg, DecodeOptions(), context_tokens=32)
+    assert c.ids.shape[0] <= 32 and c.n == 8
+    assert c.ids[: c.start].tolist()[-1] == 43  # the tokens next to the cursor survive
+    c = Canvas.build(list(range(4, 44)), [], 8, cfg, DecodeOptions(), context_tokens=4096)
+    assert c.ids.shape[0] == 48  # clamped to the model's max_seq_len only when needed
+
+
+def test_shifted_model_with_empty_prefix_gets_bos():
+    cfg = ModelConfig(vocab_size=50, logits_shift=True, bos_token_id=3)
+    c = Canvas.build([], [7, 8], 4, cfg, DecodeOptions())
+    assert c.ids[0].item() == 3 and c.start == 1
+
+
+# ---------------------------------------------------------------- fast loop == oracle
+
+
+ORACLE_CASES = [
+    pytest.param(sel, conf, cache, shift, n, id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}")
+    for sel, conf, cache, shift, n in itertools.product(
+        ("threshold", "topk"), ("max_prob", "margin", "neg_entropy"), (False, True), (False, True), (3, 7))
+]
+
+
+@pytest.mark.parametrize("sel,conf,cache,shift,n", ORACLE_CASES)
+def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n):
+    model = models[shift]
+    tau = {"max_prob": 0.5, "margin": 0.3, "neg_entropy": -1.5}[conf]
+    for seed, pad_stop in ((n, 0.9), (n + 100, 0.3)):
+        prefix, suffix = _io(seed)
+        o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1)
+        want = reference_fill(model, prefix, suffix, n, o)
+        got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
+        assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
+        assert sum(got.tokens_per_step) == n and not got.cancelled and not got.deadline_hit
+
+
+def test_oracle_cases_exercise_padding_and_parallel_commits(models):
+    """Guards the oracle test itself: the chosen models and inputs do drop padding, stop early on
+    padding and commit several slots in one threshold step."""
+    dropped = early = parallel = 0
+    for shift, n, seed in itertools.product((False, True), (3, 7), (3, 7, 103, 107)):
+        prefix, suffix = _io(seed)
+        for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False), DecodeOptions(threshold=0.5, cache=False)):
+            r = fill(models[shift], Canvas.build(prefix, suffix, n, models[shift].cfg, o))
+            dropped += len(r.ids) < n
+            parallel += max(r.tokens_per_step) > 1
+            early += r.steps < n and len(r.ids) < n
+    assert dropped and early and parallel
+
+
+def test_steps_budget_with_threshold_selection(models):
+    prefix, suffix = _io(5)
+    o = DecodeOptions(threshold=0.999, steps=2, cache=False)
+    r = fill(models[False], Canvas.build(prefix, suffix, 7, models[False].cfg, o))
+    assert r.steps == 2 and r.ids == reference_fill(models[False], prefix, suffix, 7, o)
+
+
+def test_topk_default_schedule_commits_two_per_step(models):
+    prefix, suffix = _io(6)
+    r = fill(models[False], Canvas.build(prefix, suffix, 8, models[False].cfg, DecodeOptions(selection="topk", cache=False)))
+    assert r.tokens_per_step == [2, 2, 2, 2] or r.steps < 4  # (padding may end it sooner)
+
+
+def test_temperature_sampling_is_reproducible_with_a_seed(models):
+    prefix, suffix = _io(8)
+    m = models[False]
+    runs = [fill(m, Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(temperature=1.0, seed=s, pad_stop=2.0))).ids
+            for s in (1, 1, 2, 3, 4)]
+    assert runs[0] == runs[1]
+    assert len({tuple(r) for r in runs[1:]}) > 1
+
+
+# ---------------------------------------------------------------- context cache
+
+
+class Counting:
+    """Wraps a model and records the (batch, positions) of every hidden() call."""
+
+    def __init__(self, model):
+        self.m, self.calls = model, []
+        self.cfg, self.norm = model.cfg, model.norm
+
+    @property
+    def head_weight(self):
+        return self.m.head_weight
+
+    def hidden(self, ids, *a, **kw):
+        self.calls.append(tuple(ids.shape))
+        return self.m.hidden(ids, *a, **kw)
+
+    def logits(self, h):
+        return self.m.logits(h)
+
+
+def _with(o: DecodeOptions, **kw) -> DecodeOptions:
+    return DecodeOptions(**{**o.__dict__, **kw})
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_refresh_every_step_is_exactly_uncached(models, shift):
+    prefix, suffix = _io(11, n_prefix=20)
+    for o in (DecodeOptions(threshold=0.5), DecodeOptions(selection="topk", steps=9)):
+        plain = fill(models[shift], Canvas.build(prefix, suffix, 9, models[shift].cfg, _with(o, cache=False)))
+        refreshed = fill(models[shift], Canvas.build(prefix, suffix, 9, models[shift].cfg, _with(o, refresh_every=1)))
+        assert refreshed.ids == plain.ids and refreshed.tokens_per_step == plain.tokens_per_step
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_cached_steps_run_only_the_canvas(models, shift):
+    m = Counting(models[shift])
+    prefix, suffix = _io(12, n_prefix=30, n_suffix=10)
+    n = 9
+    c = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, freeze=False))
+    r = fill(m, c)
+    L = c.ids.shape[0]
+    assert m.calls[0] == (1, L)
+    assert all(call == (1, n + shift) for call in m.calls[1:]) and len(m.calls) == r.steps > 1
+    assert not bool(c.masked.any())
+
+
+def test_frozen_slots_leave_the_cached_steps(models):
+    m = Counting(models[False])
+    prefix, suffix = _io(13, n_prefix=30, n_suffix=10)
+    n = 9
+    c = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0))
+    fill(m, c)
+    sizes = [call[1] for call in m.calls[1:]]
+    # one slot committed per step; it still runs once with its token, then its K/V are cached
+    assert sizes == [n] + [n - k for k in range(1, n - 1)]
+    assert c.ctx_len == c.ids.shape[0] - 1  # everything but the last slot ended up in the context
+
+
+def test_cached_fill_is_complete_and_close_to_uncached(models):
+    prefix, suffix = _io(14, n_prefix=40, n_suffix=10)
+    m = models[False]
+    exact = fill(m, Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(cache=False, pad_stop=2.0)))
+    for freeze in (False, True):
+        c = Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(freeze=freeze, pad_stop=2.0))
+        r = fill(m, c)
+        assert not bool(c.masked.any()) and sum(r.tokens_per_step) == 9
+        assert len(r.ids) == len(exact.ids)
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_refresh_every_k_steps(models, every):
+    m = Counting(models[False])
+    prefix, suffix = _io(15, n_prefix=25)
+    c = Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0))
+    r = fill(m, c)
+    full = [i for i, call in enumerate(m.calls) if call[1] == c.ids.shape[0]]
+    assert r.steps == 7 and full == list(range(0, 7, every))
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_batched_full_forward_equals_single(models, shift):
+    """forward_full with rows of different lengths (the path CUDA batches take): the same hidden
+    states and the same cached context as one canvas at a time."""
+    from engine.cache import forward_full
+
+    m = models[shift]
+    o = DecodeOptions()
+    make = lambda: [Canvas.build(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o)  # noqa: E731
+                    for i, n in enumerate((4, 7, 2))]
+    with torch.inference_mode():
+        batched, singles = make(), make()
+        hb = forward_full(m, batched)
+        hs = [forward_full(m, [c])[0] for c in singles]
+    for (h1, p1), (h2, p2), cb, cs in zip(hb, hs, batched, singles):
+        torch.testing.assert_close(h1, h2, atol=1e-5, rtol=1e-5)
+        assert torch.equal(p1, p2) and cb.ctx_len == cs.ctx_len
+        for (kb, vb), (ks_, vs) in zip(cb.ctx, cs.ctx):
+            torch.testing.assert_close(kb, ks_, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(vb, vs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_batched_steps_equal_single_steps(models, shift):
+    """Three canvases of different lengths in one batch (padding, key_valid, ctx_valid, positions)
+    give the same fills as each alone, with caching on and off."""
+    m = models[shift]
+    jobs = [(_io(20 + i, n_prefix=10 + 7 * i, n_suffix=3 * i), n) for i, n in enumerate((5, 9, 3))]
+    for o in (DecodeOptions(threshold=0.5, cache=False), DecodeOptions(threshold=0.5), DecodeOptions(selection="topk", freeze=False)):
+        alone = [fill(m, Canvas.build(p, s, n, m.cfg, o)).ids for (p, s), n in jobs]
+        canvases = [Canvas.build(p, s, n, m.cfg, o) for (p, s), n in jobs]
+        ctx = BatchContext()
+        while any(not c.done for c in canvases):
+            sampler.step(m, [c for c in canvases if not c.done], batch_ctx=ctx)
+        assert [c.fill_ids() for c in canvases] == alone
+        if o.cache:
+            assert ctx.builds <= 3  # reused across steps, rebuilt only when a member leaves
+
+
+# ---------------------------------------------------------------- variable length (mock model)
+
+
+def _mock(n_real: int, real_logit: float, pad_logit: float, start: int, V: int = 50, eos_at: int | None = None):
+    cfg = ModelConfig(vocab_size=V, dim=V, mask_token_id=2, pad_token_id=0, eos_token_id=1, bos_token_id=3)
+
+    def script(ids, pos):  # slot j predicts token 10+j for j < n_real, then padding
+        out = torch.zeros(len(pos), V)
+        for r, p in enumerate(pos.tolist()):
+            j = p - start
+            if 0 <= j < n_real:
+                out[r, 10 + j] = real_logit
+            elif eos_at is not None and j == eos_at:
+                out[r, 1] = real_logit
+            elif j > 0:
+                out[r, 20 if eos_at is not None else 0] = pad_logit
+        return out
+
+    return MockModel(cfg, script)
+
+
+def test_surplus_slots_stop_early_as_padding():
+    m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4)  # real p=0.98 > padding p=0.96 >= pad_stop
+    c = Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False))
+    r = fill(m, c)
+    assert r.ids == [10, 11, 12]
+    assert r.tokens_per_step == [1, 1, 1, 7]  # the 7 padding slots went in one step
+    assert reference_fill(m, [5, 6, 7, 8], [], 10, c.opts) == r.ids
+
+
+def test_unsure_padding_does_not_stop_early():
+    m = _mock(3, real_logit=8.0, pad_logit=2.0, start=4)  # padding p=0.13 < pad_stop
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False)))
+    assert r.ids == [10, 11, 12] and r.steps == 10
+
+
+def test_threshold_commits_every_confident_slot_at_once():
+    m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4)
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions()))
+    assert r.ids == [10, 11, 12] and r.tokens_per_step == [10]
+
+
+def test_end_of_text_inside_the_canvas_cuts_the_fill():
+    m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4, eos_at=3)
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 8, m.cfg, DecodeOptions(threshold=0.5)))
+    assert r.ids == [10, 11, 12]
+
+
+# ---------------------------------------------------------------- cancel and deadline
+
+
+def test_cancel_stops_within_one_step(models):
+    m = models[False]
+    prefix, suffix = _io(30)
+    c = Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    r = fill(m, c, cancelled=lambda: c.steps >= 1)
+    assert r.cancelled and r.steps == 1 and int(c.masked.sum()) == 8
+    r = fill(m, Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions()), cancelled=lambda: True)
+    assert r.cancelled and r.steps == 0 and r.ids == []
+
+
+def test_past_deadline_commits_everything_in_one_step(models):
+    m = models[False]
+    prefix, suffix = _io(31)
+    c = Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    r = fill(m, c, deadline=time.monotonic() - 1)
+    assert r.steps == 1 and r.deadline_hit and r.tokens_per_step == [9]
+    assert m.cfg.mask_token_id not in c.slot_ids() and not bool(c.masked.any())
+
+
+def test_deadline_bounds_a_slow_fill():
+    V = 50
+    cfg = ModelConfig(vocab_size=V, dim=V, mask_token_id=2, pad_token_id=0, eos_token_id=1)
+
+    def slow(ids, pos):
+        time.sleep(0.03)  # every forward takes 30 ms
+        out = torch.zeros(len(pos), V)
+        out[:, 10] = 3.0
+        return out
+
+    m = MockModel(cfg, slow)
+    c = Canvas.build([5, 6], [], 30, cfg, DecodeOptions(selection="topk", steps=30, cache=False))
+    t0 = time.monotonic()
+    r = fill(m, c, deadline=t0 + 0.15)
+    took = time.monotonic() - t0
+    assert r.deadline_hit and not bool(c.masked.any()) and 2 <= r.steps < 10
+    assert took < 0.15 + 0.2  # at most about one step past the budget, even on a loaded machine
+    far = fill(m, Canvas.build([5, 6], [], 3, cfg, DecodeOptions(selection="topk", steps=3, cache=False)),
+               deadline=time.monotonic() + 60)
+    assert not far.deadline_hit and far.steps == 3
