@@ -22,6 +22,7 @@ class ModelConfig:
     n_heads: int = 4
     ffn_dim: int = 768
     max_seq_len: int = 1024
+    context_len: int | None = None  # longest sequence the model was trained on; fills are cut to it
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     qk_norm: bool = True  # without it a tiny bidirectional model's attention collapses (REFERENCES s.5)

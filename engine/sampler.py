@@ -120,7 +120,8 @@ class Canvas:
         check_options(opts)
         if n < 1:
             raise ValueError("a fill needs at least one mask slot")
-        context_tokens = min(context_tokens, cfg.max_seq_len)
+        # positions past the training window are untrained: never build a longer canvas
+        context_tokens = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
         if n > context_tokens:
             raise ValueError(f"{n} mask slots do not fit a context of {context_tokens} tokens")
         room = context_tokens - n

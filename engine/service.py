@@ -10,6 +10,7 @@ the worker go on.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -50,7 +51,10 @@ class EngineService:
         self.model_name, self.device_name = model, device
         self.on_state = on_state
         self.max_batch = max_batch
-        self.threads = threads
+        # DLM_THREADS caps torch's CPU threads (e.g. 1 when another job holds a core: oversubscribed
+        # OpenMP threads spin against each other and a 10 ms step becomes a 1 s step)
+        env = os.environ.get("DLM_THREADS", "")
+        self.threads = threads or (int(env) if env.isdigit() and int(env) > 0 else None)
         self.state = "idle"
         self.message: str | None = None
         self.device: torch.device | None = None

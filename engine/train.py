@@ -221,7 +221,7 @@ def train(args: TrainArgs) -> Path:
         tok = TextTokenizer.load(args.tokenizer) if args.tokenizer else train_bpe(texts, args.vocab)
         cfg = ModelConfig(
             vocab_size=tok.vocab_size, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
-            ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len),
+            ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len), context_len=args.seq_len,
             attention="causal" if args.objective == "ar" else "bidirectional",
             mask_token_id=tok.token_id(MASK), pad_token_id=tok.token_id(PAD),
             eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS),

@@ -360,3 +360,15 @@ def test_deadline_bounds_a_slow_fill():
     far = fill(m, Canvas.build([5, 6], [], 3, cfg, DecodeOptions(selection="topk", steps=3, cache=False)),
                deadline=time.monotonic() + 60)
     assert not far.deadline_hit and far.steps == 3
+
+
+def test_canvas_never_exceeds_the_training_window():
+    """A model trained on 64-token windows gets canvases of at most 64 tokens, prefix cut first."""
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64, context_len=64)
+    prefix, suffix = list(range(10, 210)), list(range(10, 110))
+    c = Canvas.build(prefix, suffix, 8, cfg, DecodeOptions(), context_tokens=512)
+    assert c.ids.shape[0] == 64
+    assert c.ids[: c.start].tolist() == prefix[-c.start :]  # the prefix keeps its end
+    unclamped = Canvas.build(prefix, suffix, 8, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64),
+                             DecodeOptions(), context_tokens=512)
+    assert unclamped.ids.shape[0] > 64
