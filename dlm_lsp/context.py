@@ -96,7 +96,9 @@ class FillRequest:
     line_after: str  # cursor line, after the cursor (no line break)
     line_above: str  # nearest non-blank line above the cursor line
     lex: LexState  # lexical state at the cursor (open brackets, string)
-    suffix_closes: int = 0  # how many of lex.stack the text after the cursor closes (innermost first)
+    suffix_closes: int = 0  # how many of lex.stack the text after the cursor closes
+    after_cursor: str = ""  # the document after the cursor (up to 4000 characters), beyond the suffix window
+    line_lex: LexState | None = None  # lexical state at the start of the cursor line
     indent_unit: str = "    "
     context_ms: float = 0.0
 
@@ -480,18 +482,20 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
 
     # ---- the hole
     # the headers in the prefix open the enclosing braces, so the prefix gives the real nesting
-    lex = lex_state(prefix, lang)
+    line_lex = lex_state(prefix[: len(prefix) - len(before)], lang) if prefix.endswith(before) else None
+    lex = lex_state(before, lang, line_lex) if line_lex is not None else lex_state(prefix, lang)
     brace_literal = bool(lex.stack) and lex.stack[-1] == "{" and _brace_is_literal(root, cursor_byte)
     kind = _classify(before, after, lex, lang, brace_literal)
     single = kind in ("line", "middle") or (kind == "args" and _opener_on_line(before, lang))
     block_indent = None
     if kind == "block":
+        # a header can span lines (`def f(a,\n      b):`): its block is indented from its first line
         if before.strip():  # end of a line that opens a block: the body goes on the next lines
-            block_indent = indent_width(before) + indent_width(unit)
+            block_indent = header_indent(lines, row, lang, end=col) + indent_width(unit)
         elif not before and opens_block(above, lang):
-            block_indent = indent_width(above) + indent_width(unit)
+            block_indent = header_indent(lines, _row_above(lines, row), lang) + indent_width(unit)
         elif opens_block(above, lang):
-            block_indent = max(indent_width(before), indent_width(above) + 1)
+            block_indent = max(indent_width(before), header_indent(lines, _row_above(lines, row), lang) + 1)
         else:
             block_indent = indent_width(before)
     slots = min(MASK_SLOTS[kind], max_fill_tokens)
@@ -499,12 +503,33 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
         slots = min(MASK_SLOTS["block"], max_fill_tokens)
     stop = StopRules(single_line=single, block_indent=block_indent,
                      stop_at_blank_line=kind == "block" and block_indent == 0)
-    closes = count_closed(text[offset : offset + 4000], lang, lex.stack) if lex.stack else 0
+    after_cursor = text[offset : offset + 4000]
+    closes = count_closed(after_cursor, lang, lex.stack) if lex.stack else 0
     return FillRequest(
         prefix=prefix, suffix=suffix, hole_kind=kind, indent=leading_ws(line), mask_slots=slots, stop=stop,
         language_id=lang, offset=offset, line_before=before, line_after=after, line_above=above, lex=lex,
-        suffix_closes=closes, indent_unit=unit, context_ms=(time.perf_counter() - t0) * 1000,
+        suffix_closes=closes, after_cursor=after_cursor, line_lex=line_lex, indent_unit=unit,
+        context_ms=(time.perf_counter() - t0) * 1000,
     )
+
+
+def _row_above(lines: list[str], row: int) -> int:
+    """The nearest non-blank row above `row` (row itself when there is none)."""
+    return next((r for r in range(row - 1, -1, -1) if lines[r].strip()), row)
+
+
+def header_indent(lines: list[str], row: int, language_id: str, end: int | None = None, max_rows: int = 40) -> int:
+    """Indentation of the statement whose last line is `row` (cut at column `end`): a header that
+    spans several lines (`def f(a,\n      b):`) starts on the nearest line above from which its
+    brackets balance (but for the `{` that opens the block)."""
+    last = lines[row] if end is None else lines[row][:end]
+    for r in range(row, max(-1, row - max_rows), -1):
+        chunk = "\n".join(lines[r:row] + [last])
+        st = LexState()
+        if not any(ev == "mismatch" for _i, _c, ev in lex_events(chunk, language_id, st)) \
+                and all(b == "{" for b in st.stack):  # only the block's own brace may stay open
+            return indent_width(lines[r])
+    return indent_width(last)
 
 
 def _opener_on_line(before: str, language_id: str) -> bool:

@@ -364,6 +364,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--oracle", action="store_true",
                    help="also score the true middle through the same post-processing (the ceiling)")
+    p.add_argument("--oracle-only", action="store_true",
+                   help="score only the true middle (no model is loaded): the post-processing ceiling")
     p.add_argument("--budget-ms", type=float, default=None,
                    help="give each fill the server's deadline (default: none, so results do not depend on load)")
 
@@ -382,6 +384,25 @@ def run_eval(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
 
     samples_out = open(args.samples, "w") if args.samples else None
+    if getattr(args, "oracle_only", False):
+        try:
+            oracle = OracleFiller()
+            results = {"oracle": evaluate(oracle, holes, "oracle", samples_out)}
+        finally:
+            if samples_out is not None:
+                samples_out.close()
+        table = markdown_table(results)
+        print(table)
+        out = dict(results["oracle"])
+        out["meta"] = {"oracle_only": True, "source": args.source or "held-out split (engine.corpus.heldout_files)",
+                       "files": len(files), "seed": args.seed, "per_kind": args.per_kind,
+                       "counts": {k: len(v) for k, v in holes.items()}, "postprocess": oracle.post_name,
+                       "elapsed_s": round(time.time() - t_start, 1)}
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+        if args.md_out:
+            Path(args.md_out).write_text(table + "\n")
+        return 0
     try:
         dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms)
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}

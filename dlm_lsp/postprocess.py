@@ -3,14 +3,21 @@
 A small model's fill can contain anything, so every rule here makes it safer, never longer:
   1. drop padding / special tokens; one line for line, middle and one-line args holes
   2. block holes end at the first line indented less than the block (and top-level blocks at their
-     first blank line); lines that start repeating, or that re-type the code below, are cut
+     first blank line); lines inside a multi-line string are text, not code, and never end a block;
+     a line that repeats the one before it, or that re-types the first line of code below at its
+     indentation, is cut
   3. a fill that repeats the code after the cursor, or the line above, is dropped (edit distance
-     within 5%, as Tabby does)
-  4. brackets: a closer that re-types a bracket the editor auto-closed after the cursor extends the
-     replace range over it; a closer that the code below already closes is cut; a mismatched
-     closer is cut; a tail that repeats the rest of the line is trimmed
-  5. a fill that adds tree-sitter error nodes the file did not have is cut to its longest clean
-     prefix (by whole lines, then by characters) or dropped
+     within 5% of the fill's own text, as Tabby does)
+  4. brackets, against what the code after the cursor closes: of the N brackets open at the cursor
+     the code after it closes k (the outermost ones), so the fill may close the N - k innermost;
+     a further closer that re-types a bracket the editor auto-closed after the cursor extends the
+     replace range over it, any other is cut, as is a mismatched closer. A bracket (or string) the
+     fill opens must be closed by the fill or by the code after the cursor (a line hole whose line
+     continues below: `self.assertEqual(`), which must still close what it closed before. A tail
+     that repeats the rest of the line is trimmed unless the fill's own brackets need it
+  5. a fill that adds tree-sitter error nodes the file did not have, with the file's real text
+     after the cursor, is cut to its longest clean prefix (by whole lines, then by characters) or
+     dropped
 Everything is a pure function of its arguments; the syntax check is passed in as a callable.
 """
 from __future__ import annotations
@@ -18,9 +25,10 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
-from dlm_lsp.context import CLOSERS, MATCH, FillRequest, indent_width, lex_events
+from dlm_lsp.context import CLOSERS, MATCH, FillRequest, LexState, count_closed, indent_width, lex_events, lex_state
 
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 _END_MARKERS = ("<|endoftext|>", "<|eos|>", "</s>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -105,10 +113,17 @@ def repeats_suffix(fill: str, suffix: str) -> bool:
     return len(s) == len(f) and similar("\n".join(f), "\n".join(s))
 
 
-def repeats_line_above(fill_line: str, line_above: str) -> bool:
-    """True when a line (the cursor line as it would be with the fill) repeats the line above."""
+def repeats_line_above(fill_line: str, line_above: str, own: int | None = None) -> bool:
+    """True when a line (the cursor line as it would be with the fill) repeats the line above.
+    `own`: how many characters of the line the fill wrote (the rest the user typed); the 5% is
+    then a share of those, so typed text that matches the line above does not widen the margin."""
     a, b = fill_line.strip(), line_above.strip()
-    return not _trivial(a) and similar(a, b)
+    if _trivial(a) or not b:
+        return False
+    if own is None:
+        return similar(a, b)
+    own = min(own, len(a))
+    return within_distance(a, b, int(SIMILARITY * max(own, len(b) - (len(a) - own))))
 
 
 _DEGENERATE = re.compile(r"(.{1,6}?)\1{7,}")
@@ -116,25 +131,34 @@ _DEGENERATE = re.compile(r"(.{1,6}?)\1{7,}")
 
 def cut_degenerate(fill: str) -> str:
     """Cuts the fill before a short pattern repeated 8+ times in a row ("ARARARAR...", ",,,,,,,,"),
-    the signature of a small model that lost its way."""
-    m = _DEGENERATE.search(fill)
-    if m is None or m.group(1).isspace():
-        return fill
-    return fill[: m.start()].rstrip()
+    the signature of a small model that lost its way. A run of one digit is a number people write
+    (100000000000)."""
+    pos = 0
+    while True:
+        m = _DEGENERATE.search(fill, pos)
+        if m is None:
+            return fill
+        unit = m.group(1)
+        if unit.isspace() or (len(unit) == 1 and unit.isdigit()):
+            pos = m.end()
+            continue
+        return fill[: m.start()].rstrip()
 
 
 def cut_repetition(fill: str, suffix: str) -> str:
     """Cuts a multi-line fill where a line repeats the one before it, or where it starts re-typing
-    the first line of code after the cursor."""
+    the first line of code after the cursor (at that line's indentation or less: a line nested
+    deeper belongs to a block of the fill, not to the code below)."""
     lines = fill.split("\n")
-    below = next((ln.strip() for ln in suffix.split("\n")[1:] if ln.strip()), "")
-    if not below:
-        below = next((ln.strip() for ln in suffix.split("\n") if ln.strip()), "")
+    below_line = next((ln for ln in suffix.split("\n")[1:] if ln.strip()), "")
+    if not below_line:
+        below_line = next((ln for ln in suffix.split("\n") if ln.strip()), "")
+    below, below_indent = below_line.strip(), indent_width(below_line)
     for i in range(1, len(lines)):
         s = lines[i].strip()
         if not s or _trivial(s):
             continue
-        if s == lines[i - 1].strip() or (below and similar(s, below)):
+        if s == lines[i - 1].strip() or (below and indent_width(lines[i]) <= below_indent and similar(s, below)):
             return "\n".join(lines[:i]).rstrip()
     return fill
 
@@ -145,8 +169,12 @@ def cut_block(fill: str, req: FillRequest) -> str:
     limit = req.stop.block_indent or 0
     lines = fill.split("\n")
     seen_code = bool(lines[0].strip())
+    st = req.lex.copy()
     for i in range(1, len(lines)):
         ln = lines[i]
+        st = lex_state(lines[i - 1] + "\n", req.language_id, st)
+        if st.quote is not None or st.block_comment:
+            continue  # the line is inside a multi-line string or comment: text, not code
         if not ln.strip():
             if req.stop.stop_at_blank_line and seen_code:
                 return "\n".join(lines[:i]).rstrip()
@@ -174,46 +202,137 @@ def balance_brackets(fill: str, req: FillRequest) -> tuple[str, int]:
     return fill, replace_len
 
 
+def _fill_events(fill: str, req: FillRequest, st: LexState):
+    """lex_events of the fill as it reads after the text before the cursor on its line (`""` + `"`
+    opens a triple-quoted string), with indices into the fill; updates `st`, which must start as
+    the state at the cursor."""
+    if req.line_lex is None or not req.line_before:
+        yield from lex_events(fill, req.language_id, st)
+        return
+    # re-lex the line from its start in `st` itself (it reaches the cursor's state again)
+    start = req.line_lex
+    st.stack, st.quote = list(start.stack), start.quote
+    st.block_comment, st.line_comment = start.block_comment, start.line_comment
+    n = len(req.line_before)
+    for i, c, ev in lex_events(req.line_before + fill, req.language_id, st):
+        if i >= n:
+            yield i - n, c, ev
+
+
 def _balance(fill: str, req: FillRequest) -> tuple[str, int, int]:
     """balance_brackets, plus the end offset in the fill of the last closer that re-types an
-    auto-closed bracket (0 if none)."""
+    auto-closed bracket (0 if none). Of the brackets open at the cursor the code after it closes
+    `suffix_closes` - the outermost ones, since brackets nest - so the fill may close the others;
+    a closer beyond those re-types an auto-closed bracket (replace range) or is cut."""
     st = req.lex.copy()
     auto = leading_closers(req.line_after, req.lex.stack)
     floor = len(st.stack)
-    closed = 0
+    free = max(0, floor - req.suffix_closes)
+    closed = retyped = 0
     replace_len = protected = 0
-    for i, _c, ev in lex_events(fill, req.language_id, st):
+    for i, _c, ev in _fill_events(fill, req, st):
         if ev == "mismatch":
             return fill[:i].rstrip(), replace_len, protected
         if ev == "close" and len(st.stack) < floor:  # the fill closed a bracket opened before it
             floor = len(st.stack)
             closed += 1
-            if closed <= len(auto):
-                replace_len, protected = auto[closed - 1], i + 1  # re-typed an auto-closed bracket
-            elif closed <= req.suffix_closes:
+            if closed <= free:
+                continue
+            if retyped < len(auto):
+                replace_len, protected = auto[retyped], i + 1  # re-typed an auto-closed bracket
+                retyped += 1
+            else:
                 return fill[:i].rstrip(), replace_len, protected  # the code below closes it already
     return fill, replace_len, protected
 
 
-def own_brackets_closed(fill: str, req: FillRequest) -> bool:
-    """True when every bracket and string the fill opens is closed within the fill."""
+def own_brackets_closed(fill: str, req: FillRequest, replace_len: int = 0) -> bool:
+    """True when every bracket and string the fill opens is closed, within the fill or by the code
+    after the cursor (past `replace_len`): a last line that continues below, as in a line hole
+    `self.assertEqual(` whose arguments are on the next lines. That code must still close the
+    brackets opened before the cursor that it closed without the fill."""
     st = req.lex.copy()
     floor = len(st.stack)
-    for _i, _c, ev in lex_events(fill, req.language_id, st):
+    for _i, _c, ev in _fill_events(fill, req, st):
         if ev == "mismatch":
             return False
         floor = min(floor, len(st.stack))
-    return len(st.stack) == floor and (st.quote is None or st.quote == req.lex.quote)
+    opened = len(st.stack) - floor
+    open_string = st.quote is not None and st.quote != req.lex.quote
+    if not opened and not open_string:
+        return True
+    if st.line_comment or st.block_comment or _own_open(fill[: fill.rfind("\n") + 1], req):
+        return False  # only the fill's last line may continue below (and not from inside a comment)
+    after = (req.after_cursor or req.suffix)[replace_len:]
+    if open_string:
+        end = _string_end(after, st.quote)
+        if end is None:
+            return False
+        after = after[end:]
+    if not opened:
+        return True
+    retyped = sum(1 for e in leading_closers(req.line_after, req.lex.stack) if e <= replace_len)
+    still = min(max(0, req.suffix_closes - retyped), floor)  # closes the code after must still do
+    if open_string:
+        return count_closed(after, req.language_id, st.stack) >= opened + still
+    # the same count from the closers of `after` that close nothing inside it (lexed once per text)
+    closed = 0
+    for c in _unmatched_closers(req.after_cursor or req.suffix, req.language_id)[retyped:]:
+        if closed >= len(st.stack) or MATCH[c] != st.stack[-1 - closed]:
+            break
+        closed += 1
+    return closed >= opened + still
 
 
-def trim_tail_overlap(fill: str, rest_of_line: str, keep: int = 0) -> str:
+@lru_cache(maxsize=16)
+def _unmatched_closers(text: str, language_id: str) -> tuple[str, ...]:
+    """The closers of `text` that close no bracket opened inside it, in order: whatever stack is
+    open before `text`, these are what close it (count_closed without re-lexing per stack)."""
+    return tuple(c for _i, c, ev in lex_events(text, language_id, LexState()) if ev == "mismatch")
+
+
+def _string_end(text: str, quote: str) -> int | None:
+    """Offset just past the delimiter that closes a string `quote` open at the start of `text`
+    (None when it is not closed: a one-line string ends with its line)."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and quote != "`":
+            i += 2
+            continue
+        if text.startswith(quote, i):
+            return i + len(quote)
+        if c == "\n" and len(quote) == 1 and quote != "`":
+            return None
+        i += 1
+    return None
+
+
+def trim_tail_overlap(fill: str, rest_of_line: str, keep: int = 0, req: FillRequest | None = None) -> str:
     """Drops the fill's tail (after its first `keep` characters) when it re-types the rest of the
-    line after the replaced range."""
+    line after the replaced range - unless (with `req`) the tail closes a bracket or string the
+    fill itself opened (`C()` before a `)`): then the tail is the fill's own."""
     rest = rest_of_line.rstrip()
     tail = fill[keep:].rstrip()
     if rest.strip() and tail.endswith(rest):
-        return fill[:keep] + tail[: -len(rest)]
+        trimmed = fill[:keep] + tail[: -len(rest)]
+        if req is not None and _own_open(trimmed, req) > _own_open(fill, req):
+            return fill
+        return trimmed
     return fill
+
+
+def _own_open(fill: str, req: FillRequest) -> int:
+    """Brackets (and a string) the fill opens and leaves open (0 for "")."""
+    if not fill:
+        return 0
+    st = req.lex.copy()
+    floor = len(st.stack)
+    for _i, _c, ev in _fill_events(fill, req, st):
+        if ev == "mismatch":
+            break
+        floor = min(floor, len(st.stack))
+    return len(st.stack) - floor + (st.quote is not None and st.quote != req.lex.quote)
 
 
 def cut_to_clean(fill: str, is_clean: Callable[[str], bool], max_tries: int = 40) -> str:
@@ -287,17 +406,21 @@ def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | No
     if repeats_suffix(text, req.suffix):
         return done("", dropped="repeats the code after the cursor")
     first = first_line(text)
-    candidate_line = (req.line_before + first) if req.hole_kind in ("line", "middle", "args") else first
-    if req.line_above and repeats_line_above(candidate_line, req.line_above):
+    typed = req.hole_kind in ("line", "middle", "args")
+    # the cursor line as it would read: the code after the cursor follows a one-line fill
+    candidate_line = (req.line_before + first + (req.line_after if "\n" not in text else "")) if typed else first
+    own = len(first.strip()) if typed and candidate_line.strip() != first.strip() else None
+    if req.line_above and repeats_line_above(candidate_line, req.line_above, own):
         return done("", dropped="repeats the line above")
     text, replace_len, protected = _balance(text, req)
-    text = trim_tail_overlap(text, req.line_after[replace_len:], protected)
+    text = trim_tail_overlap(text, req.line_after[replace_len:], protected, req)
     if not text.strip():
         return done("", dropped="only re-types what follows")
     def clean_enough(t: str) -> bool:
-        if not own_brackets_closed(t, req):
+        rl = balance_brackets(t, req)[1]
+        if not own_brackets_closed(t, req, rl):
             return False
-        return is_clean is None or is_clean(t, balance_brackets(t, req)[1])
+        return is_clean is None or is_clean(t, rl)
 
     if not clean_enough(text):
         clean = cut_to_clean(text, clean_enough)

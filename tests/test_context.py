@@ -257,3 +257,14 @@ def test_options_defaults_and_bad_values():
     assert parse_options({"model": "default"})[0].model is None
     assert not InitializationOptions(languages=["python"]).serves("go")
     assert InitializationOptions().serves("lua")  # "*": other languages by indentation
+
+
+@pytest.mark.parametrize("lang,src,indent", [
+    ("python", "class A:\n    def f(self, a,\n          b):\n        |\n", 8),
+    ("python", "class A:\n    def f(self, a,\n          b):|\n", 8),
+    ("python", "if (a and\n        b):\n    x = 1\n\nif (c or\n        d):\n|\n", 4),
+    ("javascript", "function f(a,\n           b) {\n  |\n}\n", 2),
+])
+def test_block_indent_after_a_multi_line_header(lang, src, indent):
+    req = request(lang, src)
+    assert req.hole_kind == "block" and req.stop.block_indent == indent

@@ -266,3 +266,18 @@ def test_eval_on_a_source_folder(tiny_models, tmp_path):
                  "--kinds", "block", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["block"]["holes"] == 2 and "line" not in res and res["meta"]["files"] == 1
+
+
+def test_eval_oracle_only_loads_no_model(tmp_path):
+    from dlm_lsp.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "sample.py").write_text(SAMPLE.read_text())
+    out, samples = tmp_path / "o.json", tmp_path / "s.jsonl"
+    assert main(["eval", "--oracle-only", "--model", str(tmp_path / "no-such-model"), "--source", str(src),
+                 "--per-kind", "2", "--json", str(out), "--samples", str(samples)]) == 0
+    res = json.loads(out.read_text())
+    assert res["meta"]["oracle_only"] and all(res[k]["holes"] == 2 for k in KINDS)
+    rows = [json.loads(ln) for ln in samples.read_text().splitlines()]
+    assert len(rows) == 2 * len(KINDS) and {r["model"] for r in rows} == {"oracle"}

@@ -203,3 +203,106 @@ def test_finish_without_filters_keeps_text():
     assert fin.text == " (1"  # only padding dropped and cut to one line
     fin, _, _ = run("python", "def f(x):\n    |\n", "ARARARARARARARAR", filters=False)
     assert fin.text == "ARARARARARARARAR"
+
+
+# ----------------------------------------------------------------------------- oracle failure classes
+# Each case is a true middle from the held-out split (dlm-lsp eval --oracle-only) that the pipeline
+# used to shorten or drop, reduced to a few lines; the protections they touch are checked alongside.
+
+@pytest.mark.parametrize("src,raw", [
+    # a line hole whose rest of line opens a call continued on the next lines
+    ("class T:\n    def test(self):\n        self|\n            1, 2)\n", ".assertEqual("),
+    ("class T:\n    def test(self):\n        d|\n            'w'))\n", "efects.append(errors.Defect(\"E \""),
+    # ... or a string the next lines close
+    ('PATTERN|\n    x\n"""\n', ' = """'),
+    # a lone quote that, after the two before the cursor, opens a docstring
+    ('""|\nModule doc.\n"""\nimport os\n', '"'),
+])
+def test_finish_keeps_brackets_and_strings_the_code_below_closes(src, raw):
+    fin, _, text = run("python", src, raw)
+    assert (fin.text, fin.replace_len, fin.dropped) == (raw, 0, None)
+    assert count_errors(Document("file:///t", "python", 1, text).tree.root_node) == 0
+
+
+def test_finish_still_rejects_brackets_the_code_below_does_not_close():
+    # the ")" below closes foo: a fill that opens another bracket would take it
+    fin, _, _ = run("python", "x = foo(a,|\n    b)\n", " bar(")
+    assert "(" not in fin.text
+    _, req, _ = setup("python", "x = foo(a,|\n    b)\n")
+    assert not own_brackets_closed(" bar(", req)
+    _, req, _ = setup("python", "def f(x):\n    y = x +|\n    return y\n")
+    assert not own_brackets_closed(" (1", req) and not own_brackets_closed(' """a', req)
+
+
+def test_balance_brackets_fill_closes_the_brackets_the_code_below_leaves_open():
+    # two brackets open, the code below closes one (the outer): the fill may close the inner one
+    _, req, _ = setup("python", "x = foo(bar(|\n)\n")
+    assert (req.suffix_closes, balance_brackets("a)", req)) == (1, ("a)", 0))
+    assert balance_brackets("a))", req) == ("a)", 0)
+    fin, _, text = run("python", "PAIRS = (\n    ('a', 1),\n    ('b|\n)\n", "', 2),")
+    assert fin.text == "', 2),"
+    assert count_errors(Document("file:///t", "python", 1, text).tree.root_node) == 0
+
+
+@pytest.mark.parametrize("src,raw,line", [
+    # the tail ")" closes the fill's own call, not the one the rest of the line closes
+    ("f(a, |)\n", "C()", "f(a, C())"),
+    ("new = g((new,) + tuple|)\n", "(after)", "new = g((new,) + tuple(after))"),
+    ("g(a, |)\n", "os.path.basename(name)", "g(a, os.path.basename(name))"),
+])
+def test_finish_keeps_a_tail_that_closes_the_fills_own_brackets(src, raw, line):
+    fin, got, _ = run("python", src, raw)
+    assert (fin.text, fin.replace_len, got) == (raw, 0, line)
+
+
+def test_degenerate_runs_that_are_code():
+    assert cut_degenerate("100000000000") == "100000000000"  # a number
+    assert cut_degenerate("x = 100000000000 + ((((((((((y") == "x = 100000000000 +"
+    assert cut_degenerate("1212121212121212") == ""  # a longer pattern is degenerate even in digits
+    fin, _, _ = run("python", 'testcommon("%d", 100000000000, |)\n', '"100000000000"')
+    assert fin.text == '"100000000000"'
+
+
+def test_finish_block_after_a_multi_line_header():
+    fin, _, _ = run("python", "def f(a,\n      b):\n    |\n", "x = a\n    return x")
+    assert fin.text == "x = a\n    return x"
+    fin, _, _ = run("python", "class A:\n    def f(self, a,\n          b=1):\n        |\n\n    def g(self):\n        pass\n",
+                    "self.a = a\n        self.b = b\n    def h(self):")
+    assert fin.text == "self.a = a\n        self.b = b"  # still cut at the dedent
+
+
+def test_cut_block_ignores_lines_inside_a_string():
+    _, req, _ = setup("python", "def f():\n    |\n")
+    body = 'x = """\nabc\n\n"""\n    return x'
+    assert cut_block(body + "\nprint(x)", req) == body
+    fin, _, _ = run("python", "def f():\n    |\n", body)
+    assert fin.text == body
+
+
+def test_cut_repetition_a_deeper_line_is_not_the_code_below():
+    below = "\n\n        recursive()\n"
+    assert cut_repetition("if d < 10:\n            recursive()", below) == "if d < 10:\n            recursive()"
+    assert cut_repetition("x = 1\n        recursive()", below) == "x = 1"  # at its indentation: re-typed
+
+
+def test_repeats_line_above_is_judged_on_the_fills_own_text():
+    src = 'def t():\n    testcommon("%22x", -big, "-1234567890abcdef12345")\n    testcommon("%|\n'
+    fin, _, _ = run("python", src, '23x", -big, " -1234567890abcdef12345")')  # 2 edits in 38
+    assert fin.text == '23x", -big, " -1234567890abcdef12345")'
+    fin, _, _ = run("python", src, '22x", -big, "-1234567890abcdef12345")')
+    assert fin.dropped == "repeats the line above"
+    # a middle fill is judged with the rest of its line
+    fin, _, _ = run("python", "items = [\n    mod.SampleClass,\n    mod.|.__init__,\n]\n", "SampleClass")
+    assert fin.text == "SampleClass"
+    fin, _, _ = run("python", "items = [\n    mod.SampleClass,\n    mod.|,\n]\n", "SampleClass")
+    assert fin.dropped == "repeats the line above"
+
+
+def test_only_the_fills_last_line_may_continue_below():
+    # a block fill cut inside a docstring it opened: the next docstring's quotes do not close it
+    src = "class A:\n    def f(self):\n        |\n\n    def g(self):\n        '''Doc.'''\n        return 1\n"
+    _, req, _ = setup("python", src)
+    assert not own_brackets_closed("'''Use passive mode.\n        With", req)
+    _, req, _ = setup("python", "def f():\n    |\n    more text\n    '''\n")
+    assert own_brackets_closed("x = foo(\n        a, b)\n    y = '''", req)  # opened on the last line
+    assert not own_brackets_closed("y = '''\n    x = foo(", req)
