@@ -24,8 +24,18 @@ test: setup test-python test-editors
 test-python: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-test-editors: setup
-	DLM_LSP_CMD="$(abspath $(VENV))/bin/dlm-lsp serve" bash editors/run-tests.sh
+# The editor suites test the clients against the real server process and engine, run on a tiny
+# random-weight checkpoint that only writes printable text: fast to load and never an empty fill, so
+# a client test never hinges on what the default model fills at one spot (the default model has
+# its own end-to-end tests in tests/).
+EDITOR_MODEL := .cache/editor-test-model
+
+$(EDITOR_MODEL)/config.json: $(STAMP) tests/tiny.py
+	$(PY) -c "from tests.tiny import make_tiny_checkpoint as m; m('$(EDITOR_MODEL)', printable=True)"
+
+test-editors: setup $(EDITOR_MODEL)/config.json
+	DLM_LSP_CMD="$(abspath $(VENV))/bin/dlm-lsp serve" DLM_LSP_MODEL="$(abspath $(EDITOR_MODEL))" \
+		bash editors/run-tests.sh
 
 bench: setup
 	$(VENV)/bin/dlm-lsp bench --json bench.json

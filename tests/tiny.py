@@ -17,7 +17,10 @@ CORPUS = [
 
 
 def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift: bool = False, seed: int = 0,
-                         dim: int = 32, n_layers: int = 2, vocab: int = 300) -> Path:
+                         dim: int = 32, n_layers: int = 2, vocab: int = 300, printable: bool = False) -> Path:
+    """Writes a random-weight checkpoint. printable=True zeroes the (tied) embedding rows of every
+    token that does not decode to printable ASCII (special tokens included), so greedy fills are
+    readable text that never ends in padding - what protocol tests need from a model."""
     tok = train_bpe(CORPUS, vocab)
     cfg = ModelConfig(
         vocab_size=tok.vocab_size, dim=dim, n_layers=n_layers, n_heads=2, ffn_dim=dim * 2, max_seq_len=1024,
@@ -26,5 +29,13 @@ def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift:
     ).validate()
     model = Transformer(cfg)
     model.init_weights(seed)
+    if printable:
+        import torch
+
+        with torch.no_grad():
+            for tid in range(tok.vocab_size):
+                text = tok.decode([tid])
+                if not text.strip() or not all(" " <= ch <= "~" for ch in text):
+                    model.tok_embeddings.weight[tid].zero_()
     save_checkpoint(folder, model, tok)
     return Path(folder)
