@@ -1,4 +1,4 @@
-"""`dlm-lsp` command line: serve, complete, demo, replay, bench, eval, train.
+"""`dlm-lsp` command line: serve, complete, demo, replay, ctxbench, bench, eval, train.
 
 Each subcommand's module is imported only when that subcommand runs, so `dlm-lsp serve` starts
 without loading the training or benchmark code.
@@ -15,6 +15,8 @@ COMMANDS = {
     "complete": ("dlm_lsp.headless", "add_complete_args", "run_complete", "print the fill at PATH:LINE:COL (1-based)"),
     "demo": ("dlm_lsp.headless", "add_demo_args", "run_demo", "show fills for a few positions of an example file"),
     "replay": ("dlm_lsp.replay", "add_replay_args", "run_replay", "type a file into the real server and report latency"),
+    "ctxbench": ("dlm_lsp.ctxbench", "add_ctxbench_args", "run_ctxbench",
+                 "time didChange + context + post-processing per keystroke on a big file"),
     "bench": ("dlm_lsp.bench", "add_bench_args", "run_bench", "benchmark the engine (diffusion vs autoregressive)"),
     "eval": ("dlm_lsp.evaluate", "add_eval_args", "run_eval", "evaluate fills on held-out holes"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
