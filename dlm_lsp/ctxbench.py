@@ -61,7 +61,7 @@ def run_ctxbench(args: argparse.Namespace) -> int:
         doc.apply_change((row, col), (row, len(line)), "")
         doc.version += 1
         doc.reparse(incremental=True)
-        for k, ch in enumerate(rest[:10]):
+        for k, ch in enumerate(rest[: min(10, args.keystrokes - typed)]):
             t0 = time.perf_counter()
             doc.apply_change((row, col + k), (row, col + k), ch)
             doc.version += 1
@@ -77,7 +77,7 @@ def run_ctxbench(args: argparse.Namespace) -> int:
             ctx_ms.append((t2 - t1) * 1000)
             post_ms.append((t3 - t2) * 1000)
             total_ms.append((t3 - t0) * 1000)
-            typed += 1
+        typed += min(10, len(rest), args.keystrokes - typed)
         # put the line back as it was
         cur = doc.text.split("\n")[row]
         doc.apply_change((row, 0), (row, len(cur)), line)
