@@ -27,6 +27,11 @@ class DecodeOptions:
     cache: bool = True  # reuse prefix/suffix K/V between steps (DualCache)
     refresh_every: int = 0  # 0: never refresh the context K/V; k: a full forward every k steps (1: exact)
     freeze: bool = True  # cached steps skip slots committed two steps ago: their K/V join the context
+    # LLaDA semi-autoregressive blocks: only masked slots in the leftmost block that still has masks may
+    # be committed, and a committed padding/end slot ends the fill (every later slot becomes padding).
+    # Without it a weak model commits the confident padding at the canvas's right end first and the
+    # padding cascades leftwards into an empty fill (the early-EOS effect LLaDA reports). 0: off.
+    block: int = 0
     seed: int = 0
 
 

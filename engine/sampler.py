@@ -58,6 +58,26 @@ def select_threshold(conf: list[float], tau: float) -> list[int]:
     return [i for i, x in enumerate(conf) if x >= tau] or select_topk(conf, 1)
 
 
+def eligible_slots(masked_slots: list[int], block: int) -> list[int]:
+    """Indices (into masked_slots, ascending) that may be committed: all of them, or with semi-AR
+    blocks of size `block` only those in the leftmost block that still has a masked slot."""
+    if block <= 0:
+        return list(range(len(masked_slots)))
+    end = (masked_slots[0] // block + 1) * block
+    return [i for i, s in enumerate(masked_slots) if s < end]
+
+
+def _end_at_padding(pick: list[int], pred_l: list[float], values: torch.Tensor, ends, pad_id: int):
+    """Semi-AR: a committed padding/end slot ends the fill, so every masked slot after the first one
+    is committed as padding in the same step (training lays a fill out as text, then padding)."""
+    first_end = min((i for i in pick if int(pred_l[i]) in ends), default=None)
+    if first_end is None:
+        return pick, values
+    tail = list(range(first_end + 1, len(pred_l)))
+    values[tail] = pad_id
+    return sorted(set(pick) | set(tail)), values
+
+
 def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
     """Fill tokens without padding, cut at the first end-of-text."""
     out = []
@@ -77,8 +97,8 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError(f"confidence must be one of {CONFIDENCES}, got {o.confidence!r}")
     if o.steps is not None and o.steps < 1:
         raise ValueError(f"steps must be None or >= 1, got {o.steps}")
-    if o.temperature < 0 or o.refresh_every < 0:
-        raise ValueError("temperature and refresh_every must be >= 0")
+    if o.temperature < 0 or o.refresh_every < 0 or o.block < 0:
+        raise ValueError("temperature, refresh_every and block must be >= 0")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -225,13 +245,20 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     ends = (cfg.pad_token_id, cfg.eos_token_id)
     if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
         pick = list(range(len(conf_l)))
-    elif o.selection == "topk":
-        pick = select_topk(conf_l, c.plan.pop(0) if c.plan else 1)
     else:
-        pick = select_threshold(conf_l, o.threshold)
+        elig = eligible_slots(slot_idx.tolist(), o.block)
+        conf_e = [conf_l[i] for i in elig]
+        if o.selection == "topk":
+            sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
+        else:
+            sub = select_threshold(conf_e, o.threshold)
+        pick = [elig[i] for i in sub]
+    values = pred.clone()
+    if o.block > 0:
+        pick, values = _end_at_padding(pick, pred_l, values, ends, cfg.pad_token_id)
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
-    c.ids[c.start + chosen] = pred[pick_t]
+    c.ids[c.start + chosen] = values[pick_t]
     c.masked[chosen] = False
     c.n_masked -= len(pick)
     c.steps += 1
@@ -328,11 +355,21 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
         if budget_out or all(x[3] for x in cand):
             chosen = cand
         else:
-            ranked = sorted(cand, key=lambda x: (-x[2], x[0]))
+            if opts.block > 0:  # only the leftmost block that still has masks
+                lo = min(masked) // opts.block * opts.block
+                cand_e = [x for x in cand if lo <= x[0] < lo + opts.block]
+            else:
+                cand_e = cand
+            ranked = sorted(cand_e, key=lambda x: (-x[2], x[0]))
             if opts.selection == "topk":
                 chosen = ranked[: plan.pop(0) if plan else 1]
             else:
-                chosen = [x for x in cand if x[2] >= opts.threshold] or ranked[:1]
+                chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
+        if opts.block > 0:  # a committed padding/end slot ends the fill
+            ends_at = [x[0] for x in chosen if x[1] in (cfg.pad_token_id, cfg.eos_token_id)]
+            if ends_at:
+                cut = min(ends_at)
+                chosen = [x for x in chosen if x[0] <= cut] + [(j, cfg.pad_token_id, 0, 0) for j in masked if j > cut]
         for j, tok, _, _ in chosen:
             seq[s + j] = tok
             masked.remove(j)
@@ -342,6 +379,6 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
 
 __all__ = [
     "Canvas", "BatchContext", "DecodeResult", "check_options", "commit", "confidence_from_stats", "deadline_due",
-    "fill", "forward", "forward_cached", "forward_full", "reference_fill", "schedule", "select_threshold",
+    "eligible_slots", "fill", "forward", "forward_cached", "forward_full", "reference_fill", "schedule", "select_threshold",
     "select_topk", "step", "trim_fill",
 ]

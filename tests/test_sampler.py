@@ -95,19 +95,21 @@ def test_shifted_model_with_empty_prefix_gets_bos():
 
 
 ORACLE_CASES = [
-    pytest.param(sel, conf, cache, shift, n, id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}")
-    for sel, conf, cache, shift, n in itertools.product(
-        ("threshold", "topk"), ("max_prob", "margin", "neg_entropy"), (False, True), (False, True), (3, 7))
+    pytest.param(sel, conf, cache, shift, n, block,
+                 id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}-b{block}")
+    for sel, conf, cache, shift, n, block in itertools.product(
+        ("threshold", "topk"), ("max_prob", "margin", "neg_entropy"), (False, True), (False, True), (3, 7), (0, 2))
 ]
 
 
-@pytest.mark.parametrize("sel,conf,cache,shift,n", ORACLE_CASES)
-def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n):
+@pytest.mark.parametrize("sel,conf,cache,shift,n,block", ORACLE_CASES)
+def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n, block):
     model = models[shift]
     tau = {"max_prob": 0.5, "margin": 0.3, "neg_entropy": -1.5}[conf]
     for seed, pad_stop in ((n, 0.9), (n + 100, 0.3)):
         prefix, suffix = _io(seed)
-        o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1)
+        o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1,
+                          block=block)
         want = reference_fill(model, prefix, suffix, n, o)
         got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
@@ -372,3 +374,23 @@ def test_canvas_never_exceeds_the_training_window():
     unclamped = Canvas.build(prefix, suffix, 8, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64),
                              DecodeOptions(), context_tokens=512)
     assert unclamped.ids.shape[0] > 64
+
+
+def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
+    """With blocks of 2, slots are committed block by block from the left even when the right end is
+    the most confident, and the first committed padding turns every later slot into padding."""
+    from engine.sampler import eligible_slots
+
+    assert eligible_slots([0, 1, 2, 3, 4], 2) == [0, 1]
+    assert eligible_slots([1, 4, 5], 2) == [0]
+    assert eligible_slots([3, 4, 6], 2) == [0]
+    assert eligible_slots([3, 4, 6], 0) == [0, 1, 2]
+    # mock: 3 real tokens, then padding, padding more confident than text (the cascade's cause)
+    model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
+    prefix, suffix = [5, 6, 7], [8]
+    plain = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False)))
+    semi = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, block=2)))
+    assert semi.ids == reference_fill(model, prefix, suffix, 8, DecodeOptions(threshold=0.99, cache=False, block=2))
+    assert len(semi.ids) == 3  # text in slots 0-2, then padding ends the fill
+    assert semi.tokens_per_step[0] <= 2  # the first step may only touch the first block
+    assert plain.tokens_per_step[0] >= 5  # the confident padding goes first without blocks
