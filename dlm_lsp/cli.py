@@ -36,6 +36,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--infill-share", type=float, default=d.infill_share, help="share of server-shaped infill examples")
+    p.add_argument("--tokenizer", default=None, help="reuse this tokenizer.json (or folder) instead of training one")
+    p.add_argument("--workers", type=int, default=d.workers, help="processes building batches (GPU runs)")
+    p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="train on --source folders only")
     p.add_argument("--warmup", type=int, default=d.warmup)
     for k in ("vocab", "dim", "n_layers", "n_heads", "ffn_dim"):
         p.add_argument("--" + k.replace("_", "-"), type=int, default=getattr(d, k))
