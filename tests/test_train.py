@@ -109,12 +109,18 @@ def test_sharding_round_trips_and_respects_the_limit(tmp_path):
     assert all(torch.equal(back[k], sd[k]) for k in sd)
 
 
-def test_pack_corpus_keeps_the_split(tmp_path):
+def _pack_corpus():
+    """scripts/pack_corpus.py as a module (scripts/ is not a package)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import pack_corpus
     finally:
         sys.path.pop(0)
+    return pack_corpus
+
+
+def test_pack_corpus_keeps_the_split(tmp_path):
+    pack_corpus = _pack_corpus()
     out = tmp_path / "c.tar.xz"
     m = pack_corpus.pack(out, [], max_files=10)
     assert out.stat().st_size < 40 * 2**20
@@ -132,11 +138,7 @@ def test_pack_corpus_keeps_the_split(tmp_path):
 
 
 def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import pack_corpus
-    finally:
-        sys.path.pop(0)
+    pack_corpus = _pack_corpus()
     packed = tmp_path / "corpus.tar.xz"
     pack_corpus.pack(packed, [], max_files=10)
     run_dir, export = tmp_path / "gpu", tmp_path / "out"
