@@ -146,7 +146,7 @@ class Document:
                 new_end_pt = Point(row_a + new_text.count("\n"), len(new_text[nl + 1 :].encode("utf-8")))
             self.tree.edit(start_byte, old_end_byte, new_end_byte, start_pt, old_end_pt, new_end_pt)
         self.text = old[:a] + new_text + old[b:]
-        self._index = None
+        self._index = idx.edited(a, b, new_text, self.text)  # no rescan of a big file per keystroke
 
 
 class DocumentStore:

@@ -97,3 +97,47 @@ class LineIndex:
         offset = max(0, min(offset, len(self.text)))
         line = bisect_right(self.starts, offset) - 1
         return line, offset - self.starts[line]
+
+    def lines(self) -> "Lines":
+        """The text's lines (without their "\\n") as a sequence, cut on demand: no full split."""
+        return Lines(self)
+
+    def edited(self, a: int, b: int, new_text: str, text: str) -> "LineIndex":
+        """The index of `text` == self.text[:a] + new_text + self.text[b:], updated rather than
+        rescanned: line starts before the edit are kept, those after it are shifted."""
+        ra = bisect_right(self.starts, a) - 1  # the line holding a
+        rb = bisect_right(self.starts, b) - 1  # starts in (a, b] are gone
+        delta = len(new_text) - (b - a)
+        mid = []
+        i = new_text.find("\n")
+        while i != -1:
+            mid.append(a + i + 1)
+            i = new_text.find("\n", i + 1)
+        out = LineIndex.__new__(LineIndex)
+        out.text, out.encoding = text, self.encoding
+        tail = self.starts[rb + 1 :]
+        out.starts = self.starts[: ra + 1] + mid + ([s + delta for s in tail] if delta else tail)
+        return out
+
+
+class Lines:
+    """Read-only sequence of a LineIndex's lines: len(), [i] and [i:j] like text.split("\\n")."""
+
+    def __init__(self, index: LineIndex):
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index.starts)
+
+    def __getitem__(self, key):
+        n = len(self.index.starts)
+        if isinstance(key, slice):
+            return [self.index.line_text(i) for i in range(*key.indices(n))]
+        if key < 0:
+            key += n
+        if not 0 <= key < n:
+            raise IndexError(key)
+        return self.index.line_text(key)
+
+    def __iter__(self):
+        return (self.index.line_text(i) for i in range(len(self.index.starts)))

@@ -452,36 +452,125 @@ def count_errors(node) -> int:
     return len(error_nodes(node))
 
 
-class SyntaxCheck:
-    """is_clean(fill, replace_len): inserting the fill at `offset` must not add error nodes to the
-    file, and no error may begin inside the fill itself (tree-sitter's recovery can trade an error
-    at the cursor for a new one in the fill while the count stays the same). Each call re-parses
-    incrementally from the document's tree."""
+REGION_MAX_BYTES = 12_000  # the largest statement the check parses on its own
+PAIRING_MARKERS = ('"""', "'''", "`", "/*", "*/")  # fills with these must leave them paired
 
-    def __init__(self, text: str, tree, parser, offset: int):
-        self.text, self.tree, self.parser, self.offset = text, tree, parser, offset
-        self.before = text[:offset].encode("utf-8")
-        base = error_nodes(tree.root_node)
+
+def check_region(root, src: bytes, cursor: int, probe: int | None = None,
+                 limit: int = REGION_MAX_BYTES) -> tuple[int, int] | None:
+    """Byte span [start, end) of whole lines around `cursor` that parses on its own: the outermost
+    statement holding `probe` (default: the cursor) of at most `limit` bytes, widened to whole
+    lines and to the cursor's line. Statements are the root's children, and in Python also the
+    statements of any block (tree-sitter-python takes an indented first line as the base level).
+    None when that statement is larger than `limit` (the caller parses the whole file)."""
+    probe = cursor if probe is None else probe
+    python = root.type == "module"
+    node = root.descendant_for_byte_range(probe, probe)
+    best = None
+    while node is not None and node.parent is not None:
+        parent = node.parent
+        if parent.parent is None or (python and parent.type == "block"):
+            if node.end_byte - node.start_byte > limit:
+                break
+            best = node
+        node = parent
+    lo = min(best.start_byte, cursor) if best is not None else cursor
+    hi = max(best.end_byte, cursor) if best is not None else cursor
+    start = src.rfind(b"\n", 0, lo) + 1
+    end = src.find(b"\n", hi)
+    end = len(src) if end == -1 else end + 1
+    if best is None and root.end_byte > limit:
+        return None
+    if best is None:
+        return 0, len(src)
+    return start, end
+
+
+@dataclass
+class _Source:
+    """The bytes a syntax check parses, the cursor in them, and the errors they have without a fill."""
+
+    src: bytes
+    cursor: int
+    tree: object | None  # the document's tree when src is the whole file (incremental re-parse)
+    base_errors: int = 0
+    base_starts_at_cursor: bool = False
+    row: int = 0
+    col_bytes: int = 0
+
+    def __post_init__(self):
+        before = self.src[: self.cursor]
+        self.row = before.count(b"\n")
+        self.col_bytes = len(before) - (before.rfind(b"\n") + 1)
+
+    def with_base(self, root) -> "_Source":
+        base = error_nodes(root)
         self.base_errors = len(base)
-        self.base_starts_at_cursor = any(n.start_byte == len(self.before) for n in base)
-        nl = text.rfind("\n", 0, offset)
-        self.row = text.count("\n", 0, offset)
-        self.col_bytes = len(text[nl + 1 : offset].encode("utf-8"))
-        self.calls = 0
+        self.base_starts_at_cursor = any(n.start_byte == self.cursor for n in base)
+        return self
+
+
+def _pairs_close(src: bytes) -> bool:
+    """True when every multi-line string / comment delimiter in `src` is paired: an even number of
+    \"\"\" and \'\'\' and backticks, as many /* as */. A region that passes lexes the rest of the file as before."""
+    return (src.count(b'"""') % 2 == 0 and src.count(b"'''") % 2 == 0 and src.count(b"`") % 2 == 0
+            and src.count(b"/*") == src.count(b"*/"))
+
+
+class SyntaxCheck:
+    """is_clean(fill, replace_len): inserting the fill at `offset` must not add error nodes, and no
+    error may begin inside the fill itself (tree-sitter's recovery can trade an error at the cursor
+    for a new one in the fill while the count stays the same).
+
+    The check parses only the statement around the cursor (`check_region`: the outermost one of at
+    most REGION_MAX_BYTES, on whole lines), before and after the fill, so its cost does not grow
+    with the file; a fill holding a multi-line string or comment delimiter must also leave them
+    paired in the region (so the rest of the file lexes as before). The whole file is re-parsed
+    instead (incrementally, from the document's tree) when the cursor sits in a larger statement."""
+
+    def __init__(self, text: str, tree, parser, offset: int, region_limit: int = REGION_MAX_BYTES):
+        self.parser, self.tree, self.calls = parser, tree, 0
+        src_before = text[:offset].encode("utf-8")
+        cursor = len(src_before)
+        self.src = src_before + text[offset:].encode("utf-8")
+        self.cursor = cursor
+        self.text_from_cursor = text[offset:]
+        probe = cursor
+        line_end = text.find("\n", offset)
+        if not text[text.rfind("\n", 0, offset) + 1 : len(text) if line_end == -1 else line_end].strip():
+            # a blank line after a body lies outside its node: probe at the last code before it
+            probe = max(0, len(text[:offset].rstrip().encode("utf-8")) - 1)
+        self.region = check_region(tree.root_node, self.src, cursor, probe, region_limit) if region_limit > 0 else None
+        self._whole: _Source | None = None
+        self._local: _Source | None = None
+        if self.region is not None:
+            a, b = self.region
+            self._local = _Source(self.src[a:b], cursor - a, None)
+            self._local.with_base(parser.parse(self._local.src).root_node)
+
+    def whole(self) -> _Source:
+        if self._whole is None:
+            self._whole = _Source(self.src, self.cursor, self.tree).with_base(self.tree.root_node)
+        return self._whole
 
     def __call__(self, fill: str, replace_len: int = 0) -> bool:
         self.calls += 1
-        replaced = self.text[self.offset : self.offset + replace_len].encode("utf-8")
-        after = self.text[self.offset + replace_len :].encode("utf-8")
+        replaced = len(self.text_from_cursor[:replace_len].encode("utf-8"))
         fb = fill.encode("utf-8")
-        start = len(self.before)
-        tree = self.tree.copy()
-        nl = fill.rfind("\n")
-        end_pt = (self.row, self.col_bytes + len(fb)) if nl == -1 else (self.row + fill.count("\n"), len(fill[nl + 1 :].encode("utf-8")))
-        tree.edit(start, start + len(replaced), start + len(fb), (self.row, self.col_bytes),
-                  (self.row, self.col_bytes + len(replaced)), end_pt)
-        new = error_nodes(self.parser.parse(self.before + fb + after, tree).root_node)
-        if len(new) > self.base_errors:
+        v = self.whole() if self._local is None else self._local
+        start = v.cursor
+        src = v.src[:start] + fb + v.src[start + replaced :]
+        if v is self._local and any(m in fill for m in PAIRING_MARKERS) and not _pairs_close(src):
+            return False  # the fill leaves a string or comment open past the statement
+        if v.tree is not None:
+            tree = v.tree.copy()
+            nl = fill.rfind("\n")
+            end_pt = (v.row, v.col_bytes + len(fb)) if nl == -1 else (v.row + fill.count("\n"), len(fill[nl + 1 :].encode("utf-8")))
+            tree.edit(start, start + replaced, start + len(fb), (v.row, v.col_bytes), (v.row, v.col_bytes + replaced), end_pt)
+            new = error_nodes(self.parser.parse(src, tree).root_node)
+        else:
+            new = error_nodes(self.parser.parse(src).root_node)
+        if len(new) > v.base_errors:
             return False
-        lo = start + 1 if self.base_starts_at_cursor else start
+        lo = start + 1 if v.base_starts_at_cursor else start
         return not any(lo <= n.start_byte < start + len(fb) for n in new)

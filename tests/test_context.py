@@ -190,6 +190,26 @@ def test_line_index_round_trip_and_clamping():
     assert idx.offset(9, 0) == len(text)
 
 
+def test_edited_line_index_equals_a_rescan():
+    import random
+
+    rng = random.Random(3)
+    text = "one\ntwo\r\n\nfour 😀\n"
+    idx = LineIndex(text, UTF16)
+    pieces = ["", "x", "\n", "a\nb", "\n\n", "😀\n", "\r\n"]
+    for _ in range(300):
+        a = rng.randint(0, len(text))
+        b = rng.randint(a, min(len(text), a + 6))
+        new = rng.choice(pieces)
+        text = text[:a] + new + text[b:]
+        idx = idx.edited(a, b, new, text)
+        fresh = LineIndex(text, UTF16)
+        assert idx.starts == fresh.starts and idx.text is text
+        lines = idx.lines()
+        assert list(lines) == text.split("\n") and len(lines) == len(text.split("\n"))
+        assert lines[1:3] == text.split("\n")[1:3] and lines[-1] == text.split("\n")[-1]
+
+
 # ----------------------------------------------------------------------------- documents
 
 def _change(line, ch, eline, ech, text):

@@ -138,6 +138,39 @@ def test_syntax_check_counts_only_new_errors():
     assert check(" 1\n    z = 3", 0)
 
 
+def _big_module(n_funcs: int = 300) -> str:
+    body = "".join(f'def f{i}(a, b):\n    """Doc {i}."""\n    c = a + b * {i}\n    return c\n\n\n' for i in range(n_funcs))
+    return "import os\n\n\nclass Big:\n" + "".join("    " + ln + "\n" if ln else "\n" for ln in body.split("\n")) + body
+
+
+def test_syntax_check_parses_a_bounded_region_of_a_big_file():
+    text = _big_module()
+    assert len(text.encode()) > 40_000
+    # the cursor inside a method of a class far larger than the region limit
+    offset = text.index("c = a + b * 150") + len("c = a + b")
+    mid = " * 150"
+    doc = Document("file:///t.py", "python", 1, text[:offset] + text[offset + len(mid):])
+    check = SyntaxCheck(doc.text, doc.tree, doc.parser, offset)
+    whole = SyntaxCheck(doc.text, doc.tree, doc.parser, offset, region_limit=0)
+    a, b = check.region
+    assert 0 < b - a <= 12_000 and doc.text[a:offset].lstrip().startswith("def f150")
+    assert whole.region is None
+    for fill, ok in [(mid, True), (" * (150", False), (" *", False), (mid + "\n        d = 1", True),
+                     (mid + ")", False), (' + """x', False), (' + """x"""', True), (" + '''", False)]:
+        assert check(fill) is ok and whole(fill) is ok, fill
+
+
+def test_syntax_check_region_on_a_blank_line_after_a_body():
+    text = _big_module()
+    offset = text.index("    return c\n\n\ndef f200") + len("    return c\n")
+    doc = Document("file:///t.py", "python", 1, text[:offset] + "    \n" + text[offset:])
+    offset += 4
+    check = SyntaxCheck(doc.text, doc.tree, doc.parser, offset)
+    assert check.region is not None and "def f199" in doc.text[check.region[0] : offset]
+    assert check("d = c") and check("return c + 1")
+    assert not check("return (c")
+
+
 # ----------------------------------------------------------------------------- the pipeline
 
 @pytest.mark.parametrize("src,raw,text,repl,line", [
