@@ -32,6 +32,10 @@ class DecodeOptions:
     # Without it a weak model commits the confident padding at the canvas's right end first and the
     # padding cascades leftwards into an empty fill (the early-EOS effect LLaDA reports). 0: off.
     block: int = 0
+    # padding only from the left: a slot may be committed as padding/end only when it is the leftmost
+    # masked slot, and that commit ends the fill (every later slot becomes padding). The padding run
+    # at the canvas's right end then cannot grow leftwards over slots the model has not decided.
+    pad_left: bool = False
     seed: int = 0
 
 

@@ -247,6 +247,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         pick = list(range(len(conf_l)))
     else:
         elig = eligible_slots(slot_idx.tolist(), o.block)
+        if o.pad_left:  # padding may only be committed at the leftmost masked slot
+            elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
         conf_e = [conf_l[i] for i in elig]
         if o.selection == "topk":
             sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
@@ -254,7 +256,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             sub = select_threshold(conf_e, o.threshold)
         pick = [elig[i] for i in sub]
     values = pred.clone()
-    if o.block > 0:
+    if o.block > 0 or o.pad_left:
         pick, values = _end_at_padding(pick, pred_l, values, ends, cfg.pad_token_id)
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
@@ -360,12 +362,16 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 cand_e = [x for x in cand if lo <= x[0] < lo + opts.block]
             else:
                 cand_e = cand
+            if opts.pad_left:  # padding only at the leftmost masked slot
+                first = min(masked)
+                cand_e = [x for x in cand_e if x[0] == first or x[1] not in (cfg.pad_token_id, cfg.eos_token_id)] \
+                    or [x for x in cand if x[0] == first]
             ranked = sorted(cand_e, key=lambda x: (-x[2], x[0]))
             if opts.selection == "topk":
                 chosen = ranked[: plan.pop(0) if plan else 1]
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
-        if opts.block > 0:  # a committed padding/end slot ends the fill
+        if opts.block > 0 or opts.pad_left:  # a committed padding/end slot ends the fill
             ends_at = [x[0] for x in chosen if x[1] in (cfg.pad_token_id, cfg.eos_token_id)]
             if ends_at:
                 cut = min(ends_at)

@@ -95,21 +95,23 @@ def test_shifted_model_with_empty_prefix_gets_bos():
 
 
 ORACLE_CASES = [
-    pytest.param(sel, conf, cache, shift, n, block,
-                 id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}-b{block}")
-    for sel, conf, cache, shift, n, block in itertools.product(
-        ("threshold", "topk"), ("max_prob", "margin", "neg_entropy"), (False, True), (False, True), (3, 7), (0, 2))
+    pytest.param(sel, conf, cache, shift, n, block, pad_left,
+                 id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}-b{block}"
+                    + ("-padleft" if pad_left else ""))
+    for sel, conf, cache, shift, n, block, pad_left in itertools.product(
+        ("threshold", "topk"), ("max_prob", "margin", "neg_entropy"), (False, True), (False, True), (3, 7), (0, 2),
+        (False, True))
 ]
 
 
-@pytest.mark.parametrize("sel,conf,cache,shift,n,block", ORACLE_CASES)
-def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n, block):
+@pytest.mark.parametrize("sel,conf,cache,shift,n,block,pad_left", ORACLE_CASES)
+def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n, block, pad_left):
     model = models[shift]
     tau = {"max_prob": 0.5, "margin": 0.3, "neg_entropy": -1.5}[conf]
     for seed, pad_stop in ((n, 0.9), (n + 100, 0.3)):
         prefix, suffix = _io(seed)
         o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1,
-                          block=block)
+                          block=block, pad_left=pad_left)
         want = reference_fill(model, prefix, suffix, n, o)
         got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
@@ -394,3 +396,15 @@ def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
     assert len(semi.ids) == 3  # text in slots 0-2, then padding ends the fill
     assert semi.tokens_per_step[0] <= 2  # the first step may only touch the first block
     assert plain.tokens_per_step[0] >= 5  # the confident padding goes first without blocks
+
+
+def test_pad_left_commits_padding_only_at_the_leftmost_masked_slot():
+    """With pad_left the confident padding at the right end waits; text goes first, and padding
+    committed at the leftmost masked slot ends the fill."""
+    model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
+    prefix, suffix = [5, 6, 7], [8]
+    o = DecodeOptions(threshold=0.99, cache=False, pad_left=True)
+    r = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, o))
+    assert r.ids == reference_fill(model, prefix, suffix, 8, o)
+    assert len(r.ids) == 3 and r.tokens_per_step[0] == 1  # one text slot (no padding) in the first step
+    assert r.tokens_per_step[-1] == 8 - 3  # the padding ends the fill in one step
