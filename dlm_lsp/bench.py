@@ -223,7 +223,10 @@ def run_bench(args: argparse.Namespace) -> int:
     print(f"model {model_path or 'models/default'}: {sum(p.numel() for p in svc.model.parameters()) / 1e6:.2f}M params, "
           f"{cfg.n_layers} layers x {cfg.dim}, vocab {cfg.vocab_size}; {args.device}, {args.threads} thread(s)")
     print(f"AR baseline: {ar_desc}")
-    print(f"holes: {', '.join(h[0] for h in holes)}; canvas {args.context} tokens; {args.reps} reps per hole")
+    effective = min(args.context, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
+    print(f"holes: {', '.join(h[0] for h in holes)}; canvas {args.context} tokens"
+          + (f" (cut to {effective}: the model was trained on windows of {effective})" if effective < args.context else "")
+          + f"; {args.reps} reps per hole")
     print(f"decoding: selection={opts.selection} threshold={opts.threshold} confidence={opts.confidence} "
           f"pad_stop={opts.pad_stop} steps={opts.steps} refresh_every={opts.refresh_every}")
 
@@ -269,7 +272,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "batch": batch,
         "settings": {
             "model": model_path or "models/default", "ar_model": ar_desc, "ar_trained": ar_trained,
-            "context_tokens": args.context, "sizes": sizes, "holes": [h[0] for h in holes], "reps": args.reps,
+            "context_tokens": args.context, "effective_context_tokens": effective, "sizes": sizes, "holes": [h[0] for h in holes], "reps": args.reps,
             "batch_jobs": args.batch, "batch_reps": args.batch_reps, "threads": args.threads, "device": args.device,
             "quick": bool(args.quick), "decode_options": dataclasses.asdict(opts), "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
