@@ -33,8 +33,9 @@ class DecodeOptions:
     # padding cascades leftwards into an empty fill (the early-EOS effect LLaDA reports). 0: off.
     block: int = 0
     # padding only from the left: a slot may be committed as padding/end only when it is the leftmost
-    # masked slot, and that commit ends the fill (every later slot becomes padding). The padding run
-    # at the canvas's right end then cannot grow leftwards over slots the model has not decided.
+    # masked slot, and that commit ends the fill (every later slot becomes padding, and text committed
+    # further right is cut). The padding run at the canvas's right end then cannot grow leftwards
+    # over slots the model has not decided.
     pad_left: bool = False
     seed: int = 0
 
@@ -76,6 +77,8 @@ class Fill:
     tokens_per_step: list[int] = field(default_factory=list)
     ms_per_step: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    # geometric mean of the probabilities of the fill's tokens when they were committed (1.0: empty)
+    confidence: float = 1.0
 
     @property
     def latency_ms(self) -> float:

@@ -12,6 +12,7 @@ naive oracle the fast loop is tested against, token for token.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -67,14 +68,19 @@ def eligible_slots(masked_slots: list[int], block: int) -> list[int]:
     return [i for i, s in enumerate(masked_slots) if s < end]
 
 
-def _end_at_padding(pick: list[int], pred_l: list[float], values: torch.Tensor, ends, pad_id: int):
+def _end_at_padding(pick: list[int], pred_l: list[float], values: torch.Tensor, ends, pad_id: int,
+                    end_id: int | None = None):
     """Semi-AR: a committed padding/end slot ends the fill, so every masked slot after the first one
-    is committed as padding in the same step (training lays a fill out as text, then padding)."""
+    is committed as padding in the same step (training lays a fill out as text, then padding).
+    With `end_id` that first slot is committed as end-of-text, so text already committed further
+    right (pad_left commits text anywhere) is cut from the fill too."""
     first_end = min((i for i in pick if int(pred_l[i]) in ends), default=None)
     if first_end is None:
         return pick, values
     tail = list(range(first_end + 1, len(pred_l)))
     values[tail] = pad_id
+    if end_id is not None:
+        values[first_end] = end_id
     return sorted(set(pick) | set(tail)), values
 
 
@@ -130,6 +136,7 @@ class Canvas:
     done: bool = False
     deadline_hit: bool = False
     cancelled: bool = False
+    slot_prob: list[float] = field(default_factory=list)  # per slot: its token's probability when committed
     full_ms: float = 0.0  # last full-forward step, the estimate for the next one (0: unknown)
     cached_ms: float = 0.0  # last cached step
 
@@ -159,7 +166,7 @@ class Canvas:
         a0 = start - (1 if cfg.logits_shift else 0)
         c = cls(ids=ids, start=start, n=n, masked=torch.ones(n, dtype=torch.bool, device=device), opts=opts,
                 cfg=cfg, active_pos=torch.arange(a0, start + n, device=device),
-                frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n)
+                frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n, slot_prob=[0.0] * n)
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         if opts.temperature > 0:
@@ -185,6 +192,19 @@ class Canvas:
         """Committed fill tokens so far: padding dropped, cut at end-of-text, masks left out."""
         slots = self.slot_ids()
         return trim_fill([t for t, m in zip(slots, self.masked.tolist()) if not m], self.cfg.pad_token_id, self.cfg.eos_token_id)
+
+    def fill_confidence(self) -> float:
+        """Geometric mean of the probabilities the fill's tokens had when committed (1.0 for an
+        empty fill): how sure the model was of the text it wrote, for gating what is shown."""
+        slots, masked, probs = self.slot_ids(), self.masked.tolist(), self.slot_prob
+        logs = []
+        for t, m, p in zip(slots, masked, probs):
+            if m or t == self.cfg.pad_token_id:
+                continue
+            if t == self.cfg.eos_token_id:
+                break
+            logs.append(math.log(max(p, 1e-12)))
+        return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
     def needs_full(self) -> bool:
         """True when this step must run the whole sequence (no cache yet, or a refresh is due)."""
@@ -257,10 +277,14 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         pick = [elig[i] for i in sub]
     values = pred.clone()
     if o.block > 0 or o.pad_left:
-        pick, values = _end_at_padding(pick, pred_l, values, ends, cfg.pad_token_id)
+        pick, values = _end_at_padding(pick, pred_l, values, ends, cfg.pad_token_id,
+                                       cfg.eos_token_id if o.pad_left else None)
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
     c.ids[c.start + chosen] = values[pick_t]
+    slot_l = slot_idx.tolist()
+    for i in pick:
+        c.slot_prob[slot_l[i]] = maxp_l[i]
     c.masked[chosen] = False
     c.n_masked -= len(pick)
     c.steps += 1
@@ -300,6 +324,7 @@ class DecodeResult:
     ms_per_step: list[float]
     cancelled: bool = False
     deadline_hit: bool = False
+    confidence: float = 1.0  # Canvas.fill_confidence()
 
 
 def deadline_due(c: Canvas, deadline: float | None, now: float | None = None) -> bool:
@@ -320,7 +345,8 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
         canvas.deadline_hit |= final
         step(model, [canvas], [final])
     return DecodeResult(canvas.fill_ids(), canvas.steps, canvas.tokens_per_step, canvas.ms_per_step,
-                        cancelled=canvas.cancelled, deadline_hit=canvas.deadline_hit)
+                        cancelled=canvas.cancelled, deadline_hit=canvas.deadline_hit,
+                        confidence=canvas.fill_confidence())
 
 
 # ---------------------------------------------------------------- the oracle
@@ -375,7 +401,9 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             ends_at = [x[0] for x in chosen if x[1] in (cfg.pad_token_id, cfg.eos_token_id)]
             if ends_at:
                 cut = min(ends_at)
-                chosen = [x for x in chosen if x[0] <= cut] + [(j, cfg.pad_token_id, 0, 0) for j in masked if j > cut]
+                chosen = [x for x in chosen if x[0] < cut] + [(cut, cfg.eos_token_id if opts.pad_left else
+                                                               next(x[1] for x in chosen if x[0] == cut), 0, 0)] \
+                    + [(j, cfg.pad_token_id, 0, 0) for j in masked if j > cut]
         for j, tok, _, _ in chosen:
             seq[s + j] = tok
             masked.remove(j)

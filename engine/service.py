@@ -163,7 +163,7 @@ class EngineService:
                 text=self.tok.decode(ids), tokens=len(ids), steps=c.steps, slots=c.n, cancelled=c.cancelled,
                 deadline_hit=c.deadline_hit, queue_ms=(a.started - a.job.submitted_at) * 1000,
                 compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
-                ms_per_step=list(c.ms_per_step), token_ids=ids,
+                ms_per_step=list(c.ms_per_step), token_ids=ids, confidence=c.fill_confidence(),
             )
         except Exception as e:  # noqa: BLE001
             self._fail(a, e)

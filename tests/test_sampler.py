@@ -408,3 +408,33 @@ def test_pad_left_commits_padding_only_at_the_leftmost_masked_slot():
     assert r.ids == reference_fill(model, prefix, suffix, 8, o)
     assert len(r.ids) == 3 and r.tokens_per_step[0] == 1  # one text slot (no padding) in the first step
     assert r.tokens_per_step[-1] == 8 - 3  # the padding ends the fill in one step
+
+
+def test_end_at_padding_with_an_end_id_cuts_text_further_right():
+    import torch
+
+    from engine.sampler import _end_at_padding, trim_fill
+
+    # masked slots 0..4 predict: text, pad, text, pad, text; slots 1 and 2 are picked
+    pred = [11.0, 0.0, 12.0, 0.0, 13.0]
+    pick, values = _end_at_padding([1, 2], pred, torch.tensor([11, 0, 12, 0, 13]), (0, 1), pad_id=0)
+    assert pick == [1, 2, 3, 4] and values.tolist() == [11, 0, 0, 0, 0]  # slot 2's text becomes padding
+    pick, values = _end_at_padding([1, 2], pred, torch.tensor([11, 0, 12, 0, 13]), (0, 1), pad_id=0, end_id=1)
+    assert values.tolist() == [11, 1, 0, 0, 0]
+    # a canvas [text, END, committed text further right]: the fill stops at the end
+    assert trim_fill([7, 1, 9], pad_id=0, eos_id=1) == [7]
+    assert trim_fill([7, 0, 9], pad_id=0, eos_id=1) == [7, 9]
+
+
+def test_fill_confidence_is_the_geometric_mean_of_the_committed_text_probabilities():
+    import math
+
+    sure = fill(_mock(3, real_logit=8.0, pad_logit=7.0, start=4),
+                Canvas.build([5, 6, 7, 8], [], 10, _mock(3, 8.0, 7.0, 4).cfg, DecodeOptions(cache=False)))
+    unsure = fill(_mock(3, real_logit=2.0, pad_logit=7.0, start=4),
+                  Canvas.build([5, 6, 7, 8], [], 10, _mock(3, 2.0, 7.0, 4).cfg, DecodeOptions(cache=False, pad_left=True)))
+    p_sure = math.exp(8.0) / (math.exp(8.0) + 48)  # the token's softmax prob over 49 non-mask logits
+    p_unsure = math.exp(2.0) / (math.exp(2.0) + 48)
+    assert sure.ids == [10, 11, 12] and sure.confidence == pytest.approx(p_sure, rel=1e-5)
+    assert unsure.ids == [10, 11, 12] and unsure.confidence == pytest.approx(p_unsure, rel=1e-5)
+    assert Canvas.build([5, 6, 7, 8], [], 4, _mock(0, 8.0, 7.0, 4).cfg, DecodeOptions()).fill_confidence() == 1.0
