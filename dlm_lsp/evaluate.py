@@ -125,11 +125,11 @@ def _postprocessor():
         from dlm_lsp.postprocess import SyntaxCheck, finish
     except ImportError:
         return "stop rules only (dlm_lsp.postprocess.finish not importable)", \
-            lambda doc, req, raw: (apply_stop_rules(req, raw), 0)
+            lambda doc, req, raw, confidence=1.0, min_confidence=0.0: (apply_stop_rules(req, raw), 0)
 
-    def run(doc, req, raw):
+    def run(doc, req, raw, confidence=1.0, min_confidence=0.0):
         check = SyntaxCheck(doc.text, doc.tree, doc.parser, req.offset) if doc.tree is not None else None
-        out = finish(req, raw, check)
+        out = finish(req, raw, check, confidence=confidence, min_confidence=min_confidence)
         return out.text, out.replace_len
 
     return "dlm_lsp.postprocess.finish + SyntaxCheck", run
@@ -160,6 +160,9 @@ class Filler:
     """The server's path around a decoder: context -> decode(hole, request) -> post-processing.
     Subclasses give decode(); it returns (raw text, steps, tokens)."""
 
+    min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
+    last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
+
     def __init__(self):
         self.post_name, self.post = _postprocessor()
 
@@ -172,7 +175,7 @@ class Filler:
         t1 = time.perf_counter()
         raw, steps, tokens = self.decode(hole, req)
         engine_ms = (time.perf_counter() - t1) * 1000
-        shown, replace_len = self.post(doc, req, raw)
+        shown, replace_len = self.post(doc, req, raw, self.last_confidence, self.min_confidence)
         ms = (time.perf_counter() - t0) * 1000
         return Sample(raw, shown, ms, engine_ms, steps, tokens, req.hole_kind, replace_len)
 
@@ -196,6 +199,7 @@ class DiffusionFiller(Filler):
 
         deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
         fill = self.service.run_now(to_fill_job(req, deadline, options=dataclasses.replace(self.options)))
+        self.last_confidence = fill.confidence
         return fill.text, fill.steps, fill.tokens
 
 
@@ -366,6 +370,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="also score the true middle through the same post-processing (the ceiling)")
     p.add_argument("--oracle-only", action="store_true",
                    help="score only the true middle (no model is loaded): the post-processing ceiling")
+    p.add_argument("--min-confidence", type=float, default=None,
+                   help="hide fills the engine is less sure of (default: the server's minConfidence)")
     p.add_argument("--budget-ms", type=float, default=None,
                    help="give each fill the server's deadline (default: none, so results do not depend on load)")
 
@@ -404,7 +410,11 @@ def run_eval(args: argparse.Namespace) -> int:
             Path(args.md_out).write_text(table + "\n")
         return 0
     try:
+        from dlm_lsp.options import InitializationOptions
+
         dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms)
+        dlm.min_confidence = (InitializationOptions().min_confidence if args.min_confidence is None
+                              else args.min_confidence)
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
         ar = None
         if args.ar_model:
@@ -433,6 +443,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "context": "dlm_lsp.context.build_request",
         "postprocess": dlm.post_name,
         "budget_ms": args.budget_ms,
+        "min_confidence": dlm.min_confidence,
         "device": args.device,
         "threads": args.threads,
         "elapsed_s": round(time.time() - t_start, 1),

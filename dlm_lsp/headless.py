@@ -67,14 +67,15 @@ def load_engine(model: str | None = None, device: str = "auto"):
 
 
 def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_fill_tokens: int = 64,
-                  filters: bool = True) -> HeadlessFill:
+                  filters: bool = True, min_confidence: float | None = None) -> HeadlessFill:
     """Runs the server's context -> engine -> postprocess path for one cursor."""
     arrival = time.monotonic()
     req = context.build_request(doc, offset, max_fill_tokens)
     job = context.to_fill_job(req, arrival + budget_ms / 1000.0)
     fill = engine.run_now(job)
     check = postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
-    fin = postprocess.finish(req, fill.text, check, filters=filters)
+    gate = InitializationOptions().min_confidence if min_confidence is None else min_confidence
+    fin = postprocess.finish(req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate)
     latency = (time.monotonic() - arrival) * 1000
     idx = doc.index()
     start = idx.position(offset)

@@ -24,6 +24,9 @@ class InitializationOptions:
     debounce_ms: int = 0  # wait this long for a newer request before starting a job
     max_fill_tokens: int = 64  # upper bound on mask slots for any hole
     languages: list[str] = field(default_factory=lambda: list(DEFAULT_LANGUAGES))
+    # show a fill only when the engine's confidence in it (geometric mean of its tokens' probabilities
+    # when committed) is at least this; 0 shows every fill that passes post-processing
+    min_confidence: float = 0.0
     # Test hook: false returns the engine's text with only padding dropped and one-line holes cut to
     # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
     # weak model; not meant for editors.
@@ -47,6 +50,7 @@ _CHECKS = {
     "max_fill_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 512,
     "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "postprocess": lambda v: isinstance(v, bool),
+    "min_confidence": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
 }
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
 

@@ -376,8 +376,9 @@ def _boundary(s: str, i: int) -> bool:
 
 
 def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | None = None,
-           filters: bool = True) -> Finished:
-    """Returns the fill to show for `req` from the engine's `raw` text (empty text = show nothing)."""
+           filters: bool = True, confidence: float = 1.0, min_confidence: float = 0.0) -> Finished:
+    """Returns the fill to show for `req` from the engine's `raw` text (empty text = show nothing).
+    A fill the engine was less sure of than `min_confidence` (Fill.confidence) is not shown."""
     t0 = time.perf_counter()
 
     def done(text: str, replace_len: int = 0, dropped: str | None = None) -> Finished:
@@ -397,6 +398,8 @@ def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | No
     text = text.rstrip()
     if not filters:
         return done(text)
+    if text.strip() and confidence < min_confidence:
+        return done("", dropped=f"low confidence ({confidence:.2f} < {min_confidence:.2f})")
     text = cut_degenerate(text)
     if not text.strip():
         return done("", dropped="empty")

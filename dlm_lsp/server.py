@@ -244,7 +244,8 @@ class DlmServer(LanguageServer):
                 return None
             check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
                      if tree is not None and self.options.postprocess else None)
-            fin = postprocess.finish(req, fill.text, check, filters=self.options.postprocess)
+            fin = postprocess.finish(req, fill.text, check, filters=self.options.postprocess,
+                                     confidence=fill.confidence, min_confidence=self.options.min_confidence)
             latency = (time.monotonic() - arrival) * 1000
             self.stats.last_latency_ms = round(latency, 1)
             log.debug(

@@ -277,6 +277,9 @@ def test_options_defaults_and_bad_values():
     assert parse_options({"model": "default"})[0].model is None
     assert not InitializationOptions(languages=["python"]).serves("go")
     assert InitializationOptions().serves("lua")  # "*": other languages by indentation
+    assert parse_options({"minConfidence": 0.25})[0].min_confidence == 0.25
+    opts, warns = parse_options({"minConfidence": 2})
+    assert opts.min_confidence == InitializationOptions().min_confidence and "minConfidence" in warns[0]
 
 
 @pytest.mark.parametrize("lang,src,indent", [

@@ -339,3 +339,11 @@ def test_only_the_fills_last_line_may_continue_below():
     _, req, _ = setup("python", "def f():\n    |\n    more text\n    '''\n")
     assert own_brackets_closed("x = foo(\n        a, b)\n    y = '''", req)  # opened on the last line
     assert not own_brackets_closed("y = '''\n    x = foo(", req)
+
+
+def test_finish_hides_fills_below_the_confidence_gate():
+    doc, req, check = setup("python", "def f(x):\n    y = x +|\n")
+    assert finish(req, " 1", check, confidence=0.4, min_confidence=0.3).text == " 1"
+    low = finish(req, " 1", check, confidence=0.2, min_confidence=0.3)
+    assert low.text == "" and "low confidence" in low.dropped
+    assert finish(req, " 1", check, confidence=0.2).text == " 1"  # no gate by default

@@ -8,6 +8,7 @@ export interface ServerOptions {
   debounceMs: number;
   maxFillTokens: number;
   languages: string[];
+  minConfidence: number;
 }
 
 // The languages the server parses with tree-sitter. The server's own default adds "*" (every other
@@ -16,7 +17,7 @@ export const DEFAULT_LANGUAGES = ['python', 'javascript', 'javascriptreact', 'ty
 
 /** Settings forwarded to the server, keyed by their name after `dlm.`. */
 export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
-  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages',
+  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages', 'minConfidence',
 ];
 
 /** Settings only the extension reads: how to launch the server and the on/off switch. */
@@ -36,6 +37,7 @@ export function serverOptions(get: (key: string) => unknown): ServerOptions {
     debounceMs: (get('debounceMs') as number) ?? 0,
     maxFillTokens: (get('maxFillTokens') as number) ?? 64,
     languages: (get('languages') as string[]) ?? DEFAULT_LANGUAGES,
+    minConfidence: (get('minConfidence') as number) ?? 0,
   };
 }
 
