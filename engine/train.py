@@ -208,6 +208,8 @@ def train(args: TrainArgs) -> Path:
     prior_hours, prior_tokens, step0 = 0.0, 0, 0
     if args.resume:
         model, tok, cfg = load_checkpoint(args.resume, device="cpu")
+        if args.seq_len > (cfg.context_len or 0):  # longer windows from now on: fills may use them
+            cfg.context_len = min(args.seq_len, cfg.max_seq_len)
         model.train()
         st = Path(args.resume) / "training_state.json"
         if st.exists():

@@ -79,6 +79,15 @@ def test_resume_continues_the_step_count(run, tmp_path):
     assert cfg0 == cfg1 and tok0.encode("import os\n") == tok1.encode("import os\n")
 
 
+def test_resume_with_longer_windows_extends_the_context_len(run, tmp_path):
+    out = tmp_path / "longer"
+    _, _, cfg0 = load_checkpoint(run / "last")
+    args = {k: v for k, v in TINY.items() if k not in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab", "seq_len")}
+    train(TrainArgs(out=str(out), resume=str(run / "last"), max_steps=1, seq_len=cfg0.context_len + 32, **args))
+    _, _, cfg1 = load_checkpoint(out / "last")
+    assert cfg1.context_len == cfg0.context_len + 32 and cfg1.dim == cfg0.dim
+
+
 def test_ar_objective_trains_a_causal_twin(tmp_path):
     from engine.tokenizer import FIM_MIDDLE
 
