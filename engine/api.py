@@ -36,7 +36,7 @@ class DecodeOptions:
     # masked slot, and that commit ends the fill (every later slot becomes padding, and text committed
     # further right is cut). The padding run at the canvas's right end then cannot grow leftwards
     # over slots the model has not decided.
-    pad_left: bool = False
+    pad_left: bool = True
     seed: int = 0
 
 

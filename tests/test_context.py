@@ -52,8 +52,8 @@ def test_hole_kind(lang, src, kind, single):
 
 
 def test_mask_slots_per_kind_and_bound():
-    assert request("python", "x = |\n").mask_slots == 24
-    assert request("python", "if x|:\n    pass\n").mask_slots == 16
+    assert request("python", "x = |\n").mask_slots == 16
+    assert request("python", "if x|:\n    pass\n").mask_slots == 12
     assert request("python", "f(|)\n").mask_slots == 16
     assert request("python", "def f():\n    |\n").mask_slots == 64
     assert request("python", "def f():\n    |\n", max_fill_tokens=20).mask_slots == 20

@@ -124,7 +124,8 @@ def test_oracle_cases_exercise_padding_and_parallel_commits(models):
     dropped = early = parallel = 0
     for shift, n, seed in itertools.product((False, True), (3, 7), (3, 7, 103, 107)):
         prefix, suffix = _io(seed)
-        for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False), DecodeOptions(threshold=0.5, cache=False)):
+        for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False, pad_left=False),
+                  DecodeOptions(threshold=0.5, cache=False, pad_left=False)):
             r = fill(models[shift], Canvas.build(prefix, suffix, n, models[shift].cfg, o))
             dropped += len(r.ids) < n
             parallel += max(r.tokens_per_step) > 1
@@ -229,7 +230,8 @@ def test_cached_fill_is_complete_and_close_to_uncached(models):
 def test_refresh_every_k_steps(models, every):
     m = Counting(models[False])
     prefix, suffix = _io(15, n_prefix=25)
-    c = Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0))
+    c = Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0,
+                                                            pad_left=False))
     r = fill(m, c)
     full = [i for i, call in enumerate(m.calls) if call[1] == c.ids.shape[0]]
     assert r.steps == 7 and full == list(range(0, 7, every))
@@ -306,14 +308,18 @@ def test_surplus_slots_stop_early_as_padding():
 
 def test_unsure_padding_does_not_stop_early():
     m = _mock(3, real_logit=8.0, pad_logit=2.0, start=4)  # padding p=0.13 < pad_stop
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False)))
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False,
+                                                                       pad_left=False)))
     assert r.ids == [10, 11, 12] and r.steps == 10
 
 
 def test_threshold_commits_every_confident_slot_at_once():
     m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4)
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions()))
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(pad_left=False)))
     assert r.ids == [10, 11, 12] and r.tokens_per_step == [10]
+    # padding from the left (the default): the text first, then padding at slot 3 ends the fill
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions()))
+    assert r.ids == [10, 11, 12] and r.tokens_per_step == [3, 7]
 
 
 def test_end_of_text_inside_the_canvas_cuts_the_fill():
@@ -390,7 +396,7 @@ def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
     # mock: 3 real tokens, then padding, padding more confident than text (the cascade's cause)
     model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
     prefix, suffix = [5, 6, 7], [8]
-    plain = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False)))
+    plain = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False)))
     semi = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, block=2)))
     assert semi.ids == reference_fill(model, prefix, suffix, 8, DecodeOptions(threshold=0.99, cache=False, block=2))
     assert len(semi.ids) == 3  # text in slots 0-2, then padding ends the fill
