@@ -46,6 +46,7 @@ class HeadlessFill:
     raw: str
     dropped: str | None
     deadline_hit: bool
+    confidence: float = 1.0  # the engine's confidence in its fill (Fill.confidence)
 
     def as_json(self) -> dict:
         return {
@@ -54,6 +55,7 @@ class HeadlessFill:
                       "end": {"line": self.end[0], "character": self.end[1]}},
             "hole_kind": self.hole_kind, "latency_ms": round(self.latency_ms, 1), "steps": self.steps,
             "tokens": self.tokens, "raw": self.raw, "dropped": self.dropped, "deadline_hit": self.deadline_hit,
+            "confidence": round(self.confidence, 4),
         }
 
 
@@ -81,7 +83,7 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
     start = idx.position(offset)
     end = idx.position(offset + fin.replace_len)
     return HeadlessFill(fin.text, start, end, req.hole_kind, latency, fill.steps, fill.tokens, fill.text,
-                        fin.dropped, fill.deadline_hit)
+                        fin.dropped, fill.deadline_hit, fill.confidence)
 
 
 def complete(path: str, line: int, col: int, model: str | None = None, as_json: bool = False,
@@ -170,7 +172,8 @@ def run_demo(args: argparse.Namespace) -> int:
         res = fill_document(engine, doc, cursor, budget)
         line, col = doc.index().row_col(cursor)
         print(f"\n{path.name}:{line + 1}:{col + 1}  {res.hole_kind:6}  {res.latency_ms:6.1f} ms  "
-              f"{res.steps:2d} steps  {res.tokens:2d} tokens{'  (deadline)' if res.deadline_hit else ''}")
+              f"{res.steps:2d} steps  {res.tokens:2d} tokens  confidence {res.confidence:.2f}"
+              f"{'  (deadline)' if res.deadline_hit else ''}")
         print(f"  line : {doc.index().line_text(line).strip()}")
         print(f"  truth: {_show(truth)}")
         print(f"  fill : {_show(res.text) if res.text else '(nothing shown: ' + (res.dropped or 'empty') + ')'}")

@@ -320,6 +320,7 @@ def test_complete_command_json(tmp_path):
     assert res["range"]["start"] == {"line": 1, "character": 14}
     assert res["range"]["end"] == {"line": 1, "character": 14}
     assert res["hole_kind"] == "line" and res["steps"] >= 1
+    assert 0.0 < res["confidence"] <= 1.0
 
 
 async def test_result_for_an_older_version_is_dropped_in_process():
