@@ -46,6 +46,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=None, help="override DecodeOptions.threshold")
     p.add_argument("--selection", default=None, choices=["threshold", "topk"], help="override DecodeOptions.selection")
     p.add_argument("--steps", type=int, default=None, help="override DecodeOptions.steps")
+    p.add_argument("--decode", default=None, metavar="JSON", help="""override any DecodeOptions, e.g. '{"pad_left": false}'""")
     p.add_argument("--quick", action="store_true", help="tiny model (unless --model), one rep: for tests")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON to this path")
 
@@ -205,7 +206,13 @@ def run_bench(args: argparse.Namespace) -> int:
     if model_path is None and args.quick:
         tmp = tempfile.TemporaryDirectory(prefix="dlm-bench-")
         model_path = str(_tiny_checkpoint(Path(tmp.name) / "tiny"))
-    opts = DecodeOptions()
+    from engine.api import decode_options
+
+    try:
+        opts = decode_options(args.decode)
+    except ValueError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
     for k in ("threshold", "selection", "steps"):
         if getattr(args, k) is not None:
             opts = dataclasses.replace(opts, **{k: getattr(args, k)})

@@ -370,6 +370,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="also score the true middle through the same post-processing (the ceiling)")
     p.add_argument("--oracle-only", action="store_true",
                    help="score only the true middle (no model is loaded): the post-processing ceiling")
+    p.add_argument("--decode", default=None, metavar="JSON",
+                   help="""override the server's decoding options, e.g. '{"pad_left": false}'""")
     p.add_argument("--min-confidence", type=float, default=None,
                    help="hide fills the engine is less sure of (default: the server's minConfidence)")
     p.add_argument("--budget-ms", type=float, default=None,
@@ -412,7 +414,15 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         from dlm_lsp.options import InitializationOptions
 
-        dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms)
+        from engine.api import decode_options
+
+        try:
+            decode = decode_options(args.decode)
+        except ValueError as e:
+            print(f"eval: {e}", file=sys.stderr)
+            return 2
+        dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms,
+                              options=decode)
         dlm.min_confidence = (InitializationOptions().min_confidence if args.min_confidence is None
                               else args.min_confidence)
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
@@ -438,7 +448,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "per_kind": args.per_kind,
         "counts": {k: len(v) for k, v in holes.items()},
-        "decode": dataclasses.asdict(DecodeOptions()),
+        "decode": dataclasses.asdict(dlm.options),
         "mask_slots": dict(MASK_SLOTS),
         "context": "dlm_lsp.context.build_request",
         "postprocess": dlm.post_name,

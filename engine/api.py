@@ -83,3 +83,25 @@ class Fill:
     @property
     def latency_ms(self) -> float:
         return self.queue_ms + self.compute_ms
+
+
+def decode_options(overrides: str | dict | None = None) -> DecodeOptions:
+    """DecodeOptions with `overrides` applied: a dict, or a JSON object as a string (a CLI flag such
+    as --decode '{"pad_left": false}'). Unknown keys raise ValueError naming them."""
+    import dataclasses
+    import json
+
+    if not overrides:
+        return DecodeOptions()
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"decode options must be a JSON object: {e}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("decode options must be a JSON object")
+    known = {f.name for f in dataclasses.fields(DecodeOptions)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ValueError(f"unknown decode options {bad}; known: {sorted(known)}")
+    return dataclasses.replace(DecodeOptions(), **overrides)

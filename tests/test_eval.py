@@ -263,9 +263,23 @@ def test_eval_on_a_source_folder(tiny_models, tmp_path):
     (src / "sample.py").write_text(SAMPLE.read_text())
     out = tmp_path / "e.json"
     assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--per-kind", "2",
-                 "--kinds", "block", "--json", str(out)]) == 0
+                 "--kinds", "block", "--json", str(out), "--decode", '{"pad_left": false, "threshold": 0.8}',
+                 "--min-confidence", "0.5"]) == 0
     res = json.loads(out.read_text())
     assert res["block"]["holes"] == 2 and "line" not in res and res["meta"]["files"] == 1
+    assert res["meta"]["decode"]["pad_left"] is False and res["meta"]["decode"]["threshold"] == 0.8
+    assert res["meta"]["min_confidence"] == 0.5
+    assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--decode", '{"nope": 1}']) == 2
+
+
+def test_decode_options_overrides():
+    from engine.api import DecodeOptions, decode_options
+
+    assert decode_options(None) == DecodeOptions()
+    assert decode_options('{"block": 4}').block == 4 and decode_options({"steps": 3}).steps == 3
+    for bad in ('{"nope": 1}', "[1]", "{"):
+        with pytest.raises(ValueError):
+            decode_options(bad)
 
 
 def test_eval_oracle_only_loads_no_model(tmp_path):
