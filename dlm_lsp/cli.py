@@ -37,6 +37,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--infill-share", type=float, default=d.infill_share, help="share of server-shaped infill examples")
+    p.add_argument("--infill-ordered", type=float, default=d.infill_ordered,
+                   help="share of infill canvases revealed from the left (where a fill ends)")
     p.add_argument("--tokenizer", default=None, help="reuse this tokenizer.json (or folder) instead of training one")
     p.add_argument("--workers", type=int, default=d.workers, help="processes building batches (GPU runs)")
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="train on --source folders only")

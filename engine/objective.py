@@ -6,7 +6,10 @@ cross-entropy on masked positions weighted 1/t.
 Infill: clean prefix + n mask slots + clean suffix, cut at character positions (as an editor's cursor
 cuts text, mid-word included); the middle's tokens fill the first slots and the surplus slots are
 targeted to padding, so the model learns where a fill ends. A random share t of the slots is masked,
-the rest shows its target, as in a partly denoised canvas.
+the rest shows its target, as in a partly denoised canvas. With probability `ordered` the canvas is
+instead revealed from the left - its first j slots show their targets (j up to the middle's length)
+and every later slot is masked - the state the server's left-to-right padding rule decodes from, where
+the model must say whether the fill ends at the first masked slot.
 """
 from __future__ import annotations
 
@@ -82,7 +85,8 @@ def cut_hole(text: str, rng: random.Random) -> tuple[int, int]:
 
 
 def infill_example(
-    text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, max_slots: int = 64
+    text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, max_slots: int = 64,
+    ordered: float = 0.0,
 ) -> Example | None:
     if len(text) < 20:
         return None
@@ -107,10 +111,15 @@ def infill_example(
     p_keep = min(len(p_ids), room - s_keep)
     p_ids, s_ids = p_ids[len(p_ids) - p_keep :], s_ids[:s_keep]
     canvas_target = m_ids + [ids.pad] * (n - m)
-    t = rng.uniform(0.02, 1.0)
-    masked = [rng.random() < t for _ in range(n)]
-    if not any(masked):
-        masked[rng.randrange(n)] = True
+    if ordered > 0 and rng.random() < ordered:
+        j = rng.randint(0, min(m, n - 1))  # the first masked slot is inside the middle or right after it
+        masked = [i >= j for i in range(n)]
+        t = (n - j) / n
+    else:
+        t = rng.uniform(0.02, 1.0)
+        masked = [rng.random() < t for _ in range(n)]
+        if not any(masked):
+            masked[rng.randrange(n)] = True
     canvas = [ids.mask if mk else tg for mk, tg in zip(masked, canvas_target)]
     inp = p_ids + canvas + s_ids
     tgt = [-1] * len(p_ids) + [tg if mk else -1 for mk, tg in zip(masked, canvas_target)] + [-1] * len(s_ids)

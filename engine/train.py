@@ -44,6 +44,7 @@ class TrainArgs:
     weight_decay: float = 0.1
     ema: float = 0.999
     infill_share: float = 0.5
+    infill_ordered: float = 0.5  # share of infill canvases revealed from the left (engine/objective.py)
     vocab: int = 8192
     dim: int = 192
     n_layers: int = 5
@@ -112,7 +113,8 @@ class Batches:
             if a.objective == "ar":
                 ex = fim_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng)
             elif self.rng.random() < a.infill_share:
-                ex = infill_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng)
+                ex = infill_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng,
+                                    ordered=a.infill_ordered)
             else:
                 ex = mdlm_example(self.stream, a.seq_len, self.ids, self.rng)
             if ex is not None:
