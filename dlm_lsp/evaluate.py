@@ -240,12 +240,14 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
 
     if None in (tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE)):
         raise ValueError("the AR checkpoint's tokenizer has no FIM tokens")
+    cfg = model.cfg
+    # never past the twin's training window (the diffusion canvas is cut to its own the same way)
+    context_tokens = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
     p_ids, s_ids = tok.encode_batch([prefix, suffix])
     room = max(0, context_tokens - max_tokens - 3)
     s_keep = min(len(s_ids), room // 3)
     p_keep = min(len(p_ids), room - s_keep)
     prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
-    cfg = model.cfg
     return greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id)).ids
 
 

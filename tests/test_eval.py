@@ -295,3 +295,21 @@ def test_eval_oracle_only_loads_no_model(tmp_path):
     assert res["meta"]["oracle_only"] and all(res[k]["holes"] == 2 for k in KINDS)
     rows = [json.loads(ln) for ln in samples.read_text().splitlines()]
     assert len(rows) == 2 * len(KINDS) and {r["model"] for r in rows} == {"oracle"}
+
+
+def test_fim_greedy_keeps_the_prompt_inside_the_twins_training_window(tiny_models, monkeypatch):
+    import engine.autoregressive as ar
+    from engine.checkpoint import load_checkpoint
+
+    model, tok, cfg = load_checkpoint(tiny_models[1])
+    cfg.context_len = 96
+    seen = []
+    real = ar.greedy_decode
+
+    def spy(m, prompt, n, **kw):
+        seen.append(len(prompt))
+        return real(m, prompt, n, **kw)
+
+    monkeypatch.setattr(ar, "greedy_decode", spy)
+    fim_greedy(model, tok, "x = 1\n" * 200, "y = 2\n" * 200, max_tokens=8)
+    assert seen and seen[0] + 8 <= 96
