@@ -3,7 +3,10 @@
 - A new request for a document supersedes that document's older request even when the editor
   sends no `$/cancelRequest` (Neovim 0.12 sends none): the older one answers empty at once and its
   engine job is cancelled (the engine stops it within one step).
-- `$/cancelRequest` cancels the handler's asyncio task; `run` turns that into `job.cancel()`.
+- `$/cancelRequest` answers the request at once (RequestCancelled); its work, engine job included,
+  is stopped a grace moment later (`Scheduler.cancel_unless_spared`) unless a change or a newer
+  request typed along it meanwhile - VS Code cancels the previous request at every keystroke, and a
+  spared job serves the next request by typing-through as it does without a client cancel.
 - The deadline of a job is the request's arrival + budget.
 - Typing-through: when the user types characters that continue the fill last shown for a document,
   the rest of that fill is returned without an engine call.
@@ -75,6 +78,8 @@ class Ticket:
         self.job = None
         self.wasted = False
         self.steps: int | None = None  # engine steps of its job, once the job has finished
+        self.client_cancelled = False  # the client sent $/cancelRequest for it (answered already)
+        self.spared = False  # a later change or request typed along it (see Scheduler.cancel_document)
 
     def typed_along(self, text: str, cursor: int | None = None, most: int = 48) -> bool:
         """True when `text` (cursor at `cursor`, or wherever the length change puts it) differs from
@@ -148,9 +153,17 @@ class Scheduler:
 
     def cancel_document(self, uri: str, spare: Ticket | None = None) -> None:
         """Supersedes what runs for a document (a new request, didChange, didClose), except `spare`."""
+        if spare is not None:
+            spare.spared = True
         for t in (self._latest.pop(uri, None), self._inflight.get(uri)):
             if t is not None and t is not spare:
                 self.cancel(t, supersede=True)
+
+    def cancel_unless_spared(self, ticket: Ticket) -> None:
+        """The end of a client-cancelled request's grace: its work stops unless something typed
+        along it since the cancel."""
+        if not ticket.spared and not ticket.finished.is_set():
+            self.cancel(ticket, supersede=True)
 
     async def wait_for(self, ticket: Ticket, other: Ticket) -> None:
         """Waits until `other`'s handler is done or `ticket`'s deadline passes (raises Superseded)."""

@@ -37,6 +37,11 @@ log = logging.getLogger("dlm.server")
 VERSION = "0.1.0"
 STATUS = "dlm/status"
 STATS = "dlm/stats"
+# After a client's $/cancelRequest the request answers RequestCancelled at once, but its engine job
+# gets this long before the cancel reaches the engine: VS Code cancels the previous request at every
+# keystroke, and when the next request types along the job (the same rule as without a client
+# cancel) the job is spared and its fill serves that request by typing-through.
+CANCEL_GRACE_S = 0.05
 PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never reused after its end
 
 
@@ -201,7 +206,23 @@ class DlmServer(LanguageServer):
 
     async def fill_at(self, uri: str, position: types.Position):
         """Returns (text, range) of the fill at `position`, or None; never raises except
-        CancelledError (the client's $/cancelRequest)."""
+        CancelledError (the client's $/cancelRequest). A client cancel answers at once; the work
+        behind it stops CANCEL_GRACE_S later unless a newer request typed along it by then."""
+        holder: dict = {}
+        task = asyncio.ensure_future(self._fill(uri, position, holder))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            ticket = holder.get("ticket")
+            if ticket is None or task.done():
+                task.cancel()
+            else:
+                ticket.client_cancelled = True
+                ticket.spared = False
+                asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self.scheduler.cancel_unless_spared, ticket)
+            raise
+
+    async def _fill(self, uri: str, position: types.Position, holder: dict):
         arrival = time.monotonic()
         doc = self.documents.get(uri)
         if doc is None:
@@ -214,6 +235,7 @@ class DlmServer(LanguageServer):
         inflight = self.scheduler.inflight(uri)
         spare = inflight if inflight is not None and inflight.typed_along(doc.text, offset) else None
         ticket = self.scheduler.begin(uri, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
+        holder["ticket"] = ticket
         outcome = "empty"
         try:
             hit = self.typing.rest(uri, doc.text, offset)
@@ -279,6 +301,8 @@ class DlmServer(LanguageServer):
             return None
         finally:
             self.scheduler.end(ticket)
+            if ticket.client_cancelled:
+                outcome = "cancelled"  # the client got RequestCancelled, whatever became of the work
             with self.stats._lock:
                 setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 

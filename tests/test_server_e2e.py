@@ -142,6 +142,27 @@ async def test_typing_along_a_running_job_reuses_its_fill():
         assert s["engineJobs"] == 1 and s["typedAlong"] == 1 and s["wastedSteps"] == 0
 
 
+async def test_typing_along_survives_the_client_cancel_of_each_keystroke():
+    # like VS Code: every keystroke sends didChange, cancels the previous request, asks again
+    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="s += x"), "budgetMs": 5000}) as c:
+        open_doc(c, URI, SRC)
+        prev_id, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
+        await asyncio.sleep(0.05)
+        for v, ch in enumerate("s +", start=2):
+            insert(c, URI, v, LINE, COL + v - 2, ch)
+            c.cancel(prev_id)
+            prev_id, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
+            await asyncio.sleep(0.03)
+        with pytest.raises(LspError) as err:
+            await asyncio.wait_for(first, 5)
+        assert err.value.code == -32800
+        res = await asyncio.wait_for(last, 5)
+        assert res["items"][0]["insertText"] == "= x"  # the first job's fill, typed through
+        s = await stats(c)
+        assert s["engineJobs"] == 1 and s["typedAlong"] == 1 and s["wastedSteps"] == 0
+        assert s["cancelled"] == 3 and s["typedThrough"] == 1
+
+
 async def test_stale_version_is_never_returned():
     async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="STALE"), "budgetMs": 5000}) as c:
         open_doc(c, URI, SRC)
