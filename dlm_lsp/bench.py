@@ -102,11 +102,16 @@ def _ar_model(args, cfg):
     from engine.checkpoint import load_checkpoint
     from engine.model import Transformer
 
-    path = args.ar_model or (DEFAULT_AR_DIR if (DEFAULT_AR_DIR / "config.json").exists() else None)
+    # the committed twin belongs to the default model (same tokenizer); another model gets a random twin
+    default_twin = args.model is None and not args.quick and (DEFAULT_AR_DIR / "config.json").exists()
+    path = args.ar_model or (DEFAULT_AR_DIR if default_twin else None)
     if path is not None:
         model, _, acfg = load_checkpoint(path, args.device)
         if acfg.attention != "causal":
             raise SystemExit(f"bench: {path} is not a causal model (attention={acfg.attention!r})")
+        if acfg.vocab_size != cfg.vocab_size:
+            raise SystemExit(f"bench: {path} has a vocabulary of {acfg.vocab_size}, the diffusion model {cfg.vocab_size}: "
+                             "the twin must share the model's tokenizer")
         return model, True, str(path)
     model = Transformer(dataclasses.replace(cfg, attention="causal"))
     model.init_weights(0)

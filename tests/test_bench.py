@@ -3,6 +3,7 @@ writes the JSON the project's reports read. Timing values are only checked for s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import torch
@@ -36,3 +37,15 @@ def test_quick_bench_writes_sane_json(tmp_path, capsys):
     assert res["batch"]["jobs"] == 4 and res["batch"]["max_batch_seen"] >= 2
     printed = capsys.readouterr().out
     assert "cached_speedup" in printed and "random weights" in printed
+
+
+def test_a_twin_with_another_vocabulary_is_refused(tmp_path):
+    import pytest
+
+    tiny = make_tiny_checkpoint(tmp_path / "tiny")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit, match="vocabulary"):
+            main(["bench", "--quick", "--model", str(tiny), "--ar-model", str(Path(__file__).resolve().parent.parent / "models" / "default-ar"), "--context", "192"])
+    finally:
+        torch.set_num_threads(threads)
