@@ -262,11 +262,12 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     conf = confidence_from_stats(max_p, top2_p, ent, o.confidence)
     # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
     conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
+    slot_l = slot_idx.tolist()
     ends = (cfg.pad_token_id, cfg.eos_token_id)
     if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
         pick = list(range(len(conf_l)))
     else:
-        elig = eligible_slots(slot_idx.tolist(), o.block)
+        elig = eligible_slots(slot_l, o.block)
         if o.pad_left:  # padding may only be committed at the leftmost masked slot
             elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
         conf_e = [conf_l[i] for i in elig]
@@ -282,7 +283,6 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
     c.ids[c.start + chosen] = values[pick_t]
-    slot_l = slot_idx.tolist()
     for i in pick:
         c.slot_prob[slot_l[i]] = maxp_l[i]
     c.masked[chosen] = False
