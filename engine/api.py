@@ -37,6 +37,13 @@ class DecodeOptions:
     # further right is cut). The padding run at the canvas's right end then cannot grow leftwards
     # over slots the model has not decided.
     pad_left: bool = True
+    # sliding semi-AR window: only the leftmost `window` masked slots are predicted and may be
+    # committed, and a committed padding/end slot ends the fill. Cached steps then run only those slots;
+    # the masked slots right of the window are attended to through the K/V of the last full forward
+    # (Fast-dLLM DualCache keeps later blocks the same way). The final (deadline / step-budget) step
+    # lifts the window and commits every mask. 0: off. 16: on 80 held-out holes per kind the same
+    # quality as no window (8 lost some), with cheaper steps on 64-slot canvases.
+    window: int = 16
     seed: int = 0
 
 

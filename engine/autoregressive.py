@@ -2,9 +2,9 @@
 against (`dlm-lsp bench`). The twin is trained in fill-in-the-middle form, so its prompt is
 <fim_prefix> prefix <fim_suffix> suffix <fim_middle> and it writes the middle one token at a time.
 
-The cache is allocated once per decode with its final size (gpt-fast style): each step writes one
-position in place and attends to a view of the filled part, so nothing is re-concatenated per step
-outside the model's own ctx + new-token join.
+The cache is allocated once per decode with its final size (gpt-fast style): each step's attention
+writes its token's K/V in place at the next row and attends to a view of the filled part, so nothing
+is re-concatenated per step.
 """
 from __future__ import annotations
 
@@ -68,10 +68,8 @@ def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple
             break
         t1 = time.perf_counter()
         ids = torch.tensor([[tok]], device=dev)
-        h, kvs = model.hidden(ids, pos=torch.tensor([[pos]], device=dev),
-                              ctx=[(ck[:, :, :pos], cv[:, :, :pos]) for ck, cv in cache], return_kv=True)
-        for (ck, cv), (k, v) in zip(cache, kvs):
-            ck[:, :, pos : pos + 1], cv[:, :, pos : pos + 1] = k, v
+        # the cache has room: the step writes its own K/V at row pos and attends to rows :pos+1
+        h = model.hidden(ids, pos=torch.tensor([[pos]], device=dev), ctx=[(ck, cv, pos) for ck, cv in cache])
         tok = int(model.logits(h[0, -1]).argmax())
         pos += 1
         res.ms_per_token.append((time.perf_counter() - t1) * 1000)

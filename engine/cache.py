@@ -8,12 +8,17 @@ token are *frozen*: their K/V join the context and later steps no longer run the
 "delayed" caching: a slot is cached one step after its commit, when its K/V saw its own token).
 Without `freeze` every step reruns every slot (DualCache).
 
+With a sliding `window` a cached step runs only the leftmost `window` masked slots (plus committed
+slots not frozen yet); the masked slots right of it are attended to through the K/V they had at the
+last full forward, as DualCache treats the blocks after the current one.
+
 Both are approximations for a bidirectional model: cached K/V saw the canvas as it was when they
 were computed. `refresh_every` bounds how stale they get; refreshing every step is exactly the
 uncached computation.
 
 The context lives in a buffer per canvas allocated once with room for the whole sequence (gpt-fast
-style): freezing writes rows in place, nothing is re-concatenated. A batch pads its members' contexts
+style): freezing writes rows in place, and a step's attention writes its own K/V right after the
+context and attends to a view of the buffer, so nothing is re-concatenated. A batch pads its members' contexts
 into one buffer (`BatchContext`) that is kept across steps and only topped up with newly frozen rows.
 Rows of a batch are right-padded; padding is masked out of attention with `key_valid` / `ctx_valid`,
 and every row keeps its own absolute positions.
@@ -53,13 +58,17 @@ def freezable(c: "Canvas") -> torch.Tensor:
     return ok
 
 
-def run_positions(c: "Canvas") -> torch.Tensor:
-    """(R,) absolute positions a cached step runs (ascending): the active span minus the frozen slots."""
-    if c.n_frozen == 0:
+def run_positions(c: "Canvas", outside: torch.Tensor | None = None) -> torch.Tensor:
+    """(R,) absolute positions a cached step runs (ascending): the active span minus the frozen slots
+    and minus the masked slots `outside` the window."""
+    if c.n_frozen == 0 and outside is None:
         return c.active_pos
     keep = torch.ones(c.active_pos.shape[0], dtype=torch.bool, device=c.ids.device)
     shift = 1 if c.cfg.logits_shift else 0
-    keep[shift:] = ~c.frozen
+    if c.n_frozen:
+        keep[shift:] = ~c.frozen
+    if outside is not None:
+        keep[shift + outside] = False
     return c.active_pos[keep]
 
 
@@ -95,6 +104,9 @@ def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
             kb[0, :, : idx.numel()] = k[i, :, idx]
             vb[0, :, : idx.numel()] = v[i, :, idx]
         c.ctx_len = idx.numel()
+        if c.opts.window > 0:  # the slots' K/V as of now: masked slots right of later windows read them
+            s0, s1 = c.start, c.start + c.n
+            c.slot_kv = [(k[i : i + 1, :, s0:s1].clone(), v[i : i + 1, :, s0:s1].clone()) for k, v in kvs]
         c.frozen = fz.clone()
         c.n_frozen = int(fz.sum())
         c.ctx_version += 1
@@ -135,9 +147,11 @@ class BatchContext:
         self.builds = 0  # how many times the padded buffer was allocated (tests, stats)
 
     def get(self, canvases: list["Canvas"]):
-        """Returns (ctx per layer (B, H, Lc, Dh), ctx_valid (B, Lc) or None) for this batch, in order."""
+        """Returns (per layer (k, v) buffers (B, H, cap, Dh) whose first Lc rows are the batch's
+        padded context, Lc, ctx_valid (B, Lc) or None) for this batch, in order."""
         if len(canvases) != len(self._members) or any(a is not b for a, b in zip(canvases, self._members)):
-            B, cap = len(canvases), max(c.kv[0][0].shape[2] for c in canvases)
+            # room for the longest context, then the most outside slots and the most run rows after it
+            B, cap = len(canvases), max(c.kv[0][0].shape[2] for c in canvases) + 2 * max(c.n for c in canvases) + 2
             self._kv = [(torch.zeros((B,) + k.shape[1:2] + (cap,) + k.shape[3:], dtype=k.dtype, device=k.device),
                          torch.zeros((B,) + v.shape[1:2] + (cap,) + v.shape[3:], dtype=v.dtype, device=v.device))
                         for k, v in canvases[0].kv]
@@ -156,27 +170,50 @@ class BatchContext:
                 self._valid[i, a:b] = True
                 self._copied[i] = b
         Lc = max(self._copied)
-        ctx = [(k[:, :, :Lc], v[:, :, :Lc]) for k, v in self._kv]
-        return ctx, (None if min(self._copied) == Lc else self._valid[:, :Lc])
+        return self._kv, Lc, (None if min(self._copied) == Lc else self._valid[:, :Lc])
 
     def clear(self) -> None:
         self._members, self._versions, self._copied, self._kv, self._valid = [], [], [], [], None
 
 
+def _put_outside(bufs, Lc: int, canvases, outs, ctx_valid):
+    """Writes each canvas's masked slots right of its window (their K/V at the last full forward)
+    into rows Lc.. of the batch's buffers (row i of the batch = canvas i). Returns the new context
+    length and its (B, Lc + E) validity."""
+    B, E = len(canvases), max(0 if o is None else o.numel() for o in outs)
+    dev = canvases[0].ids.device
+    ev = torch.zeros(B, E, dtype=torch.bool, device=dev)
+    for i, (c, o) in enumerate(zip(canvases, outs)):
+        if o is None:
+            continue
+        ev[i, : o.numel()] = True
+        for (kb, vb), (sk, sv) in zip(bufs, c.slot_kv):
+            kb[i, :, Lc : Lc + o.numel()] = sk[0, :, o]
+            vb[i, :, Lc : Lc + o.numel()] = sv[0, :, o]
+    cv = ctx_valid if ctx_valid is not None else torch.ones(B, Lc, dtype=torch.bool, device=dev)
+    return Lc + E, torch.cat([cv, ev], 1)
+
+
 def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | None = None) -> list[Rows]:
     """A cheap step: only each canvas's unfrozen active positions run, attending to its cached
     context. Returns per canvas those positions' hidden states and the positions."""
-    runs = [run_positions(c) for c in canvases]
+    outs = [c.window_outside() for c in canvases]
+    runs = [run_positions(c, o) for c, o in zip(canvases, outs)]
     want_kv = any(_may_freeze(c) for c in canvases)
     if len(canvases) == 1:
-        c, rp = canvases[0], runs[0]
-        ctx = [(k[:, :, : c.ctx_len], v[:, :, : c.ctx_len]) for k, v in c.kv]
+        c, rp, o = canvases[0], runs[0], outs[0]
+        Lc = c.ctx_len
+        if o is not None:  # the outside slots' K/V go right after the context; the run rows after them
+            Lc, _ = _put_outside(c.kv, Lc, [c], [o], None)
+        ctx = [(k, v, Lc) for k, v in c.kv]  # the buffer holds the whole sequence: room for every row
         out = model.hidden(c.ids[rp][None], pos=rp[None], ctx=ctx, return_kv=want_kv)  # (1, R, D)
     else:
         ids, valid = pad_stack([c.ids[rp] for c, rp in zip(canvases, runs)], canvases[0].cfg.pad_token_id)
         pos, _ = pad_stack(runs, 0)
-        ctx, ctx_valid = (batch_ctx or BatchContext()).get(canvases)
-        out = model.hidden(ids, pos=pos, key_valid=None if bool(valid.all()) else valid, ctx=ctx,
+        bufs, Lc, ctx_valid = (batch_ctx or BatchContext()).get(canvases)
+        if any(o is not None for o in outs):
+            Lc, ctx_valid = _put_outside(bufs, Lc, canvases, outs, ctx_valid)
+        out = model.hidden(ids, pos=pos, key_valid=None if bool(valid.all()) else valid, ctx=[(k, v, Lc) for k, v in bufs],
                            ctx_valid=ctx_valid, return_kv=want_kv)
     h, kvs = out if want_kv else (out, None)
     res = []

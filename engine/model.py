@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from engine.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (B, H, L, Dh) each, RoPE already applied to K
+# A context may also be given as (k_buf, v_buf, n): buffers whose first n rows are the context, with
+# room after them. The call writes its own K/V at rows n.. and attends to the buffer's first n + L rows:
+# no concatenation (which copies the whole context, every layer, every step).
 
 
 class RMSNorm(nn.Module):
@@ -69,7 +72,12 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_kv = (k, v)
-        if ctx is not None:
+        if ctx is not None and len(ctx) == 3:  # in place: write after the context's n rows
+            kb, vb, n = ctx
+            kb[:, :, n : n + L] = k
+            vb[:, :, n : n + L] = v
+            k, v = kb[:, :, : n + L], vb[:, :, : n + L]
+        elif ctx is not None:
             k = torch.cat([ctx[0], k], dim=2)
             v = torch.cat([ctx[1], v], dim=2)
         # with cached context the causal mask is built explicitly (SDPA's is_causal aligns top-left)
@@ -157,13 +165,13 @@ class Transformer(nn.Module):
         ids: torch.Tensor,  # (B, L)
         pos: torch.Tensor | None = None,  # (B, L) absolute positions; default 0..L-1 (+ctx length)
         key_valid: torch.Tensor | None = None,  # (B, L) False at batch padding
-        ctx: list[KV] | None = None,  # per layer (B, H, Lc, Dh): cached context keys/values
+        ctx: list | None = None,  # per layer (k, v) (B, H, Lc, Dh), or (k_buf, v_buf, Lc) with room after Lc
         ctx_valid: torch.Tensor | None = None,  # (B, Lc)
         return_kv: bool = False,
     ):
         """Returns pre-norm hidden states (B, L, D), plus this call's per-layer K/V if return_kv."""
         B, L = ids.shape
-        Lc = 0 if ctx is None else ctx[0][0].shape[2]
+        Lc = 0 if ctx is None else (ctx[0][2] if len(ctx[0]) == 3 else ctx[0][0].shape[2])
         if pos is None:
             pos = torch.arange(Lc, Lc + L, device=ids.device).expand(B, L)
         if int(pos.max()) >= self.cfg.max_seq_len:

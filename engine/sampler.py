@@ -103,8 +103,8 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError(f"confidence must be one of {CONFIDENCES}, got {o.confidence!r}")
     if o.steps is not None and o.steps < 1:
         raise ValueError(f"steps must be None or >= 1, got {o.steps}")
-    if o.temperature < 0 or o.refresh_every < 0 or o.block < 0:
-        raise ValueError("temperature, refresh_every and block must be >= 0")
+    if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
+        raise ValueError("temperature, refresh_every, block and window must be >= 0")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -139,6 +139,8 @@ class Canvas:
     slot_prob: list[float] = field(default_factory=list)  # per slot: its token's probability when committed
     full_ms: float = 0.0  # last full-forward step, the estimate for the next one (0: unknown)
     cached_ms: float = 0.0  # last cached step
+    final_step: bool = False  # this step commits every mask (deadline): set before its forward
+    slot_kv: list | None = None  # with a window: per layer (k, v) (1, H, n, Dh) of the slots at the last full forward
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
@@ -206,6 +208,20 @@ class Canvas:
             logs.append(math.log(max(p, 1e-12)))
         return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
+    def window_now(self, final: bool = False) -> int:
+        """Slots this step predicts from the left (0: every masked slot): the window, unless the
+        step is the last one and must commit everything."""
+        w = self.opts.window
+        if w <= 0 or final or self.last_step_due() or self.n_masked <= w:
+            return 0
+        return w
+
+    def window_outside(self) -> torch.Tensor | None:
+        """(E,) masked slots right of this step's window (their K/V come from the last full
+        forward instead of being run), or None when the step predicts every masked slot."""
+        w = self.window_now(self.final_step)
+        return torch.nonzero(self.masked).flatten()[w:] if w else None
+
     def needs_full(self) -> bool:
         """True when this step must run the whole sequence (no cache yet, or a refresh is due)."""
         o = self.opts
@@ -245,7 +261,13 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     (all when `final`). Returns how many slots were committed; sets c.done when nothing is left."""
     cfg, o = c.cfg, c.opts
     h_rows, pos = rows  # (R, D), (R,) ascending positions
+    if final and not c.final_step and c.window_now():
+        raise RuntimeError("a final step must be announced (Canvas.final_step) before its forward")
+    w = c.window_now(final)
     slot_idx = torch.nonzero(c.masked).flatten()  # (M,)
+    outside = slot_idx[w:] if w else None  # masked slots this step does not predict
+    if w:
+        slot_idx = slot_idx[:w]
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
     want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
     h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
@@ -277,9 +299,16 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             sub = select_threshold(conf_e, o.threshold)
         pick = [elig[i] for i in sub]
     values = pred.clone()
-    if o.block > 0 or o.pad_left:
+    n_tail = 0  # masked slots right of the window committed as padding
+    if o.block > 0 or o.pad_left or o.window > 0:
         pick, values = _end_at_padding(pick, pred_l, values, ends, cfg.pad_token_id,
                                        cfg.eos_token_id if o.pad_left else None)
+        if outside is not None and any(int(pred_l[i]) in ends for i in pick):
+            # the fill ended inside the window: every slot right of it is padding too
+            c.ids[c.start + outside] = cfg.pad_token_id
+            c.masked[outside] = False
+            n_tail = outside.numel()
+            c.n_masked -= n_tail
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
     c.ids[c.start + chosen] = values[pick_t]
@@ -288,7 +317,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     c.masked[chosen] = False
     c.n_masked -= len(pick)
     c.steps += 1
-    c.tokens_per_step.append(len(pick))
+    c.tokens_per_step.append(len(pick) + n_tail)
     c.done = c.n_masked == 0
     return len(pick)
 
@@ -306,6 +335,8 @@ def record_step(c: Canvas, was_full: bool, ms: float) -> None:
 def step(model, canvases: list[Canvas], final: list[bool] | None = None, batch_ctx: BatchContext | None = None) -> None:
     """One denoising step for a batch of canvases: forward, then each commits its own slots."""
     final = final or [False] * len(canvases)
+    for c, f in zip(canvases, final):
+        c.final_step = f
     t0 = time.perf_counter()
     was_full = [c.needs_full() for c in canvases]
     hs = forward(model, canvases, batch_ctx)
@@ -380,6 +411,8 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             is_pad = tok in (cfg.pad_token_id, cfg.eos_token_id)
             cand.append((j, tok, conf, is_pad and mp >= opts.pad_stop))
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
+        if opts.window > 0 and not budget_out:  # only the leftmost `window` masked slots are predicted
+            cand = cand[: opts.window]
         if budget_out or all(x[3] for x in cand):
             chosen = cand
         else:
@@ -397,7 +430,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 chosen = ranked[: plan.pop(0) if plan else 1]
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
-        if opts.block > 0 or opts.pad_left:  # a committed padding/end slot ends the fill
+        if opts.block > 0 or opts.pad_left or opts.window > 0:  # a committed padding/end slot ends the fill
             ends_at = [x[0] for x in chosen if x[1] in (cfg.pad_token_id, cfg.eos_token_id)]
             if ends_at:
                 cut = min(ends_at)

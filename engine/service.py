@@ -221,6 +221,7 @@ class EngineService:
         for a in live:
             final = sampler.deadline_due(a.canvas, a.job.deadline, now)
             a.canvas.deadline_hit |= final
+            a.canvas.final_step = final  # a final step predicts every mask: its forward must run them all
             finals.append(final)
         t0 = time.perf_counter()
         was_full = [a.canvas.needs_full() for a in live]

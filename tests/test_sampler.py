@@ -111,7 +111,7 @@ def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n, block, pad
     for seed, pad_stop in ((n, 0.9), (n + 100, 0.3)):
         prefix, suffix = _io(seed)
         o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1,
-                          block=block, pad_left=pad_left)
+                          block=block, pad_left=pad_left, window=0)
         want = reference_fill(model, prefix, suffix, n, o)
         got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
@@ -124,8 +124,8 @@ def test_oracle_cases_exercise_padding_and_parallel_commits(models):
     dropped = early = parallel = 0
     for shift, n, seed in itertools.product((False, True), (3, 7), (3, 7, 103, 107)):
         prefix, suffix = _io(seed)
-        for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False, pad_left=False),
-                  DecodeOptions(threshold=0.5, cache=False, pad_left=False)):
+        for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False, pad_left=False, window=0),
+                  DecodeOptions(threshold=0.5, cache=False, pad_left=False, window=0)):
             r = fill(models[shift], Canvas.build(prefix, suffix, n, models[shift].cfg, o))
             dropped += len(r.ids) < n
             parallel += max(r.tokens_per_step) > 1
@@ -231,7 +231,7 @@ def test_refresh_every_k_steps(models, every):
     m = Counting(models[False])
     prefix, suffix = _io(15, n_prefix=25)
     c = Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0,
-                                                            pad_left=False))
+                                                            pad_left=False, window=0))
     r = fill(m, c)
     full = [i for i, call in enumerate(m.calls) if call[1] == c.ids.shape[0]]
     assert r.steps == 7 and full == list(range(0, 7, every))
@@ -309,13 +309,13 @@ def test_surplus_slots_stop_early_as_padding():
 def test_unsure_padding_does_not_stop_early():
     m = _mock(3, real_logit=8.0, pad_logit=2.0, start=4)  # padding p=0.13 < pad_stop
     r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False,
-                                                                       pad_left=False)))
+                                                                       pad_left=False, window=0)))
     assert r.ids == [10, 11, 12] and r.steps == 10
 
 
 def test_threshold_commits_every_confident_slot_at_once():
     m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4)
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(pad_left=False)))
+    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(pad_left=False, window=0)))
     assert r.ids == [10, 11, 12] and r.tokens_per_step == [10]
     # padding from the left (the default): the text first, then padding at slot 3 ends the fill
     r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions()))
@@ -396,7 +396,7 @@ def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
     # mock: 3 real tokens, then padding, padding more confident than text (the cascade's cause)
     model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
     prefix, suffix = [5, 6, 7], [8]
-    plain = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False)))
+    plain = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False, window=0)))
     semi = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, block=2)))
     assert semi.ids == reference_fill(model, prefix, suffix, 8, DecodeOptions(threshold=0.99, cache=False, block=2))
     assert len(semi.ids) == 3  # text in slots 0-2, then padding ends the fill
@@ -444,3 +444,104 @@ def test_fill_confidence_is_the_geometric_mean_of_the_committed_text_probabiliti
     assert sure.ids == [10, 11, 12] and sure.confidence == pytest.approx(p_sure, rel=1e-5)
     assert unsure.ids == [10, 11, 12] and unsure.confidence == pytest.approx(p_unsure, rel=1e-5)
     assert Canvas.build([5, 6, 7, 8], [], 4, _mock(0, 8.0, 7.0, 4).cfg, DecodeOptions()).fill_confidence() == 1.0
+
+
+# ---------------------------------------------------------------- sliding window
+
+
+WINDOW_CASES = [
+    pytest.param(sel, cache, shift, block, pad_left,
+                 id=f"{sel}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-b{block}"
+                    + ("-padleft" if pad_left else ""))
+    for sel, cache, shift, block, pad_left in itertools.product(
+        ("threshold", "topk"), (False, True), (False, True), (0, 2), (False, True))
+]
+
+
+@pytest.mark.parametrize("sel,cache,shift,block,pad_left", WINDOW_CASES)
+def test_windowed_fast_loop_matches_oracle(models, sel, cache, shift, block, pad_left):
+    model = models[shift]
+    for seed, pad_stop, n in ((7, 0.9, 7), (107, 0.3, 7), (9, 0.9, 9)):
+        prefix, suffix = _io(seed)
+        o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, block=block,
+                          pad_left=pad_left, window=3)
+        want = reference_fill(model, prefix, suffix, n, o)
+        got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
+        assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
+        assert sum(got.tokens_per_step) == n
+
+
+def test_window_limits_what_a_step_predicts_and_commits():
+    """3 real tokens then padding, padding the most confident: with a window of 2 the first step may
+    only commit slots 0-1, and the padding at slot 3 ends the fill with every slot right of it."""
+    model = _mock(n_real=3, real_logit=9.0, pad_logit=9.0, start=3)
+    prefix, suffix = [5, 6, 7], [8]
+    o = DecodeOptions(threshold=0.9, cache=False, pad_left=False, window=2)
+    r = fill(model, Canvas.build(prefix, suffix, 10, model.cfg, o))
+    assert r.ids == [10, 11, 12] == reference_fill(model, prefix, suffix, 10, o)
+    assert r.tokens_per_step == [2, 8]  # slots 0-1; then slot 2, padding at 3 and the 6 slots after it
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_windowed_cached_steps_run_only_the_window(models, shift):
+    m = Counting(models[shift])
+    prefix, suffix = _io(16, n_prefix=30, n_suffix=10)
+    n, w = 9, 3
+    c = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0, pad_left=False,
+                                                            window=w))
+    r = fill(m, c)
+    assert not bool(c.masked.any()) and sum(r.tokens_per_step) == n and r.steps == n
+    # one slot per step: the window's masked slots and the slot committed last step; shifted, also the
+    # committed slots whose right neighbour is still masked (they predict it), never the whole canvas
+    sizes = [call[1] for call in m.calls[1:]]
+    assert m.calls[0][1] == c.ids.shape[0] and max(sizes) <= (w + 1 if not shift else n - 1)
+    assert sizes[0] == w + 1 + shift  # the window, the slot committed by the full step (and the one before them)
+    # the same fill with the window but no cache (the window decides what is committed, not the cache)
+    exact = fill(models[shift], Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(
+        selection="topk", steps=n, pad_stop=2.0, pad_left=False, window=w, cache=False)))
+    assert len(r.ids) == len(exact.ids)
+
+
+def test_windowed_deadline_step_commits_every_mask():
+    m = Counting(peaked_model(pad=0))  # padding it never predicts: no fill ends early here
+    prefix, suffix = _io(17, n_prefix=30)
+    c = Canvas.build(prefix, suffix, 12, m.cfg, DecodeOptions(selection="topk", steps=12, pad_stop=2.0, pad_left=False,
+                                                             window=2))
+    sampler.step(m, [c])
+    sampler.step(m, [c])
+    assert m.calls[-1][1] <= 3  # windowed cached step
+    sampler.step(m, [c], final=[True])
+    assert m.calls[-1][1] >= 10 and not bool(c.masked.any())  # the final step ran and committed every mask
+    c2 = Canvas.build(prefix, suffix, 12, m.cfg, DecodeOptions(pad_left=False, window=2))
+    sampler.step(m, [c2])
+    with torch.inference_mode():
+        h = sampler.forward(m, [c2])[0]  # a windowed forward, then asked to commit everything: refused
+    with pytest.raises(RuntimeError, match="announced"), torch.inference_mode():
+        sampler.commit(m, c2, h, final=True)
+
+
+def test_batched_windowed_steps_equal_single_steps(models):
+    """Canvases with windows of outside slots of different lengths in one batch (the padded extra
+    context) give the same fills as each alone."""
+    m = models[False]
+    jobs = [(_io(50 + i, n_prefix=10 + 7 * i, n_suffix=3 * i), n) for i, n in enumerate((5, 9, 12))]
+    for o in (DecodeOptions(threshold=0.5, window=3), DecodeOptions(selection="topk", freeze=False, window=2),
+              DecodeOptions(selection="topk", window=4, pad_stop=2.0, pad_left=False)):
+        alone = [fill(m, Canvas.build(p, s, n, m.cfg, o)).ids for (p, s), n in jobs]
+        canvases = [Canvas.build(p, s, n, m.cfg, o) for (p, s), n in jobs]
+        ctx = BatchContext()
+        while any(not c.done for c in canvases):
+            sampler.step(m, [c for c in canvases if not c.done], batch_ctx=ctx)
+        assert [c.fill_ids() for c in canvases] == alone
+
+
+def test_window_cases_differ_from_unwindowed_ones(models):
+    """Guards the windowed oracle test: on its inputs the window changes some fills."""
+    diff = 0
+    for sel, shift, (seed, pad_stop, n) in itertools.product(("threshold", "topk"), (False, True),
+                                                              ((7, 0.9, 7), (107, 0.3, 7), (9, 0.9, 9))):
+        prefix, suffix = _io(seed)
+        o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=False, window=3)
+        diff += reference_fill(models[shift], prefix, suffix, n, o) != reference_fill(models[shift], prefix, suffix, n,
+                                                                                      _with(o, window=0))
+    assert diff >= 2
