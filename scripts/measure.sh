@@ -12,6 +12,7 @@ run $B bench --threads 2 --json $M/bench.json
 run $B bench --threads 1 --json $M/bench_1thread.json
 run $B replay examples/tide_log.py --cps 10 --json $M/replay.json --png $M/replay_latency.png
 run $B replay examples/tide_log.py --cps 10 --cancel --json $M/replay_cancel.json
-run $B eval --threads 2 --json $M/eval.json --md $M/eval.md
-run $B eval --threads 2 --per-kind 100 --decode '{"pad_left": false}' --json $M/eval_no_pad_left.json --md $M/eval_no_pad_left.md
+run $B eval --threads 2 --ar-model models/default-ar --json $M/eval.json --md $M/eval.md
+run $B eval --threads 2 --per-kind 100 --decode '{"window": 0}' --json $M/eval_no_window.json --md $M/eval_no_window.md
+run $B eval --threads 2 --per-kind 100 --decode '{"threshold": 0.5}' --json $M/eval_threshold05.json --md $M/eval_threshold05.md
 run $B demo > $M/demo.txt

@@ -125,16 +125,26 @@ async def test_same_cursor_twice_shares_one_job():
         assert (await stats(c))["engineJobs"] == 1
 
 
+async def _type_along(c, cancel: bool):
+    """Asks at the cursor, then types "s +" while the 300 ms job runs, asking after each keystroke
+    (and with `cancel`, cancelling the previous request first, like VS Code). Returns the first and
+    the last request's futures."""
+    open_doc(c, URI, SRC)
+    prev_id, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
+    await asyncio.sleep(0.05)
+    for v, ch in enumerate("s +", start=2):
+        insert(c, URI, v, LINE, COL + v - 2, ch)
+        if cancel:
+            c.cancel(prev_id)
+        prev_id, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
+        await asyncio.sleep(0.03)
+    return first, last
+
+
 async def test_typing_along_a_running_job_reuses_its_fill():
     # a 300 ms job; the user types "s +" meanwhile: no new job, the rest of the fill is served
     async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="s += x"), "budgetMs": 5000}) as c:
-        open_doc(c, URI, SRC)
-        _, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
-        await asyncio.sleep(0.05)
-        for v, ch in enumerate("s +", start=2):
-            insert(c, URI, v, LINE, COL + v - 2, ch)
-            _, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
-            await asyncio.sleep(0.03)
+        first, last = await _type_along(c, cancel=False)
         assert (await asyncio.wait_for(first, 5))["items"] == []  # its version is gone
         res = await asyncio.wait_for(last, 5)
         assert res["items"][0]["insertText"] == "= x"
@@ -145,14 +155,7 @@ async def test_typing_along_a_running_job_reuses_its_fill():
 async def test_typing_along_survives_the_client_cancel_of_each_keystroke():
     # like VS Code: every keystroke sends didChange, cancels the previous request, asks again
     async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="s += x"), "budgetMs": 5000}) as c:
-        open_doc(c, URI, SRC)
-        prev_id, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
-        await asyncio.sleep(0.05)
-        for v, ch in enumerate("s +", start=2):
-            insert(c, URI, v, LINE, COL + v - 2, ch)
-            c.cancel(prev_id)
-            prev_id, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
-            await asyncio.sleep(0.03)
+        first, last = await _type_along(c, cancel=True)
         with pytest.raises(LspError) as err:
             await asyncio.wait_for(first, 5)
         assert err.value.code == -32800
