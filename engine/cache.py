@@ -176,20 +176,25 @@ class BatchContext:
         self._members, self._versions, self._copied, self._kv, self._valid = [], [], [], [], None
 
 
+def _write_outside(bufs, row: int, Lc: int, c: "Canvas", outside: torch.Tensor) -> None:
+    """Writes a canvas's masked slots right of its window (their K/V at the last full forward) into
+    rows Lc.. of batch row `row` of the buffers."""
+    E = outside.numel()
+    for (kb, vb), (sk, sv) in zip(bufs, c.slot_kv):
+        kb[row, :, Lc : Lc + E] = sk[0, :, outside]
+        vb[row, :, Lc : Lc + E] = sv[0, :, outside]
+
+
 def _put_outside(bufs, Lc: int, canvases, outs, ctx_valid):
-    """Writes each canvas's masked slots right of its window (their K/V at the last full forward)
-    into rows Lc.. of the batch's buffers (row i of the batch = canvas i). Returns the new context
-    length and its (B, Lc + E) validity."""
+    """Batch version: each canvas's outside slots go into its row of the buffers after the padded
+    context. Returns the new context length and its (B, Lc + E) validity."""
     B, E = len(canvases), max(0 if o is None else o.numel() for o in outs)
     dev = canvases[0].ids.device
     ev = torch.zeros(B, E, dtype=torch.bool, device=dev)
     for i, (c, o) in enumerate(zip(canvases, outs)):
-        if o is None:
-            continue
-        ev[i, : o.numel()] = True
-        for (kb, vb), (sk, sv) in zip(bufs, c.slot_kv):
-            kb[i, :, Lc : Lc + o.numel()] = sk[0, :, o]
-            vb[i, :, Lc : Lc + o.numel()] = sv[0, :, o]
+        if o is not None:
+            ev[i, : o.numel()] = True
+            _write_outside(bufs, i, Lc, c, o)
     cv = ctx_valid if ctx_valid is not None else torch.ones(B, Lc, dtype=torch.bool, device=dev)
     return Lc + E, torch.cat([cv, ev], 1)
 
@@ -204,7 +209,8 @@ def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | No
         c, rp, o = canvases[0], runs[0], outs[0]
         Lc = c.ctx_len
         if o is not None:  # the outside slots' K/V go right after the context; the run rows after them
-            Lc, _ = _put_outside(c.kv, Lc, [c], [o], None)
+            _write_outside(c.kv, 0, Lc, c, o)
+            Lc += o.numel()
         ctx = [(k, v, Lc) for k, v in c.kv]  # the buffer holds the whole sequence: room for every row
         out = model.hidden(c.ids[rp][None], pos=rp[None], ctx=ctx, return_kv=want_kv)  # (1, R, D)
     else:

@@ -140,6 +140,7 @@ class Canvas:
     full_ms: float = 0.0  # last full-forward step, the estimate for the next one (0: unknown)
     cached_ms: float = 0.0  # last cached step
     final_step: bool = False  # this step commits every mask (deadline): set before its forward
+    _masked_at: tuple = (-1, None)  # (steps, masked slot indices): computed once per step
     slot_kv: list | None = None  # with a window: per layer (k, v) (1, H, n, Dh) of the slots at the last full forward
 
     @classmethod
@@ -208,6 +209,13 @@ class Canvas:
             logs.append(math.log(max(p, 1e-12)))
         return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
+    def masked_slots(self) -> torch.Tensor:
+        """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
+        forward (which slots to run) and the commit."""
+        if self._masked_at[0] != self.steps:
+            self._masked_at = (self.steps, torch.nonzero(self.masked).flatten())
+        return self._masked_at[1]
+
     def window_now(self, final: bool = False) -> int:
         """Slots this step predicts from the left (0: every masked slot): the window, unless the
         step is the last one and must commit everything."""
@@ -220,7 +228,7 @@ class Canvas:
         """(E,) masked slots right of this step's window (their K/V come from the last full
         forward instead of being run), or None when the step predicts every masked slot."""
         w = self.window_now(self.final_step)
-        return torch.nonzero(self.masked).flatten()[w:] if w else None
+        return self.masked_slots()[w:] if w else None
 
     def needs_full(self) -> bool:
         """True when this step must run the whole sequence (no cache yet, or a refresh is due)."""
@@ -264,7 +272,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     if final and not c.final_step and c.window_now():
         raise RuntimeError("a final step must be announced (Canvas.final_step) before its forward")
     w = c.window_now(final)
-    slot_idx = torch.nonzero(c.masked).flatten()  # (M,)
+    slot_idx = c.masked_slots()  # (M,)
     outside = slot_idx[w:] if w else None  # masked slots this step does not predict
     if w:
         slot_idx = slot_idx[:w]
