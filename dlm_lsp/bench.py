@@ -221,6 +221,9 @@ def run_bench(args: argparse.Namespace) -> int:
     for k in ("threshold", "selection", "steps"):
         if getattr(args, k) is not None:
             opts = dataclasses.replace(opts, **{k: getattr(args, k)})
+    if '"heal"' not in (args.decode or ""):
+        # canvases of exactly n slots, like the AR twin's n tokens (healing would add one to some)
+        opts = dataclasses.replace(opts, heal=False)
 
     svc = EngineService(model_path, device=args.device, threads=args.threads, max_batch=max(8, args.batch))
     try:
@@ -240,7 +243,8 @@ def run_bench(args: argparse.Namespace) -> int:
           + (f" (cut to {effective}: the model was trained on windows of {effective})" if effective < args.context else "")
           + f"; {args.reps} reps per hole")
     print(f"decoding: selection={opts.selection} threshold={opts.threshold} confidence={opts.confidence} "
-          f"pad_stop={opts.pad_stop} steps={opts.steps} refresh_every={opts.refresh_every}")
+          f"pad_stop={opts.pad_stop} steps={opts.steps} refresh_every={opts.refresh_every} window={opts.window} "
+          f"heal={opts.heal}")
 
     # warm up every path once (allocator, oneDNN primitives, lazy imports)
     _diffusion(svc, holes[:1], sizes[0], opts, args.context, 1)

@@ -206,12 +206,13 @@ class DiffusionFiller(Filler):
 class AutoregressiveFiller(Filler):
     """The AR twin on the same requests: greedy FIM decoding with a KV cache, one token per step."""
 
-    def __init__(self, model: str, device: str = "cpu", threads: int | None = None):
+    def __init__(self, model: str, device: str = "cpu", threads: int | None = None, heal: bool = True):
         import torch
 
         from engine.checkpoint import load_checkpoint
 
         super().__init__()
+        self.heal = heal  # token healing, as the diffusion engine does it (DecodeOptions.heal)
         if threads:
             torch.set_num_threads(threads)
         self.model, self.tok, self.cfg = load_checkpoint(model, device=device)
@@ -220,8 +221,11 @@ class AutoregressiveFiller(Filler):
                              "(train it with --objective ar)")
 
     def decode(self, hole, req):
-        ids = fim_greedy(self.model, self.tok, req.prefix, req.suffix, req.mask_slots)
-        return self.tok.decode(ids), len(ids) + 1, len(ids)  # one forward per token + the prompt's
+        ids, healed = fim_greedy(self.model, self.tok, req.prefix, req.suffix, req.mask_slots, heal=self.heal)
+        text = self.tok.decode(ids)
+        if healed:  # the first token re-typed the prefix's tail (it starts with it)
+            text = text[len(healed) :]
+        return text, len(ids) + 1, len(ids)  # one forward per token + the prompt's
 
 
 class OracleFiller(Filler):
@@ -231,10 +235,13 @@ class OracleFiller(Filler):
         return hole.middle, 0, 0
 
 
-def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_tokens: int = 512) -> list[int]:
-    """Returns the middle's token ids from greedy PSM decoding with a KV cache
+def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_tokens: int = 512,
+               heal: bool = False) -> tuple[list[int], str]:
+    """Returns (the middle's token ids, healed text) from greedy PSM decoding with a KV cache
     (engine.autoregressive), stopping at end-of-text or padding. The context is cut like the
-    diffusion canvas (engine.sampler.Canvas.build): the suffix keeps at most a third of the room."""
+    diffusion canvas (engine.sampler.Canvas.build): the suffix keeps at most a third of the room.
+    With `heal`, the prefix's tail is re-typed as the diffusion engine does it (TextTokenizer.heal):
+    the ids then start with a token that starts with the healed text."""
     from engine.autoregressive import fim_prompt, greedy_decode
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
@@ -244,11 +251,16 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
     # never past the twin's training window (the diffusion canvas is cut to its own the same way)
     context_tokens = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
     p_ids, s_ids = tok.encode_batch([prefix, suffix])
+    k, cands, healed = tok.heal(p_ids) if heal else (0, [], "")
+    if k:
+        p_ids, max_tokens = p_ids[:-k], max_tokens + 1
     room = max(0, context_tokens - max_tokens - 3)
     s_keep = min(len(s_ids), room // 3)
     p_keep = min(len(p_ids), room - s_keep)
     prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
-    return greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id)).ids
+    ids = greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id),
+                        first_allowed=cands or None).ids
+    return ids, healed
 
 
 # ----------------------------------------------------------------------------- running
@@ -430,7 +442,7 @@ def run_eval(args: argparse.Namespace) -> int:
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
         ar = None
         if args.ar_model:
-            ar = AutoregressiveFiller(args.ar_model, device=args.device, threads=args.threads)
+            ar = AutoregressiveFiller(args.ar_model, device=args.device, threads=args.threads, heal=decode.heal)
             results["autoregressive"] = evaluate(ar, holes, "autoregressive", samples_out)
         if args.oracle:
             results["oracle"] = evaluate(OracleFiller(), holes, "oracle", samples_out)

@@ -44,6 +44,10 @@ class DecodeOptions:
     # lifts the window and commits every mask. 0: off. 16: on 80 held-out holes per kind the same
     # quality as no window (8 lost some), with cheaper steps on 64-slot canvases.
     window: int = 16
+    # token healing: the prefix's last tokens (the partial word at the cursor, a trailing space) are
+    # removed and slot 0 re-types them, restricted to tokens whose text starts with them
+    # (engine.tokenizer.TextTokenizer.heal); the fill's text leaves the re-typed part out.
+    heal: bool = True
     seed: int = 0
 
 

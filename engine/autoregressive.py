@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.model import Transformer
+from engine.sampler import heal_logits
 from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
 
@@ -37,9 +38,10 @@ def fim_prompt(prefix: list[int], suffix: list[int], tok) -> list[int]:
 
 
 @torch.inference_mode()
-def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple[int, ...] = ()) -> ARResult:
+def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
+                  first_allowed: list[int] | None = None) -> ARResult:
     """Returns up to n greedy tokens after `prompt`, decoded one per step with a KV cache; stops early
-    at a token in stop_ids."""
+    at a token in stop_ids. `first_allowed`: the ids the first token may take (token healing)."""
     if not model.causal:
         raise ValueError("greedy_decode needs a causal model (attention='causal')")
     if not prompt or n < 1:
@@ -57,7 +59,10 @@ def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple
     cache = [(torch.empty(shape, dtype=dtype, device=dev), torch.empty(shape, dtype=dtype, device=dev)) for _ in kvs]
     for (ck, cv), (k, v) in zip(cache, kvs):
         ck[:, :, :Lp], cv[:, :, :Lp] = k, v
-    tok = int(model.logits(h[0, -1]).argmax())
+    first = model.logits(h[0, -1])
+    if first_allowed:
+        first = heal_logits(first, torch.tensor(first_allowed, device=dev))
+    tok = int(first.argmax())
     res = ARResult([], (time.perf_counter() - t0) * 1000)
     pos = Lp
     while True:

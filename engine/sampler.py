@@ -84,6 +84,13 @@ def _end_at_padding(pick: list[int], pred_l: list[float], values: torch.Tensor, 
     return sorted(set(pick) | set(tail)), values
 
 
+def heal_logits(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """A (V,) logit row with every id outside `allowed` set to -inf (token healing)."""
+    out = torch.full_like(row, float("-inf"))
+    out[allowed] = row[allowed]
+    return out
+
+
 def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
     """Fill tokens without padding, cut at the first end-of-text."""
     out = []
@@ -142,11 +149,15 @@ class Canvas:
     final_step: bool = False  # this step commits every mask (deadline): set before its forward
     _masked_at: tuple = (-1, None)  # (steps, masked slot indices): computed once per step
     slot_kv: list | None = None  # with a window: per layer (k, v) (1, H, n, Dh) of the slots at the last full forward
+    # token healing: slot 0 may only take these ids (the prefix's healed tail, TextTokenizer.heal)
+    heal: torch.Tensor | None = None
+    heal_open: bool = False  # slot 0 is healed and still masked
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
-              context_tokens: int = 512, device="cpu") -> "Canvas":
-        """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots."""
+              context_tokens: int = 512, device="cpu", heal: list[int] | None = None) -> "Canvas":
+        """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots. `heal`:
+        the ids slot 0 may take (token healing; the caller removed the healed tail from prefix)."""
         check_options(opts)
         if n < 1:
             raise ValueError("a fill needs at least one mask slot")
@@ -170,6 +181,11 @@ class Canvas:
         c = cls(ids=ids, start=start, n=n, masked=torch.ones(n, dtype=torch.bool, device=device), opts=opts,
                 cfg=cfg, active_pos=torch.arange(a0, start + n, device=device),
                 frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n, slot_prob=[0.0] * n)
+        if heal:
+            if any(not 0 <= i < cfg.vocab_size or i in (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)
+                   for i in heal):
+                raise ValueError("heal ids must be ordinary tokens of the vocabulary")
+            c.heal, c.heal_open = torch.tensor(sorted(set(heal)), dtype=torch.long, device=device), True
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         if opts.temperature > 0:
@@ -282,6 +298,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     if o.temperature > 0:
         logits = model.logits(h).float() / o.temperature  # (M, V)
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
+        if c.heal_open:  # slot 0 (the first row) only among the healing candidates
+            logits[0] = heal_logits(logits[0], c.heal)
         probs = logits.softmax(-1)
         pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
         top2 = probs.topk(2, dim=-1).values
@@ -289,6 +307,13 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
     else:
         max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
+        if c.heal_open:  # slot 0 (the first row): the distribution renormalized over the candidates
+            logp = heal_logits(model.logits(h[:1]).float()[0], c.heal).log_softmax(-1)
+            top = logp.topk(2)
+            p = logp.exp()
+            max_p, pred, top2_p, ent = (max_p.clone(), pred.clone(), top2_p.clone(), ent.clone())
+            max_p[0], pred[0], top2_p[0] = p[top.indices[0]], top.indices[0], p[top.indices[1]]
+            ent[0] = -(p * logp.clamp_min(-1e30)).sum()
     conf = confidence_from_stats(max_p, top2_p, ent, o.confidence)
     # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
     conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
@@ -322,6 +347,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     c.ids[c.start + chosen] = values[pick_t]
     for i in pick:
         c.slot_prob[slot_l[i]] = maxp_l[i]
+    if c.heal_open and 0 in pick:  # slot_l[0] == 0 while slot 0 is masked
+        c.heal_open = False
     c.masked[chosen] = False
     c.n_masked -= len(pick)
     c.steps += 1
@@ -393,12 +420,13 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 
 @torch.no_grad()
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
-                   context_tokens: int = 512) -> list[int]:
+                   context_tokens: int = 512, heal: list[int] | None = None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
-    in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids."""
+    in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`: the
+    ids slot 0 may take (token healing)."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
-    c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens)  # the same cut of the context
+    c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal)  # the same cut of the context
     seq, s = c.ids.tolist(), c.start
     masked = list(range(n))
     plan = schedule(n, opts.steps or max(1, n // 2)) if opts.selection == "topk" else []
@@ -407,6 +435,10 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     while masked:
         logits = model(torch.tensor([seq]))[0].double()  # (L, V)
         logits[:, cfg.mask_token_id] = float("-inf")
+        if heal and 0 in masked:
+            keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+            keep[list(heal)] = True
+            logits[s - shift, ~keep] = float("-inf")
         probs = F.softmax(logits, dim=-1)
         cand = []
         for j in masked:
@@ -454,6 +486,6 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
 
 __all__ = [
     "Canvas", "BatchContext", "DecodeResult", "check_options", "commit", "confidence_from_stats", "deadline_due",
-    "eligible_slots", "fill", "forward", "forward_cached", "forward_full", "reference_fill", "schedule", "select_threshold",
+    "eligible_slots", "fill", "forward", "forward_cached", "forward_full", "heal_logits", "reference_fill", "schedule", "select_threshold",
     "select_topk", "step", "trim_fill",
 ]

@@ -41,6 +41,7 @@ class _Active:
     canvas: sampler.Canvas
     future: Future
     started: float
+    heal_text: str = ""  # token healing: the prefix's tail the fill re-types (cut from its text)
 
 
 class EngineService:
@@ -146,21 +147,33 @@ class EngineService:
             if job.max_tokens < 1:
                 raise EngineError("max_tokens must be at least 1")
             p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
-            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens, self.cfg, job.options, job.context_tokens, self.device)
+            k, heal, heal_text = self.tok.heal(p_ids) if job.options.heal else (0, [], "")
+            if k:  # slot 0 re-types the prefix's last k tokens and may extend them
+                p_ids = p_ids[:-k]
+            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if k else 0), self.cfg, job.options,
+                                          job.context_tokens, self.device, heal=heal or None)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
         except Exception as e:  # noqa: BLE001
             fut.set_exception(e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
             with self._stats_lock:
                 self.stats["failed_jobs"] += 1
             return None
-        return _Active(job, canvas, fut, started)
+        return _Active(job, canvas, fut, started, heal_text)
 
     def _finish(self, a: _Active) -> None:
         c = a.canvas
         try:
             ids = c.fill_ids()
+            text = self.tok.decode(ids)
+            if a.heal_text:
+                if c.heal_open:  # slot 0 never committed (cancelled): nothing after it is in order
+                    ids, text = [], ""
+                elif text.startswith(a.heal_text):
+                    text = text[len(a.heal_text) :]
+                else:
+                    raise EngineError(f"healed fill {text[:20]!r} does not start with {a.heal_text!r}")
             fill = Fill(
-                text=self.tok.decode(ids), tokens=len(ids), steps=c.steps, slots=c.n, cancelled=c.cancelled,
+                text=text, tokens=len(ids), steps=c.steps, slots=c.n, cancelled=c.cancelled,
                 deadline_hit=c.deadline_hit, queue_ms=(a.started - a.job.submitted_at) * 1000,
                 compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
                 ms_per_step=list(c.ms_per_step), token_ids=ids, confidence=c.fill_confidence(),

@@ -18,6 +18,8 @@ class TextTokenizer:
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
+        self._texts: list[str] | None = None  # per id: the token's text (built on first use)
+        self._heal: dict[str, list[int]] = {}  # per healed text: the tokens that start with it
 
     @classmethod
     def load(cls, path: str | Path) -> "TextTokenizer":
@@ -34,6 +36,36 @@ class TextTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def heal(self, prefix: list[int], max_back: int = 3) -> tuple[int, list[int], str]:
+        """Token healing (as in Microsoft Guidance): a prefix cut by the cursor mid-word ends in
+        tokens the model rarely saw at a word's end (`impo|` -> `imp` `o`, where text had `import`).
+        Returns (k, candidates, text): remove the prefix's last k tokens (their text), and let the
+        fill's first token be one of `candidates`, the vocabulary tokens whose text starts with that
+        text; the longest k <= max_back that some token extends. (0, [], "") when nothing to heal:
+        the tail is special or not whole UTF-8, or only the last token itself starts with its text."""
+        if self._texts is None:
+            self._texts = [self.tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
+            self._special = {self.tok.token_to_id(t) for t in SPECIALS}
+        for k in range(min(max_back, len(prefix)), 0, -1):
+            tail = prefix[len(prefix) - k :]
+            if any(i in self._special or not 0 <= i < len(self._texts) for i in tail):
+                continue
+            text = self.decode(tail)
+            if not text or "\ufffd" in text:
+                continue
+            if text not in self._heal:
+                if len(self._heal) > 50_000:
+                    self._heal.clear()
+                self._heal[text] = [i for i, t in enumerate(self._texts)
+                                    if t.startswith(text) and i not in self._special and "\ufffd" not in t]
+            cands = self._heal[text]
+            if len(cands) >= (2 if k == 1 else 1):
+                return k, cands, text
+        return 0, [], ""
+
+    def token_text(self, i: int) -> str:
+        return self.tok.decode([i], skip_special_tokens=False)
 
     def token_id(self, token: str) -> int | None:
         return self.tok.token_to_id(token)

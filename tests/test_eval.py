@@ -217,7 +217,8 @@ def test_fim_greedy_matches_recomputing_every_token(tiny_models):
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
     prefix, suffix = "def add(a, b):\n    ret", "\n\nfor i in range(10):\n"
-    got = fim_greedy(model, tok, prefix, suffix, max_tokens=12)
+    got, healed = fim_greedy(model, tok, prefix, suffix, max_tokens=12)
+    assert healed == ""
     seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix), tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
            tok.token_id(FIM_MIDDLE)]
     want = []
@@ -228,6 +229,22 @@ def test_fim_greedy_matches_recomputing_every_token(tiny_models):
                 break
             want.append(nxt)
     assert got == want and len(got) > 0
+
+
+def test_fim_greedy_heals_the_prefix_tail_like_the_diffusion_engine(tiny_models):
+    from engine.checkpoint import load_checkpoint
+    from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+
+    model, tok, cfg = load_checkpoint(tiny_models[1])
+    prefix, suffix = "import os\nimpo", "\n"
+    k, cands, text = tok.heal(tok.encode(prefix))
+    got, healed = fim_greedy(model, tok, prefix, suffix, max_tokens=6, heal=True)
+    assert k and healed == text and got and got[0] in cands and tok.decode(got).startswith(text)
+    seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix)[:-k], tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
+           tok.token_id(FIM_MIDDLE)]
+    with torch.no_grad():
+        logits = model(torch.tensor([seq]))[0, -1]
+    assert got[0] == max(cands, key=lambda i: float(logits[i]))  # the best candidate, not the best token
 
 
 def test_eval_end_to_end_writes_json_and_markdown(tiny_models, tmp_path):

@@ -543,3 +543,73 @@ def test_window_cases_differ_from_unwindowed_ones(models):
         diff += reference_fill(models[shift], prefix, suffix, n, o) != reference_fill(models[shift], prefix, suffix, n,
                                                                                       _with(o, window=0))
     assert diff >= 2
+
+
+# ---------------------------------------------------------------- token healing
+
+
+def _heal_ids(seed: int, cfg) -> list[int]:
+    """Six ordinary ids slot 0 may take (never mask, padding or end)."""
+    return [i for i in _io(seed, n_prefix=8)[0] if i not in (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)][:6]
+
+
+HEAL_CASES = [
+    pytest.param(sel, cache, shift, window,
+                 id=f"{sel}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-w{window}")
+    for sel, cache, shift, window in itertools.product(("threshold", "topk"), (False, True), (False, True), (0, 3))
+]
+
+
+@pytest.mark.parametrize("sel,cache,shift,window", HEAL_CASES)
+def test_healed_fast_loop_matches_oracle(models, sel, cache, shift, window):
+    """Slot 0 restricted to the healing candidates: the fast loop and the oracle agree token for
+    token, and slot 0 is always one of the candidates (never padding, so never an empty fill)."""
+    model = models[shift]
+    for seed, n, pad_stop in ((7, 7, 0.9), (107, 5, 0.3), (9, 9, 0.9)):
+        prefix, suffix = _io(seed)
+        heal = _heal_ids(seed + 1000, model.cfg)
+        o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, window=window)
+        want = reference_fill(model, prefix, suffix, n, o, heal=heal)
+        c = Canvas.build(prefix, suffix, n, model.cfg, o, heal=heal)
+        got = fill(model, c)
+        assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
+        assert got.ids and got.ids[0] in heal and not c.heal_open
+
+
+def test_healing_changes_fills_and_refuses_special_ids(models):
+    """Guards the healed oracle test: without the restriction slot 0 is mostly something else."""
+    outside = 0
+    for shift, seed in itertools.product((False, True), (7, 107, 9)):
+        prefix, suffix = _io(seed)
+        heal = _heal_ids(seed + 1000, models[shift].cfg)
+        o = DecodeOptions(threshold=0.5, cache=False)
+        free = reference_fill(models[shift], prefix, suffix, 5, o)
+        outside += not free or free[0] not in heal
+    assert outside >= 4
+    cfg = models[False].cfg
+    for bad in ([cfg.pad_token_id], [cfg.mask_token_id, 5], [cfg.vocab_size]):
+        with pytest.raises(ValueError, match="heal"):
+            Canvas.build([5, 6], [], 4, cfg, DecodeOptions(), heal=bad)
+
+
+def test_healed_sampling_draws_slot_0_from_the_candidates(models):
+    for seed in range(6):
+        prefix, suffix = _io(seed)
+        heal = _heal_ids(seed + 2000, models[False].cfg)
+        o = DecodeOptions(temperature=1.5, seed=seed)
+        r = fill(models[False], Canvas.build(prefix, suffix, 6, models[False].cfg, o, heal=heal))
+        assert r.ids[0] in heal
+
+
+def test_batched_healed_canvases_equal_each_alone(models):
+    """A healed canvas (one restricted row) batched with plain ones steps as it does alone."""
+    m = models[False]
+    jobs = [(_io(60 + i, n_prefix=9 + 5 * i, n_suffix=2 * i), n, _heal_ids(70 + i, m.cfg) if i != 1 else None)
+            for i, n in enumerate((5, 8, 11))]
+    for o in (DecodeOptions(threshold=0.5, window=3), DecodeOptions(selection="topk", pad_stop=2.0)):
+        alone = [fill(m, Canvas.build(p, s, n, m.cfg, o, heal=h)).ids for (p, s), n, h in jobs]
+        canvases = [Canvas.build(p, s, n, m.cfg, o, heal=h) for (p, s), n, h in jobs]
+        ctx = BatchContext()
+        while any(not c.done for c in canvases):
+            sampler.step(m, [c for c in canvases if not c.done], batch_ctx=ctx)
+        assert [c.fill_ids() for c in canvases] == alone

@@ -98,7 +98,7 @@ def test_a_job_joining_between_steps_equals_running_alone(folder, alone, monkeyp
 
 def test_bad_jobs_fail_alone_and_the_worker_survives(folder, alone, monkeypatch):
     svc = EngineService(str(folder), device="cpu")
-    opts = DecodeOptions(threshold=0.5)
+    opts = DecodeOptions(threshold=0.5, heal=False)  # no healing slot: canvases are told apart by their size
     good = _jobs(opts, sizes=(3, 5, 8, 11))
     empty = FillJob(prefix="x = ", max_tokens=0)
     nonsense = FillJob(prefix="x = ", options=DecodeOptions(selection="vibes"))
@@ -145,7 +145,7 @@ def test_cancel_stops_within_one_step(folder, monkeypatch):
     svc = EngineService(str(folder), device="cpu")
     before = FillJob(prefix=TEXTS[0][0], max_tokens=8)
     before.cancel()
-    during = FillJob(prefix=TEXTS[1][0], max_tokens=8, options=DecodeOptions(selection="topk", steps=8))
+    during = FillJob(prefix=TEXTS[1][0], max_tokens=8, options=DecodeOptions(selection="topk", steps=8, heal=False))
     real = sampler.commit
 
     def commit(model, c, rows, final):
@@ -175,7 +175,9 @@ def test_past_deadline_comes_back_after_one_step_with_every_slot_committed(folde
         f = svc.submit(job).result(TIMEOUT)
     finally:
         svc.close()
-    assert f.steps == 1 and f.deadline_hit and f.tokens_per_step == [12] and not f.cancelled
+    # every slot (12, and the healing slot when the prefix's tail is re-typed) in one step
+    assert f.steps == 1 and f.deadline_hit and f.tokens_per_step == [f.slots] and f.slots in (12, 13)
+    assert not f.cancelled
     assert svc.cfg.mask_token_id not in f.token_ids
 
 
@@ -206,3 +208,14 @@ def test_close_answers_every_job(folder):
             pass
     with pytest.raises(EngineError):
         svc.submit(FillJob(prefix="x")).result(TIMEOUT)
+
+
+def test_healed_job_retypes_the_prefix_tail_and_leaves_it_out_of_the_text(alone):
+    tok, prefix = alone.tok, "import os\nimpo"
+    k, cands, text = tok.heal(tok.encode(prefix))
+    assert k >= 1 and text and prefix.endswith(text)
+    healed = alone.run_now(FillJob(prefix=prefix, max_tokens=6))
+    plain = alone.run_now(FillJob(prefix=prefix, max_tokens=6, options=DecodeOptions(heal=False)))
+    assert (healed.slots, plain.slots) == (7, 6)  # one more slot: the re-typed tail
+    assert healed.token_ids[0] in cands and tok.decode(healed.token_ids) == text + healed.text
+    assert plain.text == tok.decode(plain.token_ids)
