@@ -251,16 +251,16 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
     # never past the twin's training window (the diffusion canvas is cut to its own the same way)
     context_tokens = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
     p_ids, s_ids = tok.encode_batch([prefix, suffix])
-    k, cands, healed = tok.heal(p_ids) if heal else (0, [], "")
-    if k:
-        p_ids, max_tokens = p_ids[:-k], max_tokens + 1
+    h = tok.heal(p_ids) if heal else None
+    if h:
+        p_ids, max_tokens = p_ids[: -h.k], max_tokens + 1
     room = max(0, context_tokens - max_tokens - 3)
     s_keep = min(len(s_ids), room // 3)
     p_keep = min(len(p_ids), room - s_keep)
     prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
     ids = greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id),
-                        first_allowed=cands or None).ids
-    return ids, healed
+                        heal=(h.first, h.then) if h else None).ids
+    return ids, h.text if h else ""
 
 
 # ----------------------------------------------------------------------------- running

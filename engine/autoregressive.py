@@ -39,9 +39,10 @@ def fim_prompt(prefix: list[int], suffix: list[int], tok) -> list[int]:
 
 @torch.inference_mode()
 def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
-                  first_allowed: list[int] | None = None) -> ARResult:
+                  heal: tuple[list[int], dict[int, list[int]]] | None = None) -> ARResult:
     """Returns up to n greedy tokens after `prompt`, decoded one per step with a KV cache; stops early
-    at a token in stop_ids. `first_allowed`: the ids the first token may take (token healing)."""
+    at a token in stop_ids. `heal` = (first, then): token healing (engine.tokenizer.Healing): the
+    first token is one of `first`; when it is a key of `then`, the second is one of its ids."""
     if not model.causal:
         raise ValueError("greedy_decode needs a causal model (attention='causal')")
     if not prompt or n < 1:
@@ -60,8 +61,8 @@ def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple
     for (ck, cv), (k, v) in zip(cache, kvs):
         ck[:, :, :Lp], cv[:, :, :Lp] = k, v
     first = model.logits(h[0, -1])
-    if first_allowed:
-        first = heal_logits(first, torch.tensor(first_allowed, device=dev))
+    if heal:
+        first = heal_logits(first, torch.tensor(heal[0], device=dev))
     tok = int(first.argmax())
     res = ARResult([], (time.perf_counter() - t0) * 1000)
     pos = Lp
@@ -75,7 +76,10 @@ def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple
         ids = torch.tensor([[tok]], device=dev)
         # the cache has room: the step writes its own K/V at row pos and attends to rows :pos+1
         h = model.hidden(ids, pos=torch.tensor([[pos]], device=dev), ctx=[(ck, cv, pos) for ck, cv in cache])
-        tok = int(model.logits(h[0, -1]).argmax())
+        nxt = model.logits(h[0, -1])
+        if heal and len(res.ids) == 1 and res.ids[0] in heal[1]:  # the rest of the healed tail
+            nxt = heal_logits(nxt, torch.tensor(heal[1][res.ids[0]], device=dev))
+        tok = int(nxt.argmax())
         pos += 1
         res.ms_per_token.append((time.perf_counter() - t1) * 1000)
     return res

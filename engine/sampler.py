@@ -12,6 +12,7 @@ naive oracle the fast loop is tested against, token for token.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -149,15 +150,22 @@ class Canvas:
     final_step: bool = False  # this step commits every mask (deadline): set before its forward
     _masked_at: tuple = (-1, None)  # (steps, masked slot indices): computed once per step
     slot_kv: list | None = None  # with a window: per layer (k, v) (1, H, n, Dh) of the slots at the last full forward
-    # token healing: slot 0 may only take these ids (the prefix's healed tail, TextTokenizer.heal)
+    # token healing (TextTokenizer.heal): slot `heal_slot` (0, or 1 after slot 0 took a shorter piece
+    # of the healed text) may only take the ids in `heal`; it is the leftmost masked slot while open
     heal: torch.Tensor | None = None
-    heal_open: bool = False  # slot 0 is healed and still masked
+    heal_open: bool = False
+    heal_slot: int = 0
+    heal_then: dict = field(default_factory=dict)  # piece id at slot 0 -> (ids) slot 1 may then take
+    heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
-              context_tokens: int = 512, device="cpu", heal: list[int] | None = None) -> "Canvas":
-        """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots. `heal`:
-        the ids slot 0 may take (token healing; the caller removed the healed tail from prefix)."""
+              context_tokens: int = 512, device="cpu", heal: list[int] | None = None,
+              heal_then: dict[int, list[int]] | None = None) -> "Canvas":
+        """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots. Token
+        healing (the caller removed the healed tail from the prefix): `heal`, the ids slot 0 may
+        take; `heal_then`, for those that are a shorter piece of the tail, the ids slot 1 may then
+        take. Slot 1 waits for slot 0 while any piece is possible."""
         check_options(opts)
         if n < 1:
             raise ValueError("a fill needs at least one mask slot")
@@ -182,10 +190,19 @@ class Canvas:
                 cfg=cfg, active_pos=torch.arange(a0, start + n, device=device),
                 frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n, slot_prob=[0.0] * n)
         if heal:
-            if any(not 0 <= i < cfg.vocab_size or i in (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)
-                   for i in heal):
+            then = heal_then or {}
+            special = (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)
+            if any(not 0 <= i < cfg.vocab_size or i in special for i in [*heal, *itertools.chain(*then.values())]):
                 raise ValueError("heal ids must be ordinary tokens of the vocabulary")
-            c.heal, c.heal_open = torch.tensor(sorted(set(heal)), dtype=torch.long, device=device), True
+            if not set(then) <= set(heal) or not all(then.values()) or (then and n < 2):
+                raise ValueError("heal_then: pieces must be heal ids with ids for slot 1, on 2+ slots")
+            ids_t = lambda xs: torch.tensor(sorted(set(xs)), dtype=torch.long, device=device)  # noqa: E731
+            c.heal, c.heal_open = ids_t(heal), True
+            c.heal_then = {p: ids_t(v) for p, v in then.items()}
+            whole = [i for i in heal if i not in then]
+            if not whole:
+                raise ValueError("heal: no id re-types the whole tail")
+            c.heal_whole = ids_t(whole)
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         if opts.temperature > 0:
@@ -224,6 +241,11 @@ class Canvas:
                 break
             logs.append(math.log(max(p, 1e-12)))
         return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+    def heal_ids(self, final: bool) -> torch.Tensor:
+        """The ids the healed slot may take this step: a final step at slot 0 must re-type the
+        whole tail (slot 1 is committed in the same step, unrestricted)."""
+        return self.heal_whole if final and self.heal_slot == 0 else self.heal
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
@@ -298,8 +320,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     if o.temperature > 0:
         logits = model.logits(h).float() / o.temperature  # (M, V)
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
-        if c.heal_open:  # slot 0 (the first row) only among the healing candidates
-            logits[0] = heal_logits(logits[0], c.heal)
+        if c.heal_open:  # the healed slot (the first row) only among its candidates
+            logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
         probs = logits.softmax(-1)
         pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
         top2 = probs.topk(2, dim=-1).values
@@ -307,8 +329,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
     else:
         max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
-        if c.heal_open:  # slot 0 (the first row): the distribution renormalized over the candidates
-            logp = heal_logits(model.logits(h[:1]).float()[0], c.heal).log_softmax(-1)
+        if c.heal_open:  # the healed slot (the first row): the distribution renormalized over its candidates
+            logp = heal_logits(model.logits(h[:1]).float()[0], c.heal_ids(final or c.last_step_due())).log_softmax(-1)
             top = logp.topk(2)
             p = logp.exp()
             max_p, pred, top2_p, ent = (max_p.clone(), pred.clone(), top2_p.clone(), ent.clone())
@@ -325,6 +347,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         elig = eligible_slots(slot_l, o.block)
         if o.pad_left:  # padding may only be committed at the leftmost masked slot
             elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
+        if c.heal_open and c.heal_slot == 0 and c.heal_then:  # slot 1 waits: slot 0 may take a piece
+            elig = [i for i in elig if slot_l[i] != 1]
         conf_e = [conf_l[i] for i in elig]
         if o.selection == "topk":
             sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
@@ -347,8 +371,12 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     c.ids[c.start + chosen] = values[pick_t]
     for i in pick:
         c.slot_prob[slot_l[i]] = maxp_l[i]
-    if c.heal_open and 0 in pick:  # slot_l[0] == 0 while slot 0 is masked
-        c.heal_open = False
+    if c.heal_open and 0 in pick:  # the healed slot is slot_l[0] while open
+        piece = int(pred_l[0])
+        if c.heal_slot == 0 and piece in c.heal_then and not (final or c.last_step_due()):
+            c.heal, c.heal_slot = c.heal_then[piece], 1  # slot 1 re-types the rest of the tail
+        else:
+            c.heal_open = False
     c.masked[chosen] = False
     c.n_masked -= len(pick)
     c.steps += 1
@@ -420,13 +448,16 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 
 @torch.no_grad()
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
-                   context_tokens: int = 512, heal: list[int] | None = None) -> list[int]:
+                   context_tokens: int = 512, heal: list[int] | None = None,
+                   heal_then: dict[int, list[int]] | None = None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
-    in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`: the
-    ids slot 0 may take (token healing)."""
+    in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
+    `heal_then`: token healing, as in Canvas.build."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
-    c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal)  # the same cut of the context
+    c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
+    then = dict(heal_then or {})
+    h_slot, h_ids = (0, set(heal)) if heal else (None, set())
     seq, s = c.ids.tolist(), c.start
     masked = list(range(n))
     plan = schedule(n, opts.steps or max(1, n // 2)) if opts.selection == "topk" else []
@@ -435,10 +466,11 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     while masked:
         logits = model(torch.tensor([seq]))[0].double()  # (L, V)
         logits[:, cfg.mask_token_id] = float("-inf")
-        if heal and 0 in masked:
+        budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
+        if h_slot is not None:  # the healed slot: only its candidates (a last step at slot 0: whole ones)
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
-            keep[list(heal)] = True
-            logits[s - shift, ~keep] = float("-inf")
+            keep[sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)] = True
+            logits[s + h_slot - shift, ~keep] = float("-inf")
         probs = F.softmax(logits, dim=-1)
         cand = []
         for j in masked:
@@ -450,7 +482,6 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             conf = {"max_prob": mp, "margin": mp - t2, "neg_entropy": -ent}[opts.confidence]
             is_pad = tok in (cfg.pad_token_id, cfg.eos_token_id)
             cand.append((j, tok, conf, is_pad and mp >= opts.pad_stop))
-        budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if opts.window > 0 and not budget_out:  # only the leftmost `window` masked slots are predicted
             cand = cand[: opts.window]
         if budget_out or all(x[3] for x in cand):
@@ -465,6 +496,8 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 first = min(masked)
                 cand_e = [x for x in cand_e if x[0] == first or x[1] not in (cfg.pad_token_id, cfg.eos_token_id)] \
                     or [x for x in cand if x[0] == first]
+            if h_slot == 0 and then:  # slot 1 waits while slot 0 may take a piece of the tail
+                cand_e = [x for x in cand_e if x[0] != 1]
             ranked = sorted(cand_e, key=lambda x: (-x[2], x[0]))
             if opts.selection == "topk":
                 chosen = ranked[: plan.pop(0) if plan else 1]
@@ -480,6 +513,11 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
         for j, tok, _, _ in chosen:
             seq[s + j] = tok
             masked.remove(j)
+            if j == h_slot:
+                if j == 0 and tok in then and not budget_out:
+                    h_slot, h_ids = 1, set(then[tok])
+                else:
+                    h_slot = None
         steps += 1
     return trim_fill(seq[s : s + n], cfg.pad_token_id, cfg.eos_token_id)
 

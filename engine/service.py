@@ -147,18 +147,19 @@ class EngineService:
             if job.max_tokens < 1:
                 raise EngineError("max_tokens must be at least 1")
             p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
-            k, heal, heal_text = self.tok.heal(p_ids) if job.options.heal else (0, [], "")
-            if k:  # slot 0 re-types the prefix's last k tokens and may extend them
-                p_ids = p_ids[:-k]
-            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if k else 0), self.cfg, job.options,
-                                          job.context_tokens, self.device, heal=heal or None)
+            heal = self.tok.heal(p_ids) if job.options.heal else None
+            if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
+                p_ids = p_ids[: -heal.k]
+            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, job.options,
+                                          job.context_tokens, self.device, heal=heal and heal.first,
+                                          heal_then=heal and heal.then)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
         except Exception as e:  # noqa: BLE001
             fut.set_exception(e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
             with self._stats_lock:
                 self.stats["failed_jobs"] += 1
             return None
-        return _Active(job, canvas, fut, started, heal_text)
+        return _Active(job, canvas, fut, started, heal.text if heal else "")
 
     def _finish(self, a: _Active) -> None:
         c = a.canvas
@@ -166,7 +167,7 @@ class EngineService:
             ids = c.fill_ids()
             text = self.tok.decode(ids)
             if a.heal_text:
-                if c.heal_open:  # slot 0 never committed (cancelled): nothing after it is in order
+                if c.heal_open:  # the healed slots not committed (cancelled): nothing after them is in order
                     ids, text = [], ""
                 elif text.startswith(a.heal_text):
                     text = text[len(a.heal_text) :]

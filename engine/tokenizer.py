@@ -1,6 +1,7 @@
 """Byte-level BPE tokenizer (tokenizer.json via `tokenizers`) with the special ids the engine needs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -13,13 +14,38 @@ FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_
 SPECIALS = [PAD, EOS, MASK, BOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE]
 
 
+@dataclass
+class Healing:
+    """How the fill re-types the prefix's last `k` tokens (`text`): slot 0 takes one of `first`;
+    when that is a shorter piece of `text` (a key of `then`), slot 1 takes one of `then[piece]`."""
+
+    k: int
+    text: str
+    first: list[int]
+    then: dict[int, list[int]]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, the alphabet of byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
 class TextTokenizer:
     """Text <-> ids; a thin wrapper so the engine never touches `tokenizers` types."""
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self._texts: list[str] | None = None  # per id: the token's text (built on first use)
-        self._heal: dict[str, list[int]] = {}  # per healed text: the tokens that start with it
+        self._heal: dict[str, list[int]] = {}  # per text: the tokens that start with it
+        self._byte_map: dict[int, str] | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> "TextTokenizer":
@@ -37,13 +63,15 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
-    def heal(self, prefix: list[int], max_back: int = 3) -> tuple[int, list[int], str]:
-        """Token healing (as in Microsoft Guidance): a prefix cut by the cursor mid-word ends in
-        tokens the model rarely saw at a word's end (`impo|` -> `imp` `o`, where text had `import`).
-        Returns (k, candidates, text): remove the prefix's last k tokens (their text), and let the
-        fill's first token be one of `candidates`, the vocabulary tokens whose text starts with that
-        text; the longest k <= max_back that some token extends. (0, [], "") when nothing to heal:
-        the tail is special or not whole UTF-8, or only the last token itself starts with its text."""
+    def heal(self, prefix: list[int], max_back: int = 3) -> "Healing | None":
+        """Token healing (as in Microsoft Guidance): a prefix cut by the cursor ends in tokens the
+        model rarely saw at that place (`impo|` -> `imp` `o` where text had `import`; the indentation
+        `\\n        ` where text had `\\n       ` + ` self`). Returns how to re-type the tail: the last k
+        tokens are removed, and the fill's first token must either extend their text (`import`) or
+        be a shorter piece of it whose remainder the second token extends (`\\n       `, then a
+        token starting with ` `). k is the longest (<= max_back) whose text some token extends.
+        None when nothing to heal: the tail is special or not whole UTF-8, or the last token itself
+        is its only re-typing."""
         if self._texts is None:
             self._texts = [self.tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
             self._special = {self.tok.token_to_id(t) for t in SPECIALS}
@@ -54,15 +82,33 @@ class TextTokenizer:
             text = self.decode(tail)
             if not text or "\ufffd" in text:
                 continue
-            if text not in self._heal:
-                if len(self._heal) > 50_000:
-                    self._heal.clear()
-                self._heal[text] = [i for i, t in enumerate(self._texts)
-                                    if t.startswith(text) and i not in self._special and "\ufffd" not in t]
-            cands = self._heal[text]
-            if len(cands) >= (2 if k == 1 else 1):
-                return k, cands, text
-        return 0, [], ""
+            ext = self._extending(text)
+            if not ext:
+                continue
+            then: dict[int, list[int]] = {}
+            for cut in range(1, len(text)):  # shorter pieces whose remainder some token extends
+                piece = self.tok.token_to_id(self._raw(text[:cut]))
+                rest = self._extending(text[cut:])
+                if piece is not None and piece not in self._special and rest:
+                    then[piece] = rest
+            if k > 1 or len(ext) + len(then) >= 2:
+                return Healing(k, text, sorted(set(ext) | set(then)), then)
+        return None
+
+    def _extending(self, text: str) -> list[int]:
+        """Ids of the ordinary tokens whose text starts with `text` (cached)."""
+        if text not in self._heal:
+            if len(self._heal) > 50_000:
+                self._heal.clear()
+            self._heal[text] = [i for i, t in enumerate(self._texts)
+                                if t.startswith(text) and i not in self._special and "\ufffd" not in t]
+        return self._heal[text]
+
+    def _raw(self, text: str) -> str:
+        """The vocabulary spelling of `text` (byte-level BPE maps bytes to printable characters)."""
+        if self._byte_map is None:
+            self._byte_map = _bytes_to_unicode()
+        return "".join(self._byte_map[b] for b in text.encode("utf-8"))
 
     def token_text(self, i: int) -> str:
         return self.tok.decode([i], skip_special_tokens=False)

@@ -237,14 +237,17 @@ def test_fim_greedy_heals_the_prefix_tail_like_the_diffusion_engine(tiny_models)
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
     prefix, suffix = "import os\nimpo", "\n"
-    k, cands, text = tok.heal(tok.encode(prefix))
+    h = tok.heal(tok.encode(prefix))
     got, healed = fim_greedy(model, tok, prefix, suffix, max_tokens=6, heal=True)
-    assert k and healed == text and got and got[0] in cands and tok.decode(got).startswith(text)
-    seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix)[:-k], tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
+    assert h and healed == h.text and got and got[0] in h.first and tok.decode(got).startswith(h.text)
+    seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix)[: -h.k], tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
            tok.token_id(FIM_MIDDLE)]
     with torch.no_grad():
         logits = model(torch.tensor([seq]))[0, -1]
-    assert got[0] == max(cands, key=lambda i: float(logits[i]))  # the best candidate, not the best token
+        assert got[0] == max(h.first, key=lambda i: float(logits[i]))  # the best candidate, not the best token
+        if got[0] in h.then:  # a piece: the second token completes the tail
+            logits = model(torch.tensor([seq + got[:1]]))[0, -1]
+            assert got[1] == max(h.then[got[0]], key=lambda i: float(logits[i]))
 
 
 def test_eval_end_to_end_writes_json_and_markdown(tiny_models, tmp_path):

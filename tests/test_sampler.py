@@ -560,20 +560,54 @@ HEAL_CASES = [
 ]
 
 
+def _heal_chain(model, prefix, suffix, n, seed, o):
+    """Healing candidates where slot 0's free choice is a piece: slot 1 must then take one of six ids."""
+    free = reference_fill(model, prefix, suffix, n, _with(o, window=0))
+    piece = free[0] if free and free[0] not in (model.cfg.pad_token_id, model.cfg.eos_token_id) else 40
+    heal = sorted(set(_heal_ids(seed + 1000, model.cfg)) | {piece})
+    return heal, {piece: _heal_ids(seed + 3000, model.cfg)}
+
+
 @pytest.mark.parametrize("sel,cache,shift,window", HEAL_CASES)
 def test_healed_fast_loop_matches_oracle(models, sel, cache, shift, window):
-    """Slot 0 restricted to the healing candidates: the fast loop and the oracle agree token for
-    token, and slot 0 is always one of the candidates (never padding, so never an empty fill)."""
+    """Slot 0 restricted to the healing candidates (and, after a piece, slot 1 to its ids): the fast
+    loop and the oracle agree token for token; the healed slots always hold candidates (never
+    padding, so never an empty fill)."""
     model = models[shift]
-    for seed, n, pad_stop in ((7, 7, 0.9), (107, 5, 0.3), (9, 9, 0.9)):
+    for (seed, n, pad_stop), chain in itertools.product(((7, 7, 0.9), (107, 5, 0.3), (9, 9, 0.9)), (False, True)):
         prefix, suffix = _io(seed)
-        heal = _heal_ids(seed + 1000, model.cfg)
         o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, window=window)
-        want = reference_fill(model, prefix, suffix, n, o, heal=heal)
-        c = Canvas.build(prefix, suffix, n, model.cfg, o, heal=heal)
+        heal, then = _heal_chain(model, prefix, suffix, n, seed, o) if chain else (_heal_ids(seed + 1000, model.cfg), {})
+        want = reference_fill(model, prefix, suffix, n, o, heal=heal, heal_then=then)
+        c = Canvas.build(prefix, suffix, n, model.cfg, o, heal=heal, heal_then=then)
         got = fill(model, c)
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
         assert got.ids and got.ids[0] in heal and not c.heal_open
+        if got.ids[0] in then:
+            assert len(got.ids) > 1 and got.ids[1] in then[got.ids[0]]
+
+
+def test_heal_chain_cases_take_pieces_and_slot_1_waits(models):
+    """Guards the chained cases: slot 0 does take the piece, slot 1 is committed only after it, and
+    a step-budget (last) step re-types the whole tail at slot 0."""
+    pieces = 0
+    for shift, (seed, n) in itertools.product((False, True), ((7, 7), (107, 5), (9, 9))):
+        m = models[shift]
+        prefix, suffix = _io(seed)
+        o = DecodeOptions(selection="topk", steps=n, pad_stop=2.0, cache=False, window=0)
+        heal, then = _heal_chain(m, prefix, suffix, n, seed, o)
+        c = Canvas.build(prefix, suffix, n, m.cfg, o, heal=heal, heal_then=then)
+        order = []
+        while not c.done:
+            before = c.masked.clone()
+            sampler.step(m, [c])
+            order += [j for j in range(n) if before[j] and not c.masked[j]]
+        pieces += c.ids[c.start].item() in then
+        assert order.index(0) < order.index(1)
+        last = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(steps=1, window=0), heal=heal, heal_then=then)
+        r = fill(m, last)
+        assert r.steps == 1 and r.ids[0] in heal and r.ids[0] not in then
+    assert pieces >= 4
 
 
 def test_healing_changes_fills_and_refuses_special_ids(models):

@@ -212,10 +212,10 @@ def test_close_answers_every_job(folder):
 
 def test_healed_job_retypes_the_prefix_tail_and_leaves_it_out_of_the_text(alone):
     tok, prefix = alone.tok, "import os\nimpo"
-    k, cands, text = tok.heal(tok.encode(prefix))
-    assert k >= 1 and text and prefix.endswith(text)
+    h = tok.heal(tok.encode(prefix))
+    assert h and h.text and prefix.endswith(h.text)
     healed = alone.run_now(FillJob(prefix=prefix, max_tokens=6))
     plain = alone.run_now(FillJob(prefix=prefix, max_tokens=6, options=DecodeOptions(heal=False)))
     assert (healed.slots, plain.slots) == (7, 6)  # one more slot: the re-typed tail
-    assert healed.token_ids[0] in cands and tok.decode(healed.token_ids) == text + healed.text
+    assert healed.token_ids[0] in h.first and tok.decode(healed.token_ids) == h.text + healed.text
     assert plain.text == tok.decode(plain.token_ids)
