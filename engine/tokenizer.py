@@ -1,6 +1,7 @@
 """Byte-level BPE tokenizer (tokenizer.json via `tokenizers`) with the special ids the engine needs."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,6 @@ class TextTokenizer:
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self._texts: list[str] | None = None  # per id: the token's text (built on first use)
-        self._heal: dict[str, list[int]] = {}  # per text: the tokens that start with it
         self._byte_map: dict[int, str] | None = None
 
     @classmethod
@@ -75,6 +75,8 @@ class TextTokenizer:
         if self._texts is None:
             self._texts = [self.tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
             self._special = {self.tok.token_to_id(t) for t in SPECIALS}
+            self._sorted = sorted((t, i) for i, t in enumerate(self._texts)
+                                  if i not in self._special and "\ufffd" not in t)
         for k in range(min(max_back, len(prefix)), 0, -1):
             tail = prefix[len(prefix) - k :]
             if any(i in self._special or not 0 <= i < len(self._texts) for i in tail):
@@ -96,13 +98,10 @@ class TextTokenizer:
         return None
 
     def _extending(self, text: str) -> list[int]:
-        """Ids of the ordinary tokens whose text starts with `text` (cached)."""
-        if text not in self._heal:
-            if len(self._heal) > 50_000:
-                self._heal.clear()
-            self._heal[text] = [i for i, t in enumerate(self._texts)
-                                if t.startswith(text) and i not in self._special and "\ufffd" not in t]
-        return self._heal[text]
+        """Ids of the ordinary tokens whose text starts with `text`: a range of the sorted texts."""
+        lo = bisect.bisect_left(self._sorted, (text,))
+        hi = bisect.bisect_left(self._sorted, (text + "\U0010ffff",))
+        return [i for _, i in self._sorted[lo:hi]]
 
     def _raw(self, text: str) -> str:
         """The vocabulary spelling of `text` (byte-level BPE maps bytes to printable characters)."""
