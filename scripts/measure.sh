@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-measures everything the closing notes quote, into docs/measurements/ (run with nothing else on
-# the CPU; about 25 minutes on the 2-core CPU). The commands are the ones docs/measurements/README.md lists.
+# the CPU; about 27 minutes on the 2-core CPU). The commands are the ones docs/measurements/README.md lists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=docs/measurements
@@ -13,6 +13,5 @@ run $B bench --threads 1 --json $M/bench_1thread.json
 run $B replay examples/tide_log.py --cps 10 --json $M/replay.json --png $M/replay_latency.png
 run $B replay examples/tide_log.py --cps 10 --cancel --json $M/replay_cancel.json
 run $B eval --threads 2 --ar-model models/default-ar --json $M/eval.json --md $M/eval.md
-run $B eval --threads 2 --per-kind 100 --decode '{"window": 0}' --json $M/eval_no_window.json --md $M/eval_no_window.md
-run $B eval --threads 2 --per-kind 100 --decode '{"threshold": 0.5}' --json $M/eval_threshold05.json --md $M/eval_threshold05.md
+run $B eval --threads 2 --ar-model models/default-ar --decode '{"heal": false}' --json $M/eval_no_heal.json --md $M/eval_no_heal.md
 run $B demo > $M/demo.txt
