@@ -26,26 +26,12 @@ class Healing:
     then: dict[int, list[int]]
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, the alphabet of byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 class TextTokenizer:
     """Text <-> ids; a thin wrapper so the engine never touches `tokenizers` types."""
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self._texts: list[str] | None = None  # per id: the token's text (built on first use)
-        self._byte_map: dict[int, str] | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> "TextTokenizer":
@@ -77,6 +63,7 @@ class TextTokenizer:
             self._special = {self.tok.token_to_id(t) for t in SPECIALS}
             self._sorted = sorted((t, i) for i, t in enumerate(self._texts)
                                   if i not in self._special and "\ufffd" not in t)
+            self._by_text = {t: i for t, i in self._sorted}  # whole-UTF-8 texts are unique per token
         for k in range(min(max_back, len(prefix)), 0, -1):
             tail = prefix[len(prefix) - k :]
             if any(i in self._special or not 0 <= i < len(self._texts) for i in tail):
@@ -89,9 +76,9 @@ class TextTokenizer:
                 continue
             then: dict[int, list[int]] = {}
             for cut in range(1, len(text)):  # shorter pieces whose remainder some token extends
-                piece = self.tok.token_to_id(self._raw(text[:cut]))
+                piece = self._by_text.get(text[:cut])
                 rest = self._extending(text[cut:])
-                if piece is not None and piece not in self._special and rest:
+                if piece is not None and rest:
                     then[piece] = rest
             if k > 1 or len(ext) + len(then) >= 2:
                 return Healing(k, text, sorted(set(ext) | set(then)), then)
@@ -102,12 +89,6 @@ class TextTokenizer:
         lo = bisect.bisect_left(self._sorted, (text,))
         hi = bisect.bisect_left(self._sorted, (text + "\U0010ffff",))
         return [i for _, i in self._sorted[lo:hi]]
-
-    def _raw(self, text: str) -> str:
-        """The vocabulary spelling of `text` (byte-level BPE maps bytes to printable characters)."""
-        if self._byte_map is None:
-            self._byte_map = _bytes_to_unicode()
-        return "".join(self._byte_map[b] for b in text.encode("utf-8"))
 
     def token_text(self, i: int) -> str:
         return self.tok.decode([i], skip_special_tokens=False)
