@@ -1,12 +1,18 @@
 """Checkpoint folders in the HF layout: config.json + model.safetensors (+ shards) + tokenizer.json.
 
 Weights are read with safetensors only: nothing is unpickled, no remote code runs, nothing is
-downloaded. A name is a local folder or a repo id already in the local Hugging Face cache.
+downloaded. A name is a local folder or a repo id already in the local Hugging Face cache. Each
+weights file's header is checked before safetensors parses it (`check_safetensors`): a header length
+over 100 MB or past the end of the file, a header that is not JSON, a tensor whose bytes are not in
+the file or whose dtype is not a float are refused with an error naming the file.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
+import struct
 from pathlib import Path
 
 import torch
@@ -48,20 +54,102 @@ def resolve_model_path(name: str | os.PathLike | None) -> Path:
     raise CheckpointError(f"model {name!r} is neither a local folder nor in the local Hugging Face cache")
 
 
+# A real header is a few kB per thousand tensors; safetensors itself stops at the same 100 MB.
+HEADER_LIMIT = 100 * 1024 * 1024
+# weights are floats; the loader casts them to the device's dtype (integer or bool tensors would be
+# assigned as they are and fail only at the first step)
+WEIGHT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+
+
+def _regular_file(path: Path) -> os.stat_result:
+    """stat of `path`, which must be a regular file (not a FIFO or device that would block or never end)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path} is not a regular file")
+    return st
+
+
+def check_safetensors(path: Path) -> dict:
+    """Returns the safetensors header of `path` after checking it against the file, before any
+    parser sees it; raises CheckpointError naming the file and what is wrong."""
+    size = _regular_file(path).st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is truncated ({size} bytes): a safetensors file starts with an "
+                                  "8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > HEADER_LIMIT:
+            raise CheckpointError(f"{path}: the header claims {n:,} bytes, over the {HEADER_LIMIT // 2**20} MB "
+                                  "limit; not a safetensors file, or a corrupted one")
+        if 8 + n > size:
+            raise CheckpointError(f"{path} is truncated: the header claims {n:,} bytes, the file has {size - 8:,} "
+                                  "after the length")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: bad safetensors header (not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: bad safetensors header (not a JSON object)")
+    data = size - 8 - n
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(t, dict) and isinstance(t.get("shape"), list) and isinstance(t.get("data_offsets"), list)
+                and len(t["data_offsets"]) == 2 and all(isinstance(x, int) and x >= 0 for x in t["shape"] + t["data_offsets"])):
+            raise CheckpointError(f"{path}: bad safetensors header entry for tensor {name!r}")
+        if t.get("dtype") not in WEIGHT_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {t.get('dtype')!r}; weights must be one of "
+                                  f"{', '.join(WEIGHT_DTYPES)}")
+        begin, end = t["data_offsets"]
+        if end - begin != math.prod(t["shape"]) * WEIGHT_DTYPES[t["dtype"]]:
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {t['shape']} but {end - begin} bytes")
+        if end > data:
+            raise CheckpointError(f"{path} is truncated: tensor {name!r} ends at byte {end:,} of the data, the file "
+                                  f"has {data:,}")
+    return header
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    check_safetensors(path)
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - whatever safetensors finds, the message names the file
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _shard_names(index: Path) -> list[str]:
+    """The shard files an index lists; each must be a plain .safetensors name inside its folder."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: {e})") from None
+    for s in shards:
+        if not (isinstance(s, str) and s == Path(s).name and not s.startswith(".") and s.endswith(".safetensors")):
+            raise CheckpointError(f"{index}: shard {s!r} is not a .safetensors file name in {index.parent}")
+    return shards
+
+
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     """Reads model.safetensors or the shards listed in model.safetensors.index.json."""
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.exists():
-        return load_file(str(single))
+        return _load_safetensors(single)
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         sd: dict[str, torch.Tensor] = {}
-        for s in shards:
-            sd.update(load_file(str(folder / s)))
+        for s in _shard_names(index):
+            sd.update(_load_safetensors(folder / s))
         return sd
-    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
-        raise CheckpointError(f"{folder} has only pickle weights (.bin/.pt); convert them to safetensors")
+    pickles = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth"), *folder.glob("*.ckpt")))
+    if pickles:
+        raise CheckpointError(f"{folder} has only pickle weights ({', '.join(pickles)}), which are never loaded "
+                              "(unpickling can run code); convert them to safetensors")
     raise CheckpointError(f"no model.safetensors in {folder}")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -99,3 +100,95 @@ def test_repo_ids_resolve_from_the_local_hf_cache_only(tiny, tmp_path, monkeypat
     assert resolve_model_path("org/tiny") == snap
     with pytest.raises(CheckpointError):
         resolve_model_path("org/absent")
+
+
+# ----------------------------------------------------------------------------- corrupted weights
+
+def _header(path) -> tuple[int, dict]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return n, json.loads(raw[8 : 8 + n])
+
+
+def _corrupt(kind: str, tiny, folder):
+    """A copy of `tiny` whose model.safetensors is broken in one way."""
+    import struct
+
+    folder = _copy(tiny, folder)
+    f = folder / "model.safetensors"
+    raw = f.read_bytes()
+    n, header = _header(f)
+    if kind == "truncated":
+        f.write_bytes(raw[: len(raw) - 100])
+    elif kind == "tiny-file":
+        f.write_bytes(raw[:5])
+    elif kind == "huge-header":  # a header length claiming 10 GB
+        f.write_bytes(struct.pack("<Q", 10 * 2**30) + raw[8:])
+    elif kind == "past-the-end":
+        f.write_bytes(struct.pack("<Q", len(raw)) + raw[8:])
+    elif kind == "bad-header":
+        f.write_bytes(raw[:8] + b"\xff{not json" + raw[8 + 10 :])
+    elif kind == "wrong-dtype":
+        name = next(k for k in header if k != "__metadata__" and header[k]["dtype"] == "F32")
+        header[name]["dtype"] = "I32"  # same size: only the type is wrong
+        body = json.dumps(header).encode().ljust(n)
+        f.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n :])
+    elif kind == "fifo":
+        f.unlink()
+        os.mkfifo(f)
+    return folder
+
+
+@pytest.mark.parametrize("kind,match", [
+    ("truncated", "is truncated: tensor"),
+    ("tiny-file", "is truncated \\(5 bytes\\)"),
+    ("huge-header", "claims 10,737,418,240 bytes, over the 100 MB limit"),
+    ("past-the-end", "is truncated: the header claims"),
+    ("bad-header", "bad safetensors header \\(not JSON"),
+    ("wrong-dtype", "has dtype 'I32'; weights must be one of F64, F32, F16, BF16"),
+    ("fifo", "is not a regular file"),
+])
+def test_a_corrupted_weights_file_is_refused_naming_the_file(tiny, tmp_path, kind, match):
+    folder = _corrupt(kind, tiny, tmp_path / kind)
+    with pytest.raises(CheckpointError, match=match) as err:
+        load_checkpoint(folder)
+    assert str(folder / "model.safetensors") in str(err.value)
+
+
+def test_pickle_weights_are_refused_and_never_unpickled(tiny, tmp_path):
+    import pickle
+
+    marker = tmp_path / "UNPICKLED"
+
+    class Payload:  # unpickling this creates `marker`: what a malicious pytorch_model.bin would do
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    folder = _copy(tiny, tmp_path / "evil", skip=("model.safetensors",))
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+    pickle.loads((folder / "pytorch_model.bin").read_bytes())  # the payload works ...
+    assert marker.is_dir()
+    marker.rmdir()
+    with pytest.raises(CheckpointError, match=r"only pickle weights \(pytorch_model.bin\), which are never loaded"):
+        load_checkpoint(folder)
+    assert not marker.exists()  # ... and the loader never ran it
+
+
+def test_an_index_cannot_name_shards_outside_its_folder(tiny, tmp_path):
+    outside = _copy(tiny, tmp_path / "outside")
+    folder = _copy(tiny, tmp_path / "sharded", skip=("model.safetensors",))
+    index = {"weight_map": {"norm.weight": "../outside/model.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="is not a .safetensors file name in"):
+        load_checkpoint(folder)
+    assert (outside / "model.safetensors").exists()
+
+
+def test_the_header_check_accepts_every_shipped_weights_file():
+    from engine.checkpoint import REPO_ROOT, check_safetensors
+
+    files = sorted((REPO_ROOT / "models").glob("*/model.safetensors"))
+    assert files
+    for f in files:
+        header = check_safetensors(f)
+        assert len(header) > 2
