@@ -18,7 +18,11 @@ COMMANDS = {
     "ctxbench": ("dlm_lsp.ctxbench", "add_ctxbench_args", "run_ctxbench",
                  "time didChange + context + post-processing per keystroke on a big file"),
     "bench": ("dlm_lsp.bench", "add_bench_args", "run_bench", "benchmark the engine (diffusion vs autoregressive)"),
+    "fuzz": ("dlm_lsp.fuzz", "add_fuzz_args", "run_fuzz", "drive the server with seeded valid and hostile input and check it"),
+    "soak": ("dlm_lsp.soak", "add_soak_args", "run_soak", "type code into the server for minutes and watch latency and memory"),
     "eval": ("dlm_lsp.evaluate", "add_eval_args", "run_eval", "evaluate fills on held-out holes"),
+    "corpus": ("engine.corpus_build", "add_corpus_args", "run_corpus",
+               "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
 }
 
@@ -30,6 +34,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out, help="output folder (checkpoints in OUT/last and OUT/best)")
     p.add_argument("--resume", default=None, help="checkpoint folder to continue from")
     p.add_argument("--source", dest="sources", action="append", default=[], help="extra folder of .py files (repeatable)")
+    p.add_argument("--corpus", default=None, help="a folder built by `dlm-lsp corpus` (replaces the stdlib + --source)")
+    p.add_argument("--holes", type=int, default=d.holes, help="holes per infill window (several canvases a window)")
+    p.add_argument("--total-hours", type=float, default=None,
+                   help="plan one warmup-stable-decay schedule over this many training hours, across resumes")
+    p.add_argument("--decay-share", type=float, default=d.decay_share, help="last share of --total-hours that decays the LR")
+    p.add_argument("--tokenizer-mb", type=float, default=d.tokenizer_mb, help="MB of text the tokenizer is trained on")
+    p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument("--objective", choices=["diffusion", "ar"], default=d.objective)
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall-clock budget")
     p.add_argument("--max-steps", type=int, default=None)

@@ -68,3 +68,22 @@ def write_manifest(path: Path, train: list[SourceFile], held: list[SourceFile]) 
 def heldout_files(sources: list[Path] | None = None) -> list[SourceFile]:
     """The held-out files the eval harness uses (same rule as training)."""
     return split(collect(sources))[1]
+
+
+def built_files(folder: Path | str) -> dict[str, list[SourceFile]]:
+    """The sides of a corpus built by `dlm-lsp corpus` ("train", "heldout", "heldout_packages"):
+    stdlib keys name this interpreter's files, package keys the files written under folder/files/."""
+    folder = Path(folder)
+    meta = folder / "corpus.json"
+    if not meta.exists():
+        raise FileNotFoundError(f"{meta} not found: build it with `dlm-lsp corpus --out {folder}`")
+    summary = json.loads(meta.read_text())
+    root = stdlib_dir()
+    out = {}
+    for side in ("train", "heldout", "heldout_packages"):
+        files = []
+        for key in summary.get(side, []):
+            label, rel = key.split(":", 1)
+            files.append(SourceFile(key, root / rel if label == "stdlib" else folder / "files" / label / rel))
+        out[side] = files
+    return out
