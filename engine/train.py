@@ -1,12 +1,17 @@
 """`dlm-lsp train`: trains the default masked-diffusion code model (or its autoregressive twin).
 
-Resumable: --resume reads a checkpoint folder (weights + tokenizer) and continues with a fresh
-optimizer and a short re-warm-up. Checkpoints hold an EMA of the weights, so a copy taken mid-run is
-already a good model. Writes a JSON log (train_log.jsonl), a curve (train_curve.png) and the split
+Resumable: --resume reads a checkpoint folder (weights + tokenizer). When the folder also holds
+optimizer.safetensors (the raw weights and AdamW's moments, written by every save), the run continues
+where it stopped: same weights, same moments, no re-warm-up, and with --total-hours the same
+warmup-stable-decay schedule planned over the whole budget of every segment together. Without it, a
+fresh optimizer re-warms (the old behaviour). Checkpoints hold an EMA of the weights, so a copy taken
+mid-run is already a good model. Writes a JSON log (train_log.jsonl), a curve (train_curve.png) and the split
 manifest (split.json) into the output folder.
 """
 from __future__ import annotations
 
+import array
+import itertools
 import json
 import math
 import random
@@ -23,7 +28,7 @@ from engine import corpus
 from engine.checkpoint import load_checkpoint, save_checkpoint
 from engine.config import ModelConfig
 from engine.model import Transformer
-from engine.objective import SpecialIds, collate, infill_example, mdlm_example
+from engine.objective import SpecialIds, collate, infill_example, mdlm_example, multi_infill_example
 from engine.tokenizer import BOS, EOS, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, PAD, TextTokenizer, train_bpe
 
 
@@ -32,6 +37,7 @@ class TrainArgs:
     out: str = "runs/default"
     resume: str | None = None
     sources: list[str] = field(default_factory=list)
+    corpus: str | None = None  # a folder built by `dlm-lsp corpus` (its train side; held-out for validation)
     objective: str = "diffusion"  # "diffusion" or "ar" (FIM-format causal twin)
     minutes: float = 10.0
     max_steps: int | None = None
@@ -45,6 +51,10 @@ class TrainArgs:
     ema: float = 0.999
     infill_share: float = 0.5
     infill_ordered: float = 0.5  # share of infill canvases revealed from the left (engine/objective.py)
+    holes: int = 1  # holes per infill window (1: one canvas per window, the shipped recipe)
+    total_hours: float | None = None  # warmup-stable-decay planned over this many training hours in all
+    decay_share: float = 0.2  # last share of total_hours spent decaying the LR linearly to 10%
+    tokenizer_mb: float = 40.0  # text sample the tokenizer is trained on (whole files, spread over the corpus)
     vocab: int = 8192
     dim: int = 192
     n_layers: int = 5
@@ -99,22 +109,27 @@ class Batches:
         self.texts, self.tok, self.args = texts, tok, args
         self.rng = random.Random(seed)
         self.ids = _special_ids(tok)
-        self.stream: list[int] = []
+        self.stream = array.array("i")  # int32: a list of Python ints would take ~36 bytes a token
         if args.objective == "diffusion":
-            for ids in tok.encode_batch(texts):
-                self.stream.extend(ids)
-                self.stream.append(self.ids.eos)
+            for i in range(0, len(texts), 512):
+                for ids in tok.encode_batch(texts[i : i + 512]):
+                    self.stream.extend(ids)
+                    self.stream.append(self.ids.eos)
         # sample files by size so big files are not under-represented
-        self.weights = [len(t) for t in texts]
+        self.cum_weights = list(itertools.accumulate(len(t) for t in texts))
 
     def example(self):
         a = self.args
         while True:
             if a.objective == "ar":
-                ex = fim_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng)
+                ex = fim_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok, a.seq_len, self.ids, self.rng)
             elif self.rng.random() < a.infill_share:
-                ex = infill_example(self.rng.choices(self.texts, self.weights)[0], self.tok, a.seq_len, self.ids, self.rng,
-                                    ordered=a.infill_ordered)
+                text = self.rng.choices(self.texts, cum_weights=self.cum_weights)[0]
+                if a.holes > 1:
+                    ex = multi_infill_example(text, self.tok, a.seq_len, self.ids, self.rng, holes=a.holes,
+                                              ordered=a.infill_ordered)
+                else:
+                    ex = infill_example(text, self.tok, a.seq_len, self.ids, self.rng, ordered=a.infill_ordered)
             else:
                 ex = mdlm_example(self.stream, a.seq_len, self.ids, self.rng)
             if ex is not None:
@@ -164,6 +179,77 @@ def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast) ->
     return (ce * w[sel]).sum() / ids.shape[0]
 
 
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+def wsd_lr(args: TrainArgs, step: int, hours: float, warm_from: int = 0) -> float:
+    """Warmup-stable-decay over the whole planned run: linear warm-up over `warmup` steps (counted from
+    `warm_from`, the step a fresh optimizer started at), the peak LR, then a linear decay to 10% of it
+    over the last `decay_share` of `total_hours`."""
+    lr = args.lr * min(1.0, (step - warm_from + 1) / args.warmup)
+    start = args.total_hours * (1 - args.decay_share)
+    if hours > start:
+        lr *= max(0.1, 1 - 0.9 * (hours - start) / max(1e-9, args.total_hours - start))
+    return lr
+
+
+def tokenizer_sample(texts: list[str], mb: float) -> list[str]:
+    """Whole files spread evenly over the corpus, about `mb` MB in all (the tokenizer sees every source)."""
+    total = sum(map(len, texts))
+    if total <= mb * 1e6:
+        return texts
+    every = total / (mb * 1e6)
+    out, acc = [], 0.0
+    for t in texts:
+        acc += 1
+        if acc >= every:
+            acc -= every
+            out.append(t)
+    return out
+
+
+def save_optimizer(path: Path, opt: torch.optim.AdamW, model: Transformer) -> None:
+    """The raw (not EMA) weights in fp32 and AdamW's moments in bf16 (half the bytes; the moments are
+    running averages, their 3 significant digits are plenty) plus each parameter's step, as safetensors."""
+    from safetensors.torch import save_file
+
+    tensors, steps = {}, {}
+    for name, p in model.named_parameters():
+        tensors[f"weight.{name}"] = p.detach().float().contiguous().cpu()
+        st = opt.state.get(p)
+        if st:
+            tensors[f"exp_avg.{name}"] = st["exp_avg"].detach().to(torch.bfloat16).contiguous().cpu()
+            tensors[f"exp_avg_sq.{name}"] = st["exp_avg_sq"].detach().to(torch.bfloat16).contiguous().cpu()
+            steps[name] = float(st["step"])
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"steps": json.dumps(steps)})
+    tmp.replace(path)
+
+
+def load_raw_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {k[len("weight."):]: f.get_tensor(k) for k in f.keys() if k.startswith("weight.")}
+
+
+def load_optimizer(opt: torch.optim.AdamW, model: Transformer, path: Path) -> None:
+    """Restores the moments saved by save_optimizer into a fresh AdamW over the same parameters."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        steps = json.loads((f.metadata() or {}).get("steps", "{}"))
+        keys = set(f.keys())
+        for name, p in model.named_parameters():
+            if f"exp_avg.{name}" not in keys:
+                continue
+            opt.state[p] = {
+                "step": torch.tensor(steps.get(name, 0.0)),
+                "exp_avg": f.get_tensor(f"exp_avg.{name}").float().to(p.device),
+                "exp_avg_sq": f.get_tensor(f"exp_avg_sq.{name}").float().to(p.device),
+            }
+
+
 def _plot(log_path: Path, png: Path) -> None:
     try:
         import matplotlib
@@ -200,8 +286,12 @@ def train(args: TrainArgs) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    files = corpus.collect([Path(s) for s in args.sources], include_stdlib=args.stdlib)
-    train_files, held_files = corpus.split(files)
+    if args.corpus:
+        sides = corpus.built_files(args.corpus)
+        train_files, held_files = sides["train"], sides["heldout"] + sides["heldout_packages"]
+    else:
+        files = corpus.collect([Path(s) for s in args.sources], include_stdlib=args.stdlib)
+        train_files, held_files = corpus.split(files)
     if args.max_files:
         train_files, held_files = train_files[: args.max_files], held_files[: max(2, args.max_files // 10)]
     corpus.write_manifest(out / "split.json", train_files, held_files)
@@ -224,7 +314,7 @@ def train(args: TrainArgs) -> Path:
             shutil.copy(prev_log, out / "train_log.jsonl")
         print(f"resumed from {args.resume}: {prior_hours:.2f} h, step {step0}", flush=True)
     else:
-        tok = TextTokenizer.load(args.tokenizer) if args.tokenizer else train_bpe(texts, args.vocab)
+        tok = TextTokenizer.load(args.tokenizer) if args.tokenizer else train_bpe(tokenizer_sample(texts, args.tokenizer_mb), args.vocab)
         cfg = ModelConfig(
             vocab_size=tok.vocab_size, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
             ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len), context_len=args.seq_len,
@@ -239,6 +329,10 @@ def train(args: TrainArgs) -> Path:
     print(f"model: {model.num_params() / 1e6:.2f}M params, {cfg.attention}", flush=True)
 
     ema = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+    opt_state = Path(args.resume) / OPTIMIZER_FILE if args.resume else None
+    if opt_state is not None and opt_state.exists():
+        raw = load_raw_weights(opt_state)
+        model.load_state_dict({k: raw.get(k, v) for k, v in model.state_dict().items()})
     decay, no_decay = [], []
     for n, p in model.named_parameters():
         (decay if p.dim() >= 2 else no_decay).append(p)
@@ -246,10 +340,14 @@ def train(args: TrainArgs) -> Path:
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
     )
+    resumed_opt = opt_state is not None and opt_state.exists()
+    if resumed_opt:
+        load_optimizer(opt, model, opt_state)
+        print(f"optimizer state restored from {opt_state}: no re-warm-up", flush=True)
     data = Batches(texts, tok, args, seed=args.seed + step0)
     batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
-    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0})
+    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1})  # server-shaped: one hole a window
     val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
     val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
 
@@ -294,10 +392,12 @@ def train(args: TrainArgs) -> Path:
         ema_model = Transformer(cfg)
         ema_model.load_state_dict({k: v.cpu() for k, v in ema.items()})
         save_checkpoint(out / "last", ema_model, tok, state)
+        save_optimizer(out / "last" / OPTIMIZER_FILE, opt, model)
         shutil.copy(out / "train_log.jsonl", out / "last" / "train_log.jsonl")
         if vl < best:
             best = vl
             save_checkpoint(out / "best", ema_model, tok, state)
+            save_optimizer(out / "best" / OPTIMIZER_FILE, opt, model)
             shutil.copy(out / "train_log.jsonl", out / "best" / "train_log.jsonl")
             bestf.write_text(json.dumps({"val_loss": vl, "step": step}) + "\n")
         _plot(out / "train_log.jsonl", out / "train_curve.png")
@@ -313,11 +413,16 @@ def train(args: TrainArgs) -> Path:
         elapsed = time.time() - t0
         if elapsed >= budget_s or (args.max_steps is not None and local >= args.max_steps):
             break
-        # warm-up, then constant, then a linear cool-down over the last 15% of this run's budget
-        frac = elapsed / budget_s
-        lr = args.lr * min(1.0, (local + 1) / args.warmup)
-        if frac > 0.85:
-            lr *= max(0.1, (1 - frac) / 0.15)
+        if args.total_hours is not None and hours_now() >= args.total_hours:
+            print(f"planned budget of {args.total_hours} h reached", flush=True)
+            break
+        if args.total_hours is not None:  # one schedule over every segment of the run
+            lr = wsd_lr(args, step, hours_now(), warm_from=0 if resumed_opt else step0)
+        else:  # warm-up, then constant, then a linear cool-down over the last 15% of this run's budget
+            frac = elapsed / budget_s
+            lr = args.lr * min(1.0, (local + 1) / args.warmup)
+            if frac > 0.85:
+                lr *= max(0.1, (1 - frac) / 0.15)
         for g in opt.param_groups:
             g["lr"] = lr
         b = next(batches)

@@ -59,3 +59,30 @@ def test_ordered_infill_reveals_a_prefix_of_the_canvas(tmp_path):
         assert ex.weight == pytest.approx(1.0 / len(slots))
         boundary_pad += ex.targets[slots[0]] == IDS.pad  # the fill ends right at the first masked slot
     assert boundary_pad > 0
+
+
+def test_multi_hole_windows_hold_several_canvases_of_middle_then_padding(tmp_path):
+    from engine.objective import collate, multi_infill_example
+
+    tok = _tok(tmp_path)
+    ids = SpecialIds(mask=tok.token_id("<|mask|>"), pad=tok.token_id("<|pad|>"), eos=tok.token_id("<|endoftext|>"))
+    rng = random.Random(1)
+    text = TEXT * 8
+    several = 0
+    for _ in range(40):
+        ex = multi_infill_example(text, tok, 256, ids, rng, holes=4, ordered=0.5, chars_per_token=1.5)
+        if ex is None:
+            continue
+        assert len(ex.ids) == len(ex.targets) == len(ex.weight) <= 256
+        # targets only at masked slots; weight > 0 exactly on canvas slots; padding targets end a canvas
+        assert all((t >= 0) == (i == ids.mask) for i, t in zip(ex.ids, ex.targets))
+        assert all(w > 0 for w, t in zip(ex.weight, ex.targets) if t >= 0)
+        runs, inside = 0, False
+        for w in ex.weight:
+            if w > 0 and not inside:
+                runs += 1
+            inside = w > 0
+        several += runs >= 2
+        b = collate([ex], ids.pad)
+        assert b["weights"][0, : len(ex.ids)].tolist() == pytest.approx(ex.weight)
+    assert several >= 20  # most windows hold more than one canvas

@@ -182,3 +182,54 @@ def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, model2.state_dict()[k])
     assert shard_checkpoint(best) == [s.name for s in shards]  # already sharded: a no-op
+
+
+def test_wsd_schedule_warms_once_and_decays_over_the_planned_hours():
+    from engine.train import wsd_lr
+
+    a = TrainArgs(lr=1e-3, warmup=10, total_hours=10.0, decay_share=0.2)
+    assert wsd_lr(a, 0, 0.0) == pytest.approx(1e-4)
+    assert wsd_lr(a, 500, 5.0) == pytest.approx(1e-3)  # stable
+    assert wsd_lr(a, 500, 8.0) == pytest.approx(1e-3)  # decay starts at 80%
+    assert wsd_lr(a, 900, 9.0) == pytest.approx(1e-3 * 0.55)
+    assert wsd_lr(a, 999, 10.0) == pytest.approx(1e-4)
+    assert wsd_lr(a, 500, 5.0, warm_from=500) == pytest.approx(1e-4)  # a fresh optimizer re-warms
+
+
+def test_resume_restores_the_optimizer_and_skips_the_warm_up(tmp_path):
+    from engine.train import OPTIMIZER_FILE, load_raw_weights
+
+    args = {**TINY, "warmup": 50, "total_hours": 100.0, "holes": 3}
+    first = tmp_path / "a"
+    train(TrainArgs(out=str(first), max_steps=4, **args))
+    saved = first / "last" / OPTIMIZER_FILE
+    assert saved.exists()
+    raw = load_raw_weights(saved)
+    ema = read_state_dict(first / "last")
+    assert set(raw) <= set(ema) and any(not torch.equal(raw[k], ema[k]) for k in raw)  # raw, not the EMA
+    second = tmp_path / "b"
+    train(TrainArgs(out=str(second), resume=str(first / "last"), max_steps=20, **args))
+    lrs = [r["lr"] for r in _log(second) if "lr" in r and r["step"] > 4]
+    # the log's first LR is step 23's: the warm-up continues from step 4 of 50 instead of restarting
+    assert lrs[0] == pytest.approx(6e-4 * 24 / 50)
+    fresh = tmp_path / "c"
+    (tmp_path / "noopt").mkdir()
+    for f in (first / "last").iterdir():
+        if f.name != OPTIMIZER_FILE:
+            (tmp_path / "noopt" / f.name).write_bytes(f.read_bytes())
+    train(TrainArgs(out=str(fresh), resume=str(tmp_path / "noopt"), max_steps=20, **args))
+    fresh_lrs = [r["lr"] for r in _log(fresh) if "lr" in r and r["step"] > 4]
+    assert fresh_lrs[0] == pytest.approx(6e-4 * 20 / 50)  # without the saved state it warms up again
+
+
+def test_train_on_a_built_corpus_uses_its_sides(tmp_path):
+    folder = tmp_path / "corpus"
+    (folder / "files" / "p" / "p").mkdir(parents=True)
+    src = (ROOT / "engine" / "objective.py").read_text()
+    (folder / "files" / "p" / "p" / "a.py").write_text(src)
+    (folder / "files" / "p" / "p" / "b.py").write_text((ROOT / "engine" / "sampler.py").read_text())
+    (folder / "corpus.json").write_text(json.dumps({"train": ["p:p/a.py"], "heldout": [], "heldout_packages": ["p:p/b.py"]}))
+    out = tmp_path / "run"
+    train(TrainArgs(out=str(out), corpus=str(folder), max_steps=2, **TINY))
+    split = json.loads((out / "split.json").read_text())
+    assert split["train"] == ["p:p/a.py"] and split["heldout"] == ["p:p/b.py"]
