@@ -11,6 +11,12 @@ EngineService.run_now(FillJob) (default DecodeOptions) -> post-processing. Per k
   dup_suffix    share of raw fills whose first line is within 5% edit distance of the suffix's first
                 non-empty line (Tabby's duplicate filter)
   p50/p95_ms    wall time per fill: context + engine + post-processing
+  shown         share of holes where a fill of >= 2 non-space characters is shown (after the gate)
+  accepted      share of those shown fills that the true text starts with: what a user would keep
+The confidence gate (the server's minConfidence) hides fills the engine is less sure of; --curve
+writes accepted vs shown over every gate as a PNG (and the points into --json), from one pass.
+--corpus DIR takes the holes from a corpus built by `dlm-lsp corpus`: --heldout files (its held-out
+stdlib and package files), packages (whole packages the model never saw) or all.
 --ar-model runs an autoregressive FIM twin (PSM: <|fim_prefix|>p<|fim_suffix|>s<|fim_middle|> ->
 middle <|endoftext|>, greedy with a KV cache: engine.autoregressive) on the same holes, requests and
 post-processing. --oracle sends the true middle through the same path: the pipeline's ceiling.
@@ -106,6 +112,8 @@ class Sample:
     tokens: int
     server_kind: str  # the hole kind the server's context builder saw
     replace_len: int = 0  # the shown fill also replaces this many characters after the cursor
+    confidence: float = 1.0  # the engine's confidence (Fill.confidence)
+    ungated: str | None = None  # what would be shown with no confidence gate (None: same as shown)
 
 
 def _request(hole: Hole):
@@ -175,9 +183,14 @@ class Filler:
         t1 = time.perf_counter()
         raw, steps, tokens = self.decode(hole, req)
         engine_ms = (time.perf_counter() - t1) * 1000
-        shown, replace_len = self.post(doc, req, raw, self.last_confidence, self.min_confidence)
+        # post-processed without the gate, then gated: the same as gating inside finish(), whose first
+        # filter the gate is, and the curve over every gate comes from this one pass
+        ungated, replace_len = self.post(doc, req, raw, self.last_confidence, 0.0)
+        conf = self.last_confidence
+        shown = ungated if conf >= self.min_confidence or not ungated.strip() else ""
         ms = (time.perf_counter() - t0) * 1000
-        return Sample(raw, shown, ms, engine_ms, steps, tokens, req.hole_kind, replace_len)
+        return Sample(raw, shown, ms, engine_ms, steps, tokens, req.hole_kind, replace_len if shown else 0,
+                      conf, ungated)
 
 
 class DiffusionFiller(Filler):
@@ -266,9 +279,20 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
 # ----------------------------------------------------------------------------- running
 
 
-def load_files(source: str | None, limit_files: int | None) -> list[tuple[str, str]]:
-    """(key, text) of the held-out files of the training split, or of every .py file under `source`."""
-    if source:
+def load_files(source: str | None, limit_files: int | None, corpus_dir: str | None = None,
+               heldout: str = "all") -> list[tuple[str, str]]:
+    """(key, text) of the held-out files of the training split, of a built corpus's held-out side, or
+    of every .py file under `source`."""
+    if corpus_dir:
+        from engine.corpus import built_files
+
+        try:
+            sides = built_files(corpus_dir)
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from e
+        picked = {"files": ["heldout"], "packages": ["heldout_packages"], "all": ["heldout", "heldout_packages"]}[heldout]
+        items = sorted(((f.key, f.path) for side in picked for f in sides[side]), key=lambda kv: kv[0])
+    elif source:
         root = Path(source).resolve()
         if not root.is_dir():
             raise SystemExit(f"--source {source} is not a folder")
@@ -289,6 +313,59 @@ def load_files(source: str | None, limit_files: int | None) -> list[tuple[str, s
         if limit_files and len(out) >= limit_files:
             break
     return out
+
+
+MIN_SHOWN_CHARS = 2  # a fill shorter than this (non-space) is not counted as shown
+
+
+def _shown(text: str) -> bool:
+    return len("".join(text.split())) >= MIN_SHOWN_CHARS
+
+
+def _accepted(h: Hole, shown: str, replace_len: int) -> bool:
+    ref = h.middle + h.suffix[:replace_len]
+    return ref.startswith(shown.rstrip())
+
+
+def accept_curve(holes: list[Hole], samples: list[Sample], gates=None) -> list[dict]:
+    """(gate, shown, accepted) for each confidence gate: the ungated fills whose confidence passes."""
+    gates = gates or [round(0.05 * i, 2) for i in range(21)]
+    out = []
+    n = max(1, len(samples))
+    for g in gates:
+        shown = acc = 0
+        for h, s in zip(holes, samples):
+            text = s.ungated if s.ungated is not None else s.shown
+            if _shown(text) and s.confidence >= g:
+                shown += 1
+                acc += _accepted(h, text, s.replace_len)
+        out.append({"gate": g, "shown": round(shown / n, 4), "accepted": round(acc / max(1, shown), 4)})
+    return out
+
+
+def plot_curves(curves: dict[str, list[dict]], png: str, gate: float | None = None) -> None:
+    """accepted vs shown, one line per (model, kind), each point a confidence gate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, pts in curves.items():
+        line, = ax.plot([p["shown"] for p in pts], [p["accepted"] for p in pts], "o-", ms=3, label=name)
+        if gate is not None:
+            at = min(pts, key=lambda p: abs(p["gate"] - gate))
+            ax.plot([at["shown"]], [at["accepted"]], "s", ms=8, color=line.get_color(), mfc="none")
+    ax.set_xlabel("shown (share of holes with a fill)")
+    ax.set_ylabel("accepted (share of shown fills the true text starts with)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("confidence gate: accepted vs shown" + (f" (square: gate {gate:g})" if gate is not None else ""))
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def score(holes: list[Hole], samples: list[Sample]) -> dict:
@@ -313,6 +390,7 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
         kinds[s.server_kind] = kinds.get(s.server_kind, 0) + 1
     n = max(1, len(samples))
     ms = [s.ms for s in samples]
+    shown_ok = [(h, s) for h, s in zip(holes, samples) if _shown(s.shown)]
     return {
         "holes": len(samples),
         "exact": round(exact / n, 4),
@@ -321,6 +399,8 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
         "dup_suffix": round(dup / n, 4),
         "p50_ms": round(percentile(ms, 50), 1),
         "p95_ms": round(percentile(ms, 95), 1),
+        "shown": round(len(shown_ok) / n, 4),
+        "accepted": round(sum(_accepted(h, s.shown, s.replace_len) for h, s in shown_ok) / max(1, len(shown_ok)), 4),
         # extras: syntax of the non-empty shown fills once accepted, decoding effort, share of holes
         # where nothing is shown, and what the server's context called the hole
         "syntax_clean_shown": round(clean_shown / max(1, shown_n), 4),
@@ -350,25 +430,30 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
                 print(f"[eval{' ' + label if label else ''}] {done}/{total} holes, {time.time() - t0:.0f} s",
                       file=sys.stderr, flush=True)
         results[kind] = score(hs, samples)
+        results[kind]["curve"] = accept_curve(hs, samples)
     return results
 
 
 def markdown_table(results: dict[str, dict[str, dict]]) -> str:
     """A Markdown table: one row per (model, kind)."""
-    rows = ["| model | kind | holes | exact | edit sim | syntax clean | dup suffix | p50 ms | p95 ms |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | p50 ms | p95 ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, res in results.items():
         for kind in KINDS:
             if kind not in res:
                 continue
             r = res[kind]
             rows.append(f"| {label} | {kind} | {r['holes']} | {r['exact']:.3f} | {r['edit_sim']:.3f} | "
-                        f"{r['syntax_clean']:.3f} | {r['dup_suffix']:.3f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
+                        f"{r['syntax_clean']:.3f} | {r['shown']:.3f} | {r['accepted']:.3f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
     return "\n".join(rows)
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default=None, help="evaluate on the .py files of DIR (default: the held-out split)")
+    p.add_argument("--corpus", default=None, help="a corpus built by `dlm-lsp corpus`: take its held-out side")
+    p.add_argument("--heldout", choices=["files", "packages", "all"], default="all",
+                   help="with --corpus: held-out files, whole held-out packages, or both")
+    p.add_argument("--curve", default=None, metavar="PNG", help="write the accepted-vs-shown curve over the confidence gate")
     p.add_argument("--model", default=None, help="diffusion checkpoint folder (default: models/default)")
     p.add_argument("--ar-model", default=None, help="also evaluate this autoregressive FIM twin on the same holes")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write metrics as JSON")
@@ -397,7 +482,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     t_start = time.time()
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    files = load_files(args.source, args.limit_files)
+    files = load_files(args.source, args.limit_files, getattr(args, "corpus", None), getattr(args, "heldout", "all"))
     if not files:
         print("no Python files to cut holes from", file=sys.stderr)
         return 1
@@ -416,7 +501,7 @@ def run_eval(args: argparse.Namespace) -> int:
         table = markdown_table(results)
         print(table)
         out = dict(results["oracle"])
-        out["meta"] = {"oracle_only": True, "source": args.source or "held-out split (engine.corpus.heldout_files)",
+        out["meta"] = {"oracle_only": True, "source": _source_name(args),
                        "files": len(files), "seed": args.seed, "per_kind": args.per_kind,
                        "counts": {k: len(v) for k, v in holes.items()}, "postprocess": oracle.post_name,
                        "elapsed_s": round(time.time() - t_start, 1)}
@@ -456,7 +541,7 @@ def run_eval(args: argparse.Namespace) -> int:
     out["meta"] = {
         "model": str(args.model or "default"),
         "model_path": _resolved(args.model),
-        "source": args.source or "held-out split (engine.corpus.heldout_files)",
+        "source": _source_name(args),
         "files": len(files),
         "limit_files": args.limit_files,
         "seed": args.seed,
@@ -478,11 +563,21 @@ def run_eval(args: argparse.Namespace) -> int:
         out["oracle"] = results["oracle"]
     table = markdown_table(results)
     print(table)
+    if getattr(args, "curve", None):
+        curves = {f"{label} {kind}": r["curve"] for label, res in results.items() if label != "oracle"
+                  for kind, r in res.items()}
+        plot_curves(curves, args.curve, gate=dlm.min_confidence)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
     if args.md_out:
         Path(args.md_out).write_text(table + "\n")
     return 0
+
+
+def _source_name(args) -> str:
+    if getattr(args, "corpus", None):
+        return f"corpus {args.corpus} held-out {args.heldout}"
+    return args.source or "held-out split (engine.corpus.heldout_files)"
 
 
 def _resolved(model) -> str:

@@ -192,6 +192,28 @@ def test_score_on_hand_made_samples():
     assert 0 < r["edit_sim"] < 1
 
 
+def test_shown_accepted_and_the_gate_curve():
+    from dlm_lsp.evaluate import accept_curve
+
+    text = "def f(a):\n    return a + 1\n\nvalue = f(2)\n"
+    a = text.index("return")
+    h = Hole("line", "t", text, a, text.index("\n", a))
+    right = Sample(raw="return a", shown="return a", ms=1, engine_ms=1, steps=1, tokens=2, server_kind="line",
+                   confidence=0.9)
+    wrong = Sample(raw="return b", shown="return b", ms=1, engine_ms=1, steps=1, tokens=2, server_kind="line",
+                   confidence=0.3)
+    tiny = Sample(raw="r", shown="r", ms=1, engine_ms=1, steps=1, tokens=1, server_kind="line", confidence=0.95)
+    hidden = Sample(raw="return a + 1", shown="", ms=1, engine_ms=1, steps=1, tokens=3, server_kind="line",
+                    confidence=0.1, ungated="return a + 1")
+    r = score([h] * 4, [right, wrong, tiny, hidden])
+    assert r["shown"] == pytest.approx(2 / 4)  # one char is not a shown fill; the gated one is hidden
+    assert r["accepted"] == pytest.approx(1 / 2)  # a prefix of the true text counts, "return b" does not
+    curve = {p["gate"]: p for p in accept_curve([h] * 4, [right, wrong, tiny, hidden])}
+    assert curve[0.0] == {"gate": 0.0, "shown": 0.75, "accepted": pytest.approx(2 / 3, abs=1e-3)}
+    assert curve[0.5] == {"gate": 0.5, "shown": 0.25, "accepted": 1.0}
+    assert curve[1.0]["shown"] == 0.0
+
+
 def test_oracle_through_the_server_path_scores_high():
     """The true middle through the server's context and post-processing: the pipeline's ceiling."""
     holes = cut_holes([("sample", SAMPLE.read_text())], 4, seed=0)
@@ -271,6 +293,8 @@ def test_eval_end_to_end_writes_json_and_markdown(tiny_models, tmp_path):
     meta = res["meta"]
     assert meta["seed"] == 0 and meta["counts"] == {k: 3 for k in KINDS} and meta["files"] == 6
     assert meta["model"] == str(dlm) and "threshold" in meta["decode"]
+    assert all(0.0 <= res[k]["shown"] <= 1.0 and 0.0 <= res[k]["accepted"] <= 1.0 for k in KINDS)
+    assert [p["gate"] for p in res["line"]["curve"]][:3] == [0.0, 0.05, 0.1]
     table = md.read_text()
     assert table.startswith("| model | kind |") and table.count("\n") == 2 + 6
 
@@ -290,6 +314,23 @@ def test_eval_on_a_source_folder(tiny_models, tmp_path):
     assert res["meta"]["decode"]["pad_left"] is False and res["meta"]["decode"]["threshold"] == 0.8
     assert res["meta"]["min_confidence"] == 0.5
     assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--decode", '{"nope": 1}']) == 2
+
+
+def test_eval_on_a_built_corpus_heldout_packages(tiny_models, tmp_path):
+    from dlm_lsp.cli import main
+
+    folder = tmp_path / "corpus"
+    (folder / "files" / "pkg" / "pkg").mkdir(parents=True)
+    (folder / "files" / "pkg" / "pkg" / "mod.py").write_text(SAMPLE.read_text())
+    (folder / "corpus.json").write_text(json.dumps({"train": [], "heldout": [], "heldout_packages": ["pkg:pkg/mod.py"]}))
+    out, png = tmp_path / "e.json", tmp_path / "curve.png"
+    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "packages",
+                 "--per-kind", "2", "--kinds", "line", "--json", str(out), "--curve", str(png)]) == 0
+    res = json.loads(out.read_text())
+    assert res["line"]["holes"] == 2 and res["meta"]["files"] == 1 and "packages" in res["meta"]["source"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # the held-out files side of this corpus is empty: nothing to cut holes from
+    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "files"]) == 1
 
 
 def test_decode_options_overrides():
