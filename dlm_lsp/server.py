@@ -19,17 +19,15 @@ import argparse
 import asyncio
 import logging
 import time
-from types import SimpleNamespace
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
 
 from dlm_lsp import context, postprocess
 from dlm_lsp.documents import DocumentStore
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
+from dlm_lsp.protocol import DlmProtocol, run_stdio
 from dlm_lsp.scheduler import Scheduler, Stats, Superseded, TypingThrough
 
 log = logging.getLogger("dlm.server")
@@ -43,30 +41,6 @@ STATS = "dlm/stats"
 # cancel) the job is spared and its fill serves that request by typing-through.
 CANCEL_GRACE_S = 0.05
 PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never reused after its end
-
-
-class DlmProtocol(LanguageServerProtocol):
-    """Answers a request whose params do not match the LSP types with InvalidParams (pygls alone
-    would log the error and leave the request unanswered)."""
-
-    def structure_message(self, data):
-        try:
-            return super().structure_message(data)
-        except JsonRpcException as exc:
-            if isinstance(data, dict) and "id" in data and "method" in data and "jsonrpc" in data:
-                log.warning("malformed %s request %r: %s", data.get("method"), data.get("id"), exc)
-                err = JsonRpcInvalidParams(f"invalid params for {data.get('method')}")
-                self._send_response(data["id"], None, err.to_response_error())
-                return _ANSWERED
-            raise
-
-    def handle_message(self, message):
-        if message is _ANSWERED:
-            return
-        super().handle_message(message)
-
-
-_ANSWERED = SimpleNamespace(jsonrpc="answered")  # a malformed request already answered with an error
 
 
 def default_engine_factory(model, device, on_state):
@@ -442,12 +416,14 @@ def _supports_configuration(ls: DlmServer) -> bool:
     return bool(caps and caps.workspace and caps.workspace.configuration)
 
 
-def serve(engine_factory=None) -> None:
-    """Runs the server over stdio until the client exits."""
+def serve(engine_factory=None) -> int:
+    """Runs the server over stdio until the client exits; returns the exit code (0 after shutdown,
+    else 1). No input ends it otherwise (dlm_lsp/protocol.py)."""
     server = make_server(engine_factory)
-    server.start_io()
+    code = run_stdio(server)
     if server.engine is not None:
         server.engine.close()
+    return code
 
 
 # ---------------------------------------------------------------------- CLI
@@ -464,8 +440,7 @@ def run_serve(args: argparse.Namespace) -> int:
         h = logging.FileHandler(args.log_file)
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(h)
-    serve()
-    return 0
+    return serve()
 
 
 def quiet_pygls() -> None:

@@ -13,4 +13,4 @@ from dlm_lsp.server import quiet_pygls, serve  # noqa: E402
 if __name__ == "__main__":
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_pygls()
-    serve(engine_factory=ScriptedEngine)
+    sys.exit(serve(engine_factory=ScriptedEngine))
