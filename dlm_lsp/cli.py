@@ -40,6 +40,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="plan one warmup-stable-decay schedule over this many training hours, across resumes")
     p.add_argument("--decay-share", type=float, default=d.decay_share, help="last share of --total-hours that decays the LR")
     p.add_argument("--tokenizer-mb", type=float, default=d.tokenizer_mb, help="MB of text the tokenizer is trained on")
+    p.add_argument("--clock", choices=["wall", "cpu"], default=d.clock,
+                   help="what --minutes / --total-hours count: wall time, or this process's CPU time (shared machine)")
+    p.add_argument("--ar-loss", choices=["all", "middle"], default=d.ar_loss,
+                   help="AR twin: loss on every token of the FIM document, or on the middle only")
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument("--objective", choices=["diffusion", "ar"], default=d.objective)
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall-clock budget")

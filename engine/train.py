@@ -54,6 +54,8 @@ class TrainArgs:
     holes: int = 1  # holes per infill window (1: one canvas per window, the shipped recipe)
     total_hours: float | None = None  # warmup-stable-decay planned over this many training hours in all
     decay_share: float = 0.2  # last share of total_hours spent decaying the LR linearly to 10%
+    clock: str = "wall"  # "cpu": hours are this process's CPU time (every thread), fair on a shared machine
+    ar_loss: str = "all"  # AR twin: loss on every token of the FIM document ("middle": the middle only)
     tokenizer_mb: float = 40.0  # text sample the tokenizer is trained on (whole files, spread over the corpus)
     vocab: int = 8192
     dim: int = 192
@@ -77,9 +79,10 @@ def _special_ids(tok: TextTokenizer) -> SpecialIds:
     return SpecialIds(mask=tok.token_id(MASK), pad=tok.token_id(PAD), eos=tok.token_id(EOS))
 
 
-def fim_example(text, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random):
+def fim_example(text, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, loss: str = "middle"):
     """Autoregressive twin: <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle <eos> (PSM),
-    the same holes as the diffusion infill objective; loss on the middle and its end only."""
+    the same holes as the diffusion infill objective; loss on the middle and its end only, or (`all`,
+    as AR FIM models are normally trained) on every token of the transformed document."""
     from engine.objective import Example, cut_hole
 
     if len(text) < 20:
@@ -95,11 +98,11 @@ def fim_example(text, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: ra
     p_keep = min(len(p_ids), room - s_keep)
     seq = [fp] + p_ids[len(p_ids) - p_keep :] + [fs] + s_ids[:s_keep] + [fm] + m_ids
     # next-token targets: position i predicts seq[i+1]; only middle tokens count
-    start = len(seq) - len(m_ids) - 1
+    start = 0 if loss == "all" else len(seq) - len(m_ids) - 1
     tgt = [-1] * len(seq)
     for i in range(start, len(seq) - 1):
         tgt[i] = seq[i + 1]
-    return Example(seq, tgt, 1.0 / len(m_ids))
+    return Example(seq, tgt, 1.0 / (len(seq) - 1 - start))
 
 
 class Batches:
@@ -122,7 +125,8 @@ class Batches:
         a = self.args
         while True:
             if a.objective == "ar":
-                ex = fim_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok, a.seq_len, self.ids, self.rng)
+                ex = fim_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok, a.seq_len, self.ids,
+                                 self.rng, loss=a.ar_loss)
             elif self.rng.random() < a.infill_share:
                 text = self.rng.choices(self.texts, cum_weights=self.cum_weights)[0]
                 if a.holes > 1:
@@ -347,13 +351,14 @@ def train(args: TrainArgs) -> Path:
     data = Batches(texts, tok, args, seed=args.seed + step0)
     batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
-    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1})  # server-shaped: one hole a window
+    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle"})  # server-shaped: one hole a window
     val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
     val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
 
     log = (out / "train_log.jsonl").open("a")
     budget_s = args.minutes * 60
     t0 = time.time()
+    c0 = time.process_time()
     last_save = t0
     best = math.inf
     bestf = out / "best_val.json"
@@ -370,6 +375,8 @@ def train(args: TrainArgs) -> Path:
             bar = None
 
     def hours_now():
+        if args.clock == "cpu":  # equal compute for jobs that share the cores (bake-offs side by side)
+            return prior_hours + (time.process_time() - c0) / 3600
         return prior_hours + (time.time() - t0) / 3600
 
     def evaluate():
