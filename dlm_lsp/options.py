@@ -2,6 +2,12 @@
 
 Keys are camelCase in JSON. A bad value never fails the server: the default is kept and a warning
 naming the key goes back to the editor (window/showMessage).
+
+`model` is machine-scoped: it is read from initializationOptions only. A repository can ship
+workspace settings (VS Code's .vscode/settings.json), and the editor forwards those through
+workspace/didChangeConfiguration, so a `model` arriving there that differs from the one the server
+started with is refused with a warning: opening a folder never makes the server load weights from a
+path the folder chose. Changing the model is a user setting and a server restart.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ class InitializationOptions:
     # show a fill only when the engine's confidence in it (geometric mean of its tokens' probabilities
     # when committed) is at least this; 0 shows every fill that passes post-processing
     min_confidence: float = 0.0
+    # torch CPU threads of the engine; None: DLM_THREADS, else the cores free for it (engine.service.cpu_threads)
+    threads: int | None = None
     # Test hook: false returns the engine's text with only padding dropped and one-line holes cut to
     # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
     # weak model; not meant for editors.
@@ -50,14 +58,21 @@ _CHECKS = {
     "max_fill_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 512,
     "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "postprocess": lambda v: isinstance(v, bool),
+    "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
     "min_confidence": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
 }
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
 
 
-def parse_options(raw, base: InitializationOptions | None = None) -> tuple[InitializationOptions, list[str]]:
+# set only by initializationOptions (see the module docstring)
+MACHINE_KEYS = ("model",)
+
+
+def parse_options(raw, base: InitializationOptions | None = None,
+                  from_settings: bool = False) -> tuple[InitializationOptions, list[str]]:
     """Returns (options, warnings): `raw` applied over `base` (or the defaults); bad values keep the
-    value from `base` and add a warning that names the key and the value used."""
+    value from `base` and add a warning that names the key and the value used. `from_settings`:
+    `raw` came from workspace settings (didChangeConfiguration), where MACHINE_KEYS may not change."""
     opts = dataclasses.replace(base) if base is not None else InitializationOptions()
     opts.languages = list(opts.languages)
     warnings: list[str] = []
@@ -74,6 +89,13 @@ def parse_options(raw, base: InitializationOptions | None = None) -> tuple[Initi
             value = int(value)  # JSON clients sometimes send 300.0
         if name == "model" and value in ("", "default"):
             value = None
+        if name == "model" and isinstance(value, str):
+            value = value.strip()
+        if from_settings and name in MACHINE_KEYS and value != getattr(opts, name):
+            warnings.append(f"dlm-lsp: {key!r} cannot be changed through workspace settings (a repository can "
+                            f"ship those); keeping {getattr(opts, name) or 'default'!r}. Set it in your user "
+                            "settings and restart the server.")
+            continue
         if not _CHECKS[name](value):
             kept = getattr(opts, name)
             warnings.append(f"dlm-lsp: invalid value {value!r} for {key!r}; using {kept!r}")

@@ -7,7 +7,11 @@
   is stopped a grace moment later (`Scheduler.cancel_unless_spared`) unless a change or a newer
   request typed along it meanwhile - VS Code cancels the previous request at every keystroke, and a
   spared job serves the next request by typing-through as it does without a client cancel.
-- The deadline of a job is the request's arrival + budget.
+- The deadline of a job is the request's arrival + budget. The handler waits for the engine at
+  most until the deadline + LATE_GRACE_S: the engine checks the deadline only between steps, so
+  one slow step (a loaded CPU) or a step that never ends would otherwise hold the request. Past
+  that the request answers empty (`Late`, counted in `late`), the job is cancelled and whatever
+  it returns later is dropped.
 - Typing-through: when the user types characters that continue the fill last shown for a document,
   the rest of that fill is returned without an engine call.
 - Typing along a job in flight: when the only change since a running job started is text typed at
@@ -22,6 +26,7 @@ discarded as stale) can be reported.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -29,8 +34,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+log = logging.getLogger("dlm.scheduler")
+
+# How long past its deadline a request waits for the engine: a job finishing its last step right at
+# the deadline still makes it; a step that runs on far past it does not hold the request.
+LATE_GRACE_S = 0.1
+
+
 class Superseded(Exception):
     """A newer request for the same document took over."""
+
+
+class Late(Exception):
+    """The engine had no result by the request's deadline + LATE_GRACE_S."""
 
 
 @dataclass
@@ -45,6 +61,7 @@ class Stats:
     typed_through: int = 0  # served from the fill already shown, no engine call
     typed_along: int = 0  # fills finished after the user typed along them, kept for typing-through
     errors: int = 0  # engine errors or exceptions answered with an empty result
+    late: int = 0  # answered empty at deadline + grace because the engine had no result (counted in empty too)
     engine_jobs: int = 0
     engine_steps: int = 0
     wasted_steps: int = 0  # steps of jobs that were cancelled or discarded as stale
@@ -58,7 +75,7 @@ class Stats:
                 "requests": self.requests, "answered": self.answered, "empty": self.empty,
                 "cancelled": self.cancelled, "stale": self.stale, "typedThrough": self.typed_through,
                 "typedAlong": self.typed_along,
-                "errors": self.errors, "engineJobs": self.engine_jobs, "engineSteps": steps,
+                "errors": self.errors, "late": self.late, "engineJobs": self.engine_jobs, "engineSteps": steps,
                 "wastedSteps": self.wasted_steps,
                 "wastedStepShare": (self.wasted_steps / steps) if steps else 0.0,
                 "lastLatencyMs": self.last_latency_ms,
@@ -188,8 +205,9 @@ class Scheduler:
         if ms > 0:
             await ticket.race(asyncio.sleep(ms / 1000.0))
 
-    async def run(self, ticket: Ticket, job):
-        """Submits `job` and returns its Fill; raises Superseded, CancelledError or EngineError."""
+    async def run(self, ticket: Ticket, job, grace_s: float = LATE_GRACE_S):
+        """Submits `job` and returns its Fill; raises Superseded, CancelledError, EngineError, or
+        Late when it has no result by the deadline + `grace_s` (the job is cancelled then)."""
         ticket.job = job
         if ticket.superseded.done():
             job.cancel()
@@ -199,12 +217,22 @@ class Scheduler:
         fut.add_done_callback(lambda f: self._booked(ticket, f))
         afut = asyncio.wrap_future(fut)
         afut.add_done_callback(_retrieve)  # nobody awaits it after a supersede: silence its error
+        limit = max(0.0, ticket.deadline + grace_s - time.monotonic())
         try:
-            return await ticket.race(asyncio.shield(afut))
+            return await ticket.race(asyncio.wait_for(asyncio.shield(afut), limit))
         except (Superseded, asyncio.CancelledError):
             job.cancel()
             self.mark_wasted(ticket)
             raise
+        except asyncio.TimeoutError:
+            job.cancel()
+            self.mark_wasted(ticket)
+            with self.stats._lock:
+                self.stats.late += 1
+            over = (time.monotonic() - ticket.deadline) * 1000
+            log.warning("engine job %s had no result %.0f ms past its deadline: answered empty, job cancelled",
+                        getattr(job, "job_id", "?"), over)
+            raise Late() from None
 
     def _booked(self, ticket: Ticket, fut: Future) -> None:
         """Engine thread: books the finished job's steps."""

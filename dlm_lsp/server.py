@@ -28,7 +28,7 @@ from dlm_lsp.documents import DocumentStore
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
 from dlm_lsp.protocol import DlmProtocol, run_stdio
-from dlm_lsp.scheduler import Scheduler, Stats, Superseded, TypingThrough
+from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
 
 log = logging.getLogger("dlm.server")
 
@@ -43,11 +43,11 @@ CANCEL_GRACE_S = 0.05
 PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never reused after its end
 
 
-def default_engine_factory(model, device, on_state):
+def default_engine_factory(model, device, on_state, threads=None):
     """The real engine (imported here so importing the server never loads torch)."""
     from engine.service import EngineService
 
-    return EngineService(model=model, device=device, on_state=on_state)
+    return EngineService(model=model, device=device, on_state=on_state, threads=threads)
 
 
 class DlmServer(LanguageServer):
@@ -92,7 +92,8 @@ class DlmServer(LanguageServer):
             self.loop.call_soon_threadsafe(self._engine_state_changed, gen, state, dict(info or {}))
 
         try:
-            self.engine = self.engine_factory(self.options.model, self.options.device, on_state)
+            extra = {"threads": self.options.threads} if self.options.threads else {}
+            self.engine = self.engine_factory(self.options.model, self.options.device, on_state, **extra)
             self.engine.start()
         except Exception as e:  # noqa: BLE001 - a bad engine setup must not take the server down
             log.exception("engine failed to start")
@@ -105,7 +106,8 @@ class DlmServer(LanguageServer):
             return  # a callback from an engine that was replaced
         self.engine_state = state
         self.engine_info.update({k: v for k, v in info.items() if v is not None or k == "message"})
-        log.info("engine %s (%s on %s)%s", state, self.engine_info.get("model"), self.engine_info.get("device"),
+        log.info("engine %s (%s on %s, %s torch threads)%s", state, self.engine_info.get("model"),
+                 self.engine_info.get("device"), self.engine_info.get("threads", "?"),
                  f": {info.get('message')}" if info.get("message") else "")
         if state in ("ready", "error"):
             self._ready.set()
@@ -263,6 +265,8 @@ class DlmServer(LanguageServer):
                 return None
             outcome = "answered"
             return self._range_result(doc, offset, fin.text, fin.replace_len)
+        except Late:  # the engine had nothing by the deadline + grace (counted in stats.late)
+            return None
         except Superseded:
             outcome = "cancelled"
             return None
@@ -293,7 +297,7 @@ class DlmServer(LanguageServer):
     def apply_options(self, raw, initial: bool = False) -> None:
         """Applies raw option values; restarts the engine when model or device changed."""
         old = self.options
-        self.options, warnings = parse_options(raw, old)
+        self.options, warnings = parse_options(raw, old, from_settings=not initial)
         self.typing.clear()  # a kept fill was made under the old options
         for w in warnings:
             log.warning(w)
@@ -405,7 +409,8 @@ def make_server(engine_factory=None) -> DlmServer:
         """Counters since start (requests, cancelled, typed-through, engine steps, wasted steps...)."""
         out = ls.stats.as_json()
         out.update({"state": ls.engine_state, "model": str(ls.engine_info.get("model")),
-                    "device": str(ls.engine_info.get("device"))})
+                    "device": str(ls.engine_info.get("device")), "threads": ls.engine_info.get("threads"),
+                    "message": ls.engine_info.get("message")})
         return out
 
     return server

@@ -83,6 +83,7 @@ class Fill:
     slots: int  # mask slots on the canvas
     cancelled: bool = False
     deadline_hit: bool = False  # the remaining masks were committed in one last step
+    expired: bool = False  # its deadline had passed while it was queued: answered empty, never run
     queue_ms: float = 0.0
     compute_ms: float = 0.0
     tokens_per_step: list[int] = field(default_factory=list)

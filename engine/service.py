@@ -4,8 +4,15 @@ submit(job) -> Future[Fill]. Jobs that are waiting when a step begins join the b
 cancelled jobs leave it between steps, so several documents or clients share each forward pass.
 Cancel and deadline are checked between steps: a cancelled job stops within one step; a job whose
 next step would pass its deadline commits all its remaining masks in that step. A job that fails
-(bad input, an exception while decoding) fails alone: its future raises EngineError, the batch and
-the worker go on.
+(bad input, an exception while decoding, out of memory) fails alone: its future raises EngineError,
+the batch and the worker go on. A job whose deadline has passed while it was queued is answered at
+once with an empty Fill (`expired`), without running.
+
+The worker is watched: if it dies (an exception escaping its loop, a BaseException in a step) its
+jobs in flight fail with an error saying so and the next submit() starts a new worker; if one step
+runs longer than `stall_s` (a step that never ends) a watchdog fails the jobs of that step, leaves
+the stuck thread behind and starts a new worker over the same model; after `max_stalls` stuck
+workers the service goes to the 'error' state and fails every job at once instead.
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +32,51 @@ from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint
 
 log = logging.getLogger("dlm.engine")
+
+MAX_DEFAULT_THREADS = 8
+
+
+def cpu_threads() -> int:
+    """The torch CPU threads a resident engine uses by default: the cores this process may run on,
+    less one for the server's own threads (event loop, tree-sitter, post-processing), at most 8.
+
+    An OpenMP thread that shares a core with another busy thread spins in its barriers and a 10 ms
+    step becomes a 1-8 s step (seen on 2 cores with 2 torch threads beside the server). The count
+    is per calling thread (omp_set_num_threads): the worker sets its own, so OMP_NUM_THREADS is not
+    needed to keep the pool small. The cap: beyond a few threads a small-batch step gains little
+    and every extra thread is one more to spin. DLM_THREADS or the `threads` option override it."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_THREADS, cores - 1))
+
+
+def _env_threads() -> int | None:
+    env = os.environ.get("DLM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else None
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """True for MemoryError and torch's out-of-memory RuntimeErrors (CUDA, MPS, CPU allocator)."""
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
+
+
+def _death(e: BaseException) -> EngineError:
+    return EngineError(f"the engine thread died ({type(e).__name__}: {e}); it restarts with the next request")
+
+
+def _resolve(fut: Future, result=None, exc: BaseException | None = None) -> None:
+    """Sets a future's outcome unless it has one (a watchdog and a late worker may race for it)."""
+    if fut.done():
+        return
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def pick_device(device: str) -> torch.device:
@@ -48,14 +100,18 @@ class EngineService:
     """Owns the model on its own thread; thread-safe submit()."""
 
     def __init__(self, model: str | None = None, device: str = "auto", on_state=None, max_batch: int = 8,
-                 threads: int | None = None):
+                 threads: int | None = None, stall_s: float = 60.0, max_stalls: int = 3):
         self.model_name, self.device_name = model, device
         self.on_state = on_state
         self.max_batch = max_batch
-        # DLM_THREADS caps torch's CPU threads (e.g. 1 when another job holds a core: oversubscribed
-        # OpenMP threads spin against each other and a 10 ms step becomes a 1 s step)
-        env = os.environ.get("DLM_THREADS", "")
-        self.threads = threads or (int(env) if env.isdigit() and int(env) > 0 else None)
+        # torch CPU threads: the `threads` argument, else DLM_THREADS, else (the resident worker
+        # only) cpu_threads(); load() on a caller's thread applies only an explicit count
+        self._explicit_threads = threads if threads and threads > 0 else _env_threads()
+        self.threads = self._explicit_threads or cpu_threads()
+        self.threads_from = "option" if threads and threads > 0 else ("DLM_THREADS" if self._explicit_threads else "cores")
+        # a step running longer than this is stuck (also at least 10x the slowest step seen, so a
+        # big model on a slow CPU is not taken for a stuck one)
+        self.stall_s, self.max_stalls = stall_s, max_stalls
         self.state = "idle"
         self.message: str | None = None
         self.device: torch.device | None = None
@@ -64,10 +120,18 @@ class EngineService:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        self._lock = threading.RLock()  # guards replacing the worker
+        self._gen = 0  # the current worker's generation; an older worker that wakes up leaves
+        self._dead_gen = -1  # the generation of a worker that died (replaced at the next submit)
+        self._busy: tuple[int, float] | None = None  # (generation, monotonic start) of the step running now
+        self._jobs: list[_Active] = []  # the current worker's jobs in flight
+        self._slowest_step_s = 0.0
         self._batch_ctx = BatchContext()
         self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
         self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
-                      "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0}
+                      "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
+                      "out_of_memory": 0, "worker_deaths": 0, "stalls": 0, "restarts": 0}
         self._stats_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -76,30 +140,46 @@ class EngineService:
         self.state, self.message = state, message
         if self.on_state is not None:
             try:
-                self.on_state(state, {"model": str(self.model_name or "default"), "device": str(self.device or self.device_name), "message": message})
+                self.on_state(state, {"model": str(self.model_name or "default"), "device": str(self.device or self.device_name),
+                                      "message": message, "threads": self.threads})
             except Exception:  # a broken callback must not kill the engine
                 log.exception("on_state callback failed")
 
     def start(self) -> "EngineService":
-        """Starts the worker thread, which loads the model; returns at once."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dlm-engine", daemon=True)
-            self._thread.start()
+        """Starts the worker thread, which loads the model, and its watchdog; returns at once."""
+        with self._lock:
+            if self._thread is None:
+                self._spawn()
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch, name="dlm-engine-watchdog", daemon=True)
+                self._watchdog.start()
         return self
+
+    def _spawn(self) -> None:
+        """Starts a worker (the first one, or one replacing a dead or stuck worker); holds _lock."""
+        self._gen += 1
+        self._busy = None
+        self._jobs = []
+        self._batch_ctx = BatchContext()
+        self._thread = threading.Thread(target=self._run, args=(self._gen,), name=f"dlm-engine-{self._gen}", daemon=True)
+        self._thread.start()
 
     def load(self) -> None:
         """Loads the model on the calling thread (used by the worker and by one-shot commands)."""
         self._set_state("loading")
         try:
-            if self.threads:
-                torch.set_num_threads(self.threads)
+            if self._explicit_threads:
+                torch.set_num_threads(self._explicit_threads)
             self.device = pick_device(self.device_name)
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             self.model, self.tok, self.cfg = load_checkpoint(self.model_name, self.device, dtype)
         except Exception as e:  # noqa: BLE001 - any load failure becomes the 'error' state
+            log.error("could not load model %s: %s", self.model_name or "default", e)
             self._set_state("error", f"could not load model: {e}")
             self._ready.set()
             raise
+        log.info("model %s loaded on %s; %d torch thread(s) (%s)", self.model_name or "default", self.device,
+                 self.threads, self.threads_from)
         self._set_state("ready")
         self._ready.set()
 
@@ -112,8 +192,77 @@ class EngineService:
         """Stops the worker; jobs still running come back cancelled, queued ones fail."""
         self._stop.set()
         self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+            if thread.is_alive():  # stuck in a step: answer its jobs and the queue from here
+                log.warning("engine worker did not stop within 5 s; its jobs are answered as shut down")
+                self._abandon(EngineError("the engine is shut down"))
+                self._fail_queued(EngineError("the engine is shut down"))
+
+    # ------------------------------------------------------------ the watchdog
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(0.25, self.stall_s / 4)):
+            try:
+                self.check_worker()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive anything it sees
+                log.exception("engine watchdog failed")
+
+    def _stall_limit(self) -> float:
+        return max(self.stall_s, 10 * self._slowest_step_s)
+
+    def check_worker(self) -> None:
+        """Replaces a worker that died or is stuck in a step (the watchdog calls this; so does submit())."""
+        with self._lock:
+            if self._stop.is_set() or self._thread is None or self.state == "error":
+                return
+            busy = self._busy
+            if busy is not None and busy[0] == self._gen and time.monotonic() - busy[1] > self._stall_limit():
+                self._stalled(time.monotonic() - busy[1])
+            elif self._dead_gen == self._gen or not self._thread.is_alive():
+                self._dead_gen = -1
+                with self._stats_lock:
+                    self.stats["restarts"] += 1
+                log.warning("engine worker %d is gone: starting a new one", self._gen)
+                self._spawn()
+
+    def _stalled(self, seconds: float) -> None:
+        """A step has run for `seconds`: fail its jobs, leave its thread, start a new worker (holds _lock)."""
+        with self._stats_lock:
+            self.stats["stalls"] += 1
+            stalls = self.stats["stalls"]
+        msg = f"an engine step was stuck for {seconds:.0f} s"
+        log.error("%s (worker %d); %s", msg, self._gen,
+                  "starting a new worker" if stalls < self.max_stalls else "giving up")
+        self._abandon(EngineError(f"{msg}; the engine was restarted"))
+        if stalls >= self.max_stalls:
+            self._gen += 1  # the stuck worker, should it ever wake, leaves
+            self._set_state("error", f"{msg}, {stalls} times; the engine stopped. Restart the server "
+                                     "(and see its log; DLM_THREADS=1 helps on a busy machine)")
+            self._fail_queued(EngineError(self.message))
+            return
+        with self._stats_lock:
+            self.stats["restarts"] += 1
+        self._spawn()
+        self._set_state("ready", f"{msg}; a new engine worker took over")
+
+    def _abandon(self, err: EngineError) -> None:
+        """Fails every job the current worker holds."""
+        for a in list(self._jobs):
+            if not a.future.done():
+                with self._stats_lock:
+                    self.stats["failed_jobs"] += 1
+            _resolve(a.future, exc=err)
+
+    def _fail_queued(self, err: EngineError) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                _resolve(item[1], exc=err)
 
     # ------------------------------------------------------------ jobs
 
@@ -126,6 +275,8 @@ class EngineService:
             fut.set_exception(EngineError("the engine is shut down"))
         else:
             self._inbox.put((job, fut))
+            if self._thread is not None:
+                self.check_worker()
         return fut
 
     def run_now(self, job: FillJob) -> Fill:
@@ -155,7 +306,7 @@ class EngineService:
                                           heal_then=heal and heal.then)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
         except Exception as e:  # noqa: BLE001
-            fut.set_exception(e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
+            _resolve(fut, exc=e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
             with self._stats_lock:
                 self.stats["failed_jobs"] += 1
             return None
@@ -189,15 +340,26 @@ class EngineService:
             if c.cancelled:
                 self.stats["cancelled_jobs"] += 1
                 self.stats["cancelled_steps"] += c.steps
-        if not a.future.done():
-            a.future.set_result(fill)
+        _resolve(a.future, fill)
 
     def _fail(self, a: _Active, e: BaseException) -> None:
-        log.error("job %s failed: %s", a.job.job_id, e, exc_info=e)
+        oom = is_out_of_memory(e)
+        log.error("job %s failed%s: %s", a.job.job_id, " (out of memory)" if oom else "", e, exc_info=e)
         with self._stats_lock:
             self.stats["failed_jobs"] += 1
-        if not a.future.done():
-            a.future.set_exception(e if isinstance(e, EngineError) else EngineError(f"decoding failed: {e}"))
+            self.stats["out_of_memory"] += oom
+        if oom:
+            err = EngineError(f"out of memory while decoding ({e}); the job was dropped. A smaller maxFillTokens "
+                              "or model needs less")
+        else:
+            err = e if isinstance(e, EngineError) else EngineError(f"decoding failed: {e}")
+        _resolve(a.future, exc=err)
+
+    def _release_memory(self, ctx: BatchContext) -> None:
+        """After an out-of-memory failure: drop the batch's buffers and the allocator's cache."""
+        ctx.clear()
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def _forward(self, live: list[_Active], ctx: BatchContext) -> list[torch.Tensor | BaseException]:
@@ -240,16 +402,20 @@ class EngineService:
         t0 = time.perf_counter()
         was_full = [a.canvas.needs_full() for a in live]
         hs = self._forward(live, ctx)
-        ok = []
+        ok, oom = [], False
         for a, h, f in zip(live, hs, finals):
             if isinstance(h, BaseException):
                 self._fail(a, h)
+                oom |= is_out_of_memory(h)
                 continue
             try:
                 sampler.commit(self.model, a.canvas, h, f)
                 ok.append(a)
             except Exception as e:  # noqa: BLE001
                 self._fail(a, e)
+                oom |= is_out_of_memory(e)
+        if oom:
+            self._release_memory(ctx)
         ms = (time.perf_counter() - t0) * 1000
         for a, wf in zip(live, was_full):
             sampler.record_step(a.canvas, wf, ms)
@@ -270,56 +436,111 @@ class EngineService:
                 rest.append(a)
         return rest
 
-    def _drain(self, active: list[_Active], block: bool) -> bool:
-        """Admits every queued job into `active`; returns False when close() was asked for."""
+    def _expired(self, job: FillJob, fut: Future) -> bool:
+        """Answers a job whose deadline passed while it was queued with an empty Fill; True if so."""
+        now = time.monotonic()
+        if job.deadline is None or now < job.deadline or job.cancelled:
+            return False
+        with self._stats_lock:
+            self.stats["expired_jobs"] += 1
+        _resolve(fut, Fill(text="", tokens=0, steps=0, slots=job.max_tokens, deadline_hit=True, expired=True,
+                           queue_ms=(now - job.submitted_at) * 1000))
+        return True
+
+    def _drain(self, active: list[_Active], block: bool, gen: int) -> bool:
+        """Admits every queued job into `active`; returns False when close() was asked for or this
+        worker was replaced."""
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
-            return not self._stop.is_set()
+            return not self._stop.is_set() and gen == self._gen
         while True:
+            if gen != self._gen:  # replaced while it waited: the item is the new worker's
+                self._inbox.put(item)
+                return False
             if item is None:
                 return False
-            a = self._admit(*item)
-            if a is not None:
-                active.append(a)
+            try:
+                if not self._expired(*item):
+                    a = self._admit(*item)
+                    if a is not None:
+                        active.append(a)
+            except BaseException as e:  # the worker dies (see _run), but this job is answered first
+                _resolve(item[1], exc=_death(e))
+                raise
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return not self._stop.is_set()
+                return not self._stop.is_set() and gen == self._gen
 
-    def _run(self) -> None:
+    def _run(self, gen: int) -> None:
+        torch.set_num_threads(self.threads)  # per thread: see cpu_threads()
+        try:
+            torch.set_num_interop_threads(1)  # nothing here forks inter-op work; one thread fewer to spin
+        except RuntimeError:  # set already, or inter-op work has started: process-wide, once
+            pass
         try:
             if self.model is None:  # load() may already have run on the caller's thread
                 self.load()
         except Exception:  # noqa: BLE001
             # fail whatever is queued, and keep failing new jobs with the load error
-            while not self._stop.is_set():
+            while not self._stop.is_set() and gen == self._gen:
                 item = self._inbox.get()
                 if item is None:
                     return
-                item[1].set_exception(EngineError(self.message or "engine failed to load"))
+                _resolve(item[1], exc=EngineError(self.message or "engine failed to load"))
             return
         active: list[_Active] = []
-        while self._drain(active, block=not active):
-            if not active:
-                continue
-            # newest jobs first: latest-wins traffic wants the fresh request served before old ones
-            batch, waiting = active[-self.max_batch :], active[: -self.max_batch]
-            try:
-                active = waiting + self._step_batch(batch, self._batch_ctx)
-            except Exception as e:  # noqa: BLE001 - the worker must survive anything a batch does
-                log.exception("engine step failed")
-                for a in batch:
-                    self._fail(a, e)
-                self._batch_ctx.clear()
-                active = waiting
+        batch: list[_Active] = []
+        try:
+            self._jobs = active
+            while self._drain(active, block=not active, gen=gen):
+                if not active:
+                    continue
+                # newest jobs first: latest-wins traffic wants the fresh request served before old ones
+                batch, waiting = active[-self.max_batch :], active[: -self.max_batch]
+                started = time.monotonic()
+                self._busy = (gen, started)
+                try:
+                    rest = self._step_batch(batch, self._batch_ctx)
+                except Exception as e:  # noqa: BLE001 - the worker must survive anything a batch does
+                    log.exception("engine step failed")
+                    for a in batch:
+                        self._fail(a, e)
+                    self._batch_ctx.clear()
+                    if is_out_of_memory(e):
+                        self._release_memory(self._batch_ctx)
+                    rest = []
+                if gen != self._gen:
+                    return  # the watchdog took this worker's jobs and replaced it while the step ran
+                self._slowest_step_s = max(self._slowest_step_s, time.monotonic() - started)
+                self._busy = None
+                active = waiting + rest
+                self._jobs = active
+                batch = []
+        except BaseException as e:  # noqa: BLE001 - the thread dies: say so, and let the next submit replace it
+            if gen == self._gen:
+                self._died(gen, e, active + [a for a in batch if a not in active])
+            return
+        if gen != self._gen:
+            return
         for a in active:
             a.canvas.cancelled = True
             self._finish(a)
-        while True:  # jobs queued after close() was asked for: answer them, never leave them hanging
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1].set_exception(EngineError("the engine is shut down"))
+        # jobs queued after close() was asked for: answer them, never leave them hanging
+        self._fail_queued(EngineError("the engine is shut down"))
+
+    def _died(self, gen: int, e: BaseException, jobs: list[_Active]) -> None:
+        log.critical("engine worker %d died: %r; it restarts with the next job", gen, e, exc_info=e)
+        with self._stats_lock:
+            self.stats["worker_deaths"] += 1
+        err = _death(e)
+        for a in jobs:
+            if not a.future.done():
+                with self._stats_lock:
+                    self.stats["failed_jobs"] += 1
+            _resolve(a.future, exc=err)
+        self._busy = None
+        self._dead_gen = gen
+        if not self._inbox.empty():  # jobs are waiting: do not make them wait for another submit
+            threading.Thread(target=self.check_worker, daemon=True).start()

@@ -8,6 +8,8 @@ The server passes its `model` option to the engine factory, so a test picks the 
   text      the fill text, URL-quoted (default "x = 1")
   fail      1: every job raises EngineError
   echo      N > 0: the fill is the last N characters of the job's prefix (checks what the server sent)
+  hang      N > 0: the Nth job never finishes (the engine thread blocks, ignoring cancel and
+            deadline, until close): what a step stuck forever looks like to the server
 Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
 resolves cancelled jobs with Fill(cancelled=True) carrying the steps taken.
 """
@@ -23,7 +25,7 @@ from engine.api import EngineError, Fill
 
 
 def parse_script(model: str | None) -> dict:
-    params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0"}
+    params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0"}
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
         k, _, v = part.partition("=")
@@ -39,6 +41,7 @@ class ScriptedEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._thread = None
         self.jobs_seen = 0
+        self._closed = threading.Event()
 
     def _set(self, state, message=None):
         self.state = state
@@ -56,6 +59,7 @@ class ScriptedEngine:
         return fut
 
     def close(self):
+        self._closed.set()
         self._inbox.put(None)
 
     def _run(self):
@@ -68,6 +72,9 @@ class ScriptedEngine:
                 return
             job, fut = item
             self.jobs_seen += 1
+            if self.jobs_seen == int(self.p["hang"]):
+                self._closed.wait()
+                return
             if self.p["fail"] == "1":
                 fut.set_exception(EngineError("scripted failure"))
                 continue

@@ -166,11 +166,12 @@ def test_cancel_stops_within_one_step(folder, monkeypatch):
     assert svc.stats["cancelled_jobs"] == 2
 
 
-def test_past_deadline_comes_back_after_one_step_with_every_slot_committed(folder):
+def test_a_step_that_would_pass_the_deadline_is_the_last_with_every_slot_committed(folder):
     svc = EngineService(str(folder), device="cpu").start()
     try:
         assert svc.wait_ready(TIMEOUT)
-        job = FillJob(prefix=TEXTS[1][0], max_tokens=12, deadline=time.monotonic() - 0.01,
+        svc._full_ms_per_token = 1e6  # a (pretend) slow model: its first full forward would pass any deadline
+        job = FillJob(prefix=TEXTS[1][0], max_tokens=12, deadline=time.monotonic() + 60,
                       options=DecodeOptions(selection="topk", steps=12, pad_stop=2.0))
         f = svc.submit(job).result(TIMEOUT)
     finally:
@@ -179,6 +180,61 @@ def test_past_deadline_comes_back_after_one_step_with_every_slot_committed(folde
     assert f.steps == 1 and f.deadline_hit and f.tokens_per_step == [f.slots] and f.slots in (12, 13)
     assert not f.cancelled
     assert svc.cfg.mask_token_id not in f.token_ids
+
+
+def test_a_job_whose_deadline_passed_in_the_queue_is_answered_empty_without_running(folder, monkeypatch):
+    svc = EngineService(str(folder), device="cpu").start()
+    forwards = []
+    real = sampler.forward
+
+    def forward(model, canvases, ctx=None):
+        forwards.append(len(canvases))
+        return real(model, canvases, ctx)
+
+    try:
+        assert svc.wait_ready(TIMEOUT)
+        monkeypatch.setattr(sampler, "forward", forward)
+        late = svc.submit(FillJob(prefix=TEXTS[0][0], max_tokens=8, deadline=time.monotonic() - 0.01)).result(TIMEOUT)
+        assert late.expired and late.text == "" and late.steps == 0 and not forwards
+        on_time = svc.submit(FillJob(prefix=TEXTS[0][0], max_tokens=8, deadline=time.monotonic() + 60)).result(TIMEOUT)
+        assert not on_time.expired and on_time.steps >= 1 and forwards
+    finally:
+        svc.close()
+    assert svc.stats["expired_jobs"] == 1 and svc.stats["jobs"] == 1
+
+
+def test_the_worker_runs_with_the_thread_count_it_reports(folder, monkeypatch):
+    import torch
+
+    from engine import service
+
+    seen = []
+    real = sampler.forward
+
+    def forward(model, canvases, ctx=None):
+        seen.append(torch.get_num_threads())
+        return real(model, canvases, ctx)
+
+    monkeypatch.setattr(sampler, "forward", forward)
+    monkeypatch.delenv("DLM_THREADS", raising=False)
+    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert service.cpu_threads() == 2  # three cores: one left for the server
+    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert service.cpu_threads() == 1
+    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert service.cpu_threads() == service.MAX_DEFAULT_THREADS
+    # the worker sets its own count (OpenMP's is per thread): 2 here, not the 1 of OMP_NUM_THREADS=1
+    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    states = []
+    svc = EngineService(str(folder), device="cpu", on_state=lambda s, info: states.append(info)).start()
+    try:
+        svc.submit(FillJob(prefix=TEXTS[0][0], max_tokens=4)).result(TIMEOUT)
+    finally:
+        svc.close()
+    assert (svc.threads, svc.threads_from) == (2, "cores") and set(seen) == {2}
+    assert states[-1]["threads"] == 2
+    monkeypatch.setenv("DLM_THREADS", "3")
+    assert (EngineService(threads=2).threads, EngineService().threads, EngineService().threads_from) == (2, 3, "DLM_THREADS")
 
 
 def test_load_failure_fails_jobs_instead_of_hanging(tmp_path):
