@@ -138,8 +138,11 @@ export function activate(context: vscode.ExtensionContext): void {
     statusItem,
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (!e.affectsConfiguration('dlm')) return;
-      // The launch command and the document selector are fixed for a client's lifetime.
-      if (e.affectsConfiguration('dlm.server') || e.affectsConfiguration('dlm.languages')) return restart();
+      // The launch command and the document selector are fixed for a client's lifetime; the server
+      // takes the model from initializationOptions only (docs/lsp-extensions.md).
+      if (e.affectsConfiguration('dlm.server') || e.affectsConfiguration('dlm.languages') || e.affectsConfiguration('dlm.model')) {
+        return restart();
+      }
       if (e.affectsConfiguration('dlm.enable')) showStatus();
       if (client?.isRunning()) {
         const settings = { dlm: serverOptions((key) => config().get(key)) };
