@@ -1,0 +1,89 @@
+"""The project's own checkpoint format through the generalised architecture: logits and fills equal,
+bit for bit, what the code computed before families existed (tests/data/default_logits.safetensors,
+captured by tests/data/default_logits_capture.py at the commit named in its metadata)."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from engine.api import DecodeOptions
+from engine.checkpoint import load_checkpoint
+from engine.sampler import Canvas, fill
+from tests.engine_models import peaked_model
+
+DATA = Path(__file__).parent / "data" / "default_logits.safetensors"
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def _fixture():
+    with safe_open(str(DATA), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+REF, META = _fixture()
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit-identical on the CPU kind the fixture was captured on; elsewhere the BLAS may round
+    differently, so within float32 noise."""
+    if torch.backends.cpu.get_cpu_capability() == META["cpu"]:
+        assert torch.equal(got, want), f"max abs diff {(got - want).abs().max().item():.3g}"
+    else:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _ids():
+    g = torch.Generator().manual_seed(123)
+    ids = torch.randint(4, 300, (2, 20), generator=g)
+    valid = torch.ones(2, 20, dtype=torch.bool)
+    valid[1, 13:] = False
+    return ids, valid
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("causal", [False, True])
+def test_peaked_models_compute_what_they_did(causal):
+    m = peaked_model(causal=causal, seed=5)
+    tag = "causal" if causal else "bidir"
+    ids, valid = _ids()
+    _same(m(ids[:1]), REF[f"peaked_{tag}_full"])
+    _same(m(ids, key_valid=valid), REF[f"peaked_{tag}_padded"])
+    if causal:
+        _, kv12 = m.hidden(ids[:1, :12], return_kv=True)
+        got = m.logits(m.hidden(ids[:1, 12:19], pos=torch.arange(12, 19)[None], ctx=kv12))
+    else:
+        _, kvs = m.hidden(ids[:1], return_kv=True)
+        keep = torch.ones(20, dtype=torch.bool)
+        keep[8:14] = False
+        ctx = [(k[:, :, keep], v[:, :, keep]) for k, v in kvs]
+        got = m.logits(m.hidden(ids[:1, 8:14], pos=torch.arange(8, 14)[None], ctx=ctx))
+    _same(got, REF[f"peaked_{tag}_cached"])
+
+
+def _shipped(name: str) -> Path:
+    folder = MODELS / name
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    if digest != META[f"{name}_sha256"]:
+        pytest.skip(f"models/{name} was retrained since the fixture was captured; rerun "
+                    "tests/data/default_logits_capture.py at a commit before any architecture change")
+    return folder
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["default", "default-ar"])
+def test_shipped_models_compute_what_they_did(name):
+    m, tok, cfg = load_checkpoint(_shipped(name))
+    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
+    t = torch.tensor([tok.encode(text)[:40]])
+    _same(m(t)[..., torch.arange(0, 8192, 32)], REF[f"{name}_full_sub"])
+    if name == "default":
+        pre = tok.encode("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        ")
+        suf = tok.encode("\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n")
+        for key, o in (("default_fill_ids", DecodeOptions()),
+                       ("default_fill_nocache_ids", DecodeOptions(cache=False, window=0, heal=False))):
+            r = fill(m, Canvas.build(pre, suf, 12, cfg, o))
+            assert r.ids == REF[key].long().tolist()[:-1]
