@@ -1,20 +1,43 @@
-"""Open documents: text, version and an incrementally re-parsed tree-sitter tree per document.
+"""Open documents: the server's own copy of each editor buffer, its version, and a tree-sitter tree.
 
-Each didChange edits the old tree (`tree.edit`) and re-parses with it (`parser.parse(src, old)`),
-so a keystroke costs a re-parse of the changed region only. Languages without a grammar here keep
-text only and are handled by indentation in `context`.
+The text is the truth and equals the editor's, whatever the editor sends: positions follow the
+spec's rules (`positions`: line breaks are exactly \\n, \\r\\n and \\r; out-of-range positions
+clamp), the text is kept exactly as received (lone surrogates included), and nothing else in the
+server (pygls's workspace included) keeps or edits a copy. Documents are found by a normalized URI
+(`uri_key`), so two spellings of one URI are one document.
+
+The tree is parsed lazily: each change edits the old tree (`tree.edit`), and the first use after
+changes re-parses with it (`parser.parse(src, old)`), so a burst of changes costs one parse.
+tree-sitter's incremental parse still visits every node of a long flat list (the statements of a
+module, measured at 1-2.6 us each), so big documents get no tree and their context comes from
+indentation alone (`context`): over MAX_PARSE_CHARS characters, with a line over MAX_LINE_CHARS,
+with more than MAX_TOP_LEVEL_NODES top-level nodes, or after SLOW_PARSES re-parses in a row over
+SLOW_PARSE_MS. The limits are checked when the document opens or gets a full-text change, and
+size and line length after each edit; a document that lost its tree gets it back only with a
+full-text change. Languages without a grammar here keep text only.
 """
 from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
+import re
+import string
+import time
 
 from tree_sitter import Language, Parser, Point, Tree
 
-from dlm_lsp.positions import UTF16, LineIndex
+from dlm_lsp.positions import UTF16, LineIndex, splits_pair, utf8_len
 
 log = logging.getLogger("dlm.documents")
+
+# Measured on one core (docs/ARCHITECTURE.md, "Documents"): a 2 MB file of short Python lines
+# re-parses in 340 ms after a one-character edit, a 3.9 MB one-line JavaScript file in 250 ms, a
+# 2 MB file of small functions in 60 ms; 130 kB of short lines (10k statements) in 19 ms.
+MAX_PARSE_CHARS = 1_000_000
+MAX_LINE_CHARS = 10_000  # minified code: no useful syntax context, and lines cost Python loops
+MAX_TOP_LEVEL_NODES = 15_000  # ~ 15-40 ms per incremental re-parse
+SLOW_PARSE_MS = 30.0
+SLOW_PARSES = 2
 
 # languageId -> canonical grammar name
 _GRAMMAR_OF = {
@@ -82,108 +105,261 @@ def make_parser(language_id: str) -> Parser | None:
     return Parser(lang) if lang is not None else None
 
 
-@dataclass
+# ----------------------------------------------------------------------------- URIs
+
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+_ESCAPE_OR_RAW = re.compile(r"%[0-9A-Fa-f]{2}|[^\x21-\x7e]")  # an escape, or a char a URI must escape
+_DRIVE = re.compile(r"file:///([A-Za-z])(?::|%3A)(?=/|$)")
+
+
+def uri_key(uri: str) -> str:
+    """The identity of a document URI, one for all spellings of it: escapes of unreserved
+    characters decoded (`%41` -> `A`), other escapes upper-cased (`%3a` -> `%3A`), characters a URI
+    must escape (space, non-ASCII) escaped as UTF-8, the scheme lower-cased, and a file URI's drive
+    letter lower-cased with its colon unescaped (VS Code sends file:///c%3A/..., Neovim file:///C:/...)."""
+
+    def one(m: re.Match) -> str:
+        s = m.group()
+        if len(s) == 3 and s[0] == "%":
+            c = chr(int(s[1:], 16))
+            return c if c in _UNRESERVED else s.upper()
+        return "".join(f"%{b:02X}" for b in s.encode("utf-8", "surrogatepass"))
+
+    key = _ESCAPE_OR_RAW.sub(one, uri)
+    scheme, sep, rest = key.partition(":")
+    if sep and scheme.isascii() and scheme.isalpha():
+        key = scheme.lower() + ":" + rest
+    m = _DRIVE.match(key)
+    if m:
+        key = f"file:///{m.group(1).lower()}:{key[m.end():]}"
+    return key
+
+
+# ----------------------------------------------------------------------------- documents
+
+_LONE_CR = re.compile(r"\r(?!\n)")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def parse_source(text: str) -> bytes:
+    """The bytes tree-sitter parses for `text`: its UTF-8, with each lone "\r" read as "\n"
+    (tree-sitter counts rows at "\n" only, LSP also at "\r") and each lone surrogate as U+FFFD (3
+    bytes, as `surrogatepass` counts it) - so the tree's byte offsets and rows are the text's."""
+    if "\r" in text:
+        text = _LONE_CR.sub("\n", text)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def _split_pair(ch: str) -> str:
+    """An astral character as its two UTF-16 surrogates, each a code point of its own."""
+    cp = ord(ch) - 0x10000
+    return chr(0xD800 + (cp >> 10)) + chr(0xDC00 + (cp & 0x3FF))
+
+
+def _point(idx: LineIndex, offset: int) -> Point:
+    """The tree-sitter point (row, byte column) of a str offset."""
+    row, col = idx.row_col(offset)
+    start = idx.starts[row]
+    return Point(row, utf8_len(idx.text[start : start + col]))
+
+
 class Document:
-    """One open document. `text` is the truth; `tree` mirrors it when a grammar exists."""
+    """One open document. `text` is the truth; `tree` mirrors it when a grammar exists and the
+    document is small enough (`no_tree` says why not, otherwise None)."""
 
-    uri: str
-    language_id: str
-    version: int
-    text: str
-    parser: Parser | None = field(default=None, repr=False)
-    tree: Tree | None = field(default=None, repr=False)
-    _index: LineIndex | None = field(default=None, repr=False)
-    _index_encoding: str = UTF16
+    def __init__(self, uri: str, language_id: str, version: int, text: str, parser: Parser | None = None):
+        self.uri, self.language_id, self.version = uri, language_id, version
+        self.parser = parser if parser is not None else make_parser(language_id)
+        self.no_tree: str | None = None
+        self.parse_ms = 0.0  # the last parse
+        self._slow = 0  # re-parses in a row over SLOW_PARSE_MS
+        self.text = text
 
-    def __post_init__(self):
-        if self.parser is None:
-            self.parser = make_parser(self.language_id)
-        self.reparse()
+    # ---------------------------------------------------------------- state
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @text.setter
+    def text(self, text: str) -> None:
+        """Replaces the whole text (a full-text change): fresh index, fresh parse when next needed."""
+        self._text = text
+        self._index = LineIndex(text, UTF16)
+        self._views: dict[str, LineIndex] = {}
+        self._tree: Tree | None = None
+        self._slow = 0
+        self.no_tree = None
+        if self.parser is not None:
+            self._check_size(longest_line(self._index))
+        self._dirty = self.parser is not None and self.no_tree is None
+
+    @property
+    def tree(self) -> Tree | None:
+        """The tree of the current text (parsed now if changes are pending), or None."""
+        if self._dirty:
+            self._parse()
+        return self._tree
 
     def index(self, encoding: str = UTF16) -> LineIndex:
-        """Line index of the current text (cached until the next change)."""
-        if self._index is None or self._index.text is not self.text or self._index.encoding != encoding:
-            self._index = LineIndex(self.text, encoding)
-        return self._index
+        """Line index of the current text, converting columns in `encoding` (kept across calls,
+        updated per change)."""
+        if encoding == UTF16:
+            return self._index
+        view = self._views.get(encoding)
+        if view is None:
+            view = self._views[encoding] = self._index.with_encoding(encoding)
+        return view
 
-    def reparse(self, incremental: bool = False) -> None:
-        if self.parser is None:
-            return
-        src = self.text.encode("utf-8")
-        if incremental and self.tree is not None:
-            self.tree = self.parser.parse(src, self.tree)
+    def reparse(self, incremental: bool = True) -> None:
+        """Parses now rather than at the tree's next use; `incremental=False` starts from scratch."""
+        if not incremental and self.no_tree is None and self.parser is not None:
+            self._tree, self._dirty = None, True
+        if self._dirty:
+            self._parse()
+
+    def _parse(self) -> None:
+        self._dirty = False
+        old = self._tree
+        t0 = time.perf_counter()
+        src = parse_source(self._text)
+        tree = self.parser.parse(src, old) if old is not None else self.parser.parse(src)
+        self.parse_ms = (time.perf_counter() - t0) * 1000
+        self._slow = self._slow + 1 if old is not None and self.parse_ms > SLOW_PARSE_MS else 0
+        if self._slow >= SLOW_PARSES:
+            self._drop_tree(f"{SLOW_PARSES} re-parses in a row took over {SLOW_PARSE_MS:.0f} ms (the last "
+                            f"{self.parse_ms:.0f} ms)")
+        elif tree.root_node.child_count > MAX_TOP_LEVEL_NODES:
+            self._drop_tree(f"over {MAX_TOP_LEVEL_NODES:,} top-level syntax nodes")
         else:
-            self.tree = self.parser.parse(src)
+            self._tree = tree
+
+    def _check_size(self, longest: int) -> None:
+        if len(self._text) > MAX_PARSE_CHARS:
+            self._drop_tree(f"over {MAX_PARSE_CHARS:,} characters")
+        elif longest > MAX_LINE_CHARS:
+            self._drop_tree(f"a line over {MAX_LINE_CHARS:,} characters")
+
+    def _drop_tree(self, reason: str) -> None:
+        self._tree, self._dirty = None, False
+        if self.no_tree is None:
+            self.no_tree = reason
+            log.warning("%s: %s; no syntax tree, completions use indentation only", self.uri, reason)
+
+    # ---------------------------------------------------------------- changes
 
     def apply_change(self, start: tuple[int, int] | None, end: tuple[int, int] | None, new_text: str,
                      encoding: str = UTF16) -> None:
-        """Applies one content change: a range in LSP (line, character) or None for the full text."""
+        """Applies one content change: a range of LSP (line, character) positions, or None for the
+        full text. Positions clamp (`positions`); a reversed range is swapped, as the reference
+        client library (vscode-languageserver-textdocument) does; a UTF-16 position between the two
+        halves of an astral character splits it into two lone surrogates, as a UTF-16 editor does."""
         if start is None or end is None:
             self.text = new_text
-            self.tree = None
-            self._index = None
             return
+        if encoding == UTF16:
+            for line, character in (end, start):
+                if 0 <= line < len(self._index.starts):
+                    i = splits_pair(self._index.line_text(line), character)
+                    if i is not None:
+                        o = self._index.starts[line] + i
+                        self._splice(o, o + 1, _split_pair(self._text[o]))
         idx = self.index(encoding)
         a, b = idx.offset(*start), idx.offset(*end)
         if b < a:
+            log.debug("%s: reversed range %s-%s, swapped", self.uri, start, end)
             a, b = b, a
-        old = self.text
-        if self.tree is not None:
-            # tree-sitter wants byte offsets and (row, byte column) points
-            row_a, col_a = idx.row_col(a)
-            row_b, col_b = idx.row_col(b)
-            line_a = idx.line_text(row_a)
-            line_b = idx.line_text(row_b)
-            start_byte = len(old[:a].encode("utf-8"))
-            old_end_byte = start_byte + len(old[a:b].encode("utf-8"))
-            new_end_byte = start_byte + len(new_text.encode("utf-8"))
-            start_pt = Point(row_a, len(line_a[:col_a].encode("utf-8")))
-            old_end_pt = Point(row_b, len(line_b[:col_b].encode("utf-8")))
-            nl = new_text.rfind("\n")
-            if nl == -1:
-                new_end_pt = Point(row_a, start_pt.column + len(new_text.encode("utf-8")))
-            else:
-                new_end_pt = Point(row_a + new_text.count("\n"), len(new_text[nl + 1 :].encode("utf-8")))
-            self.tree.edit(start_byte, old_end_byte, new_end_byte, start_pt, old_end_pt, new_end_pt)
-        self.text = old[:a] + new_text + old[b:]
-        self._index = idx.edited(a, b, new_text, self.text)  # no rescan of a big file per keystroke
+        self._splice(a, b, new_text)
+
+    def _splice(self, a: int, b: int, new_text: str) -> None:
+        """text[a:b] = new_text, with the line index and the tree (if any) edited to match."""
+        old, idx = self._text, self._index
+        text = old[:a] + new_text + old[b:]
+        new_idx = idx.edited(a, b, new_text, text)
+        end = a + len(new_text)
+        if self._tree is not None:
+            # a lone "\r" before the edit reads as "\n" to tree-sitter until the edit puts a "\n"
+            # after it, so the edit covers it
+            ea = a - 1 if a > 0 and old[a - 1] == "\r" else a
+            start_byte = ea if old.isascii() else utf8_len(old[:ea])
+            self._tree.edit(start_byte, start_byte + utf8_len(old[ea:b]), start_byte + utf8_len(text[ea:end]),
+                            _point(idx, ea), _point(idx, b), _point(new_idx, end))
+            self._dirty = True
+        self._text, self._index, self._views = text, new_idx, {}
+        if self.no_tree is None and self.parser is not None:
+            r0, r1 = new_idx.row_col(a)[0], new_idx.row_col(end)[0]
+            self._check_size(longest_line(new_idx, r0, r1))
+
+
+def longest_line(idx: LineIndex, first: int = 0, last: int | None = None) -> int:
+    """The length of the longest line among lines first..last (line breaks included)."""
+    starts = idx.starts
+    last = len(starts) - 1 if last is None else last
+    inner = max(map(int.__sub__, starts[first + 1 : last + 1], starts[first:last]), default=0)
+    end = starts[last + 1] if last + 1 < len(starts) else len(idx.text)
+    return max(inner, end - starts[last])
 
 
 class DocumentStore:
-    """Documents by URI."""
+    """Open documents by URI (normalized by `uri_key`; a document keeps the URI it was opened with)."""
 
     def __init__(self):
         self._docs: dict[str, Document] = {}
+        self._told_no_tree = False
+
+    @staticmethod
+    def key(uri: str) -> str:
+        return uri_key(uri)
 
     def open(self, uri: str, language_id: str, version: int, text: str) -> Document:
+        key = uri_key(uri)
+        if key in self._docs:
+            log.info("didOpen for a document already open, replacing it: %s", uri)
         doc = Document(uri, language_id, version, text)
-        self._docs[uri] = doc
+        self._docs[key] = doc
         return doc
 
     def get(self, uri: str) -> Document | None:
-        return self._docs.get(uri)
+        return self._docs.get(uri_key(uri))
 
     def close(self, uri: str) -> None:
-        self._docs.pop(uri, None)
+        self._docs.pop(uri_key(uri), None)
 
     def change(self, uri: str, version: int, changes, encoding: str = UTF16) -> Document | None:
-        """Applies LSP content changes (objects with optional `range` and `text`) and re-parses once."""
-        doc = self._docs.get(uri)
+        """Applies LSP content changes (objects with `text` and an optional `range`) in order."""
+        doc = self.get(uri)
         if doc is None:
             log.warning("didChange for a document that is not open: %s", uri)
             return None
-        incremental = True
         for ch in changes:
             rng = getattr(ch, "range", None)
             if rng is None:
                 doc.apply_change(None, None, ch.text)
-                incremental = False
             else:
                 doc.apply_change((rng.start.line, rng.start.character), (rng.end.line, rng.end.character),
                                  ch.text, encoding)
+        if version is not None and version <= doc.version:
+            log.debug("%s: version %s after %s", uri, version, doc.version)
         doc.version = version
-        doc.reparse(incremental=incremental and doc.tree is not None)
         return doc
+
+    def no_tree_notice(self) -> str | None:
+        """A message for the user the first time (per store) an open document has no tree for its size."""
+        if self._told_no_tree:
+            return None
+        doc = next((d for d in self._docs.values() if d.no_tree), None)
+        if doc is None:
+            return None
+        self._told_no_tree = True
+        name = doc.uri.rsplit("/", 1)[-1]
+        return (f"dlm-lsp: {name} is too big for syntax-aware completions ({doc.no_tree}); its "
+                "completions use indentation only, and so will other files that big.")
 
     def __len__(self) -> int:
         return len(self._docs)
+
+    def __contains__(self, uri: str) -> bool:
+        return uri_key(uri) in self._docs
