@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from tree_sitter import Node
 
-from dlm_lsp.documents import Document, grammar_name
+from dlm_lsp.documents import MAX_LINE_CHARS, Document, grammar_name
+from dlm_lsp.positions import utf8_len
 
 HOLE_KINDS = ("line", "block", "middle", "args")
 # rest of line: 16 slots hold 88% of held-out stdlib rest-of-line holes (p50 7 tokens); a middle
@@ -30,6 +31,7 @@ HOLE_KINDS = ("line", "block", "middle", "args")
 # so spare slots cost steps.
 MASK_SLOTS = {"line": 16, "middle": 12, "args": 16, "block": 64}
 CHARS_PER_TOKEN = 3.5
+LONG_LINE_WINDOW = 300  # characters either side of the cursor looked at on a line over MAX_LINE_CHARS
 PREFIX_SHARE = 0.7  # of the character budget; the rest goes to the suffix
 IMPORTS_SHARE = 0.25  # of the prefix budget, at most, for imports kept from outside the window
 
@@ -54,6 +56,7 @@ _IMPORTS = {
 _DEFINITION_WORDS = ("function", "class", "method", "impl", "trait", "interface", "struct", "enum",
                      "mod_item", "arrow_function", "type_declaration", "func_literal", "closure")
 _IMPORT_LINE = re.compile(r"^(import\b|from\s+\S+\s+import\b|use\s|package\s|#include\b|require\b|using\s)")
+_CONTINUES = ",([{\\+-*/=&|."  # a line ending with one of these goes on onto the next line
 _BLOCK_OPENER = re.compile(r"(:|\{|=>|\bdo|\bthen)\s*(#.*|//.*)?$")
 
 
@@ -219,15 +222,8 @@ def count_closed(text: str, language_id: str, stack: list[str], limit: int = 400
 
 def indent_width(line: str) -> int:
     """Width of a line's leading whitespace (a tab counts 4)."""
-    w = 0
-    for ch in line:
-        if ch == " ":
-            w += 1
-        elif ch == "\t":
-            w += 4
-        else:
-            break
-    return w
+    ws = leading_ws(line)
+    return len(ws) + 3 * ws.count("\t")
 
 
 def leading_ws(line: str) -> str:
@@ -298,7 +294,7 @@ def _fallback_statement_rows(lines: list[str], lo_row: int, hi_row: int) -> set[
     prev = ""
     for r in range(max(0, lo_row - 1), hi_row + 1):
         s = lines[r].rstrip()
-        if s and r >= lo_row and not re.search(r"[,(\[{\\+\-*/=&|.]$", prev):
+        if s and r >= lo_row and not (prev and prev[-1] in _CONTINUES):
             rows.add(r)
         if s:
             prev = s
@@ -333,11 +329,14 @@ def _starts_with_bracket(node: Node) -> bool:
     return child is not None and child.type == "{"
 
 
-def _fallback_headers(lines: list[str], row: int, indent: int) -> list[tuple[int, int]]:
-    """Enclosing headers by indentation: each nearer line above with less indentation."""
+def _fallback_headers(lines: list[str], row: int, indent: int, max_rows: int = 2000) -> list[tuple[int, int]]:
+    """Enclosing headers by indentation: each nearer line above with less indentation (looking at
+    most `max_rows` lines up: a big file must not cost a scan to its top per keystroke)."""
     headers = []
     cur = indent
-    for r in range(row - 1, -1, -1):
+    for r in range(row - 1, max(-1, row - 1 - max_rows), -1):
+        if cur == 0:
+            break  # nothing is indented less than column 0
         s = lines[r]
         if not s.strip():
             continue
@@ -394,11 +393,14 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     lines = idx.lines()  # cut on demand: splitting a big file costs more than the rest of this
     row, col = idx.row_col(offset)
     line = lines[row]
-    before, after = line[:col], line[col:].rstrip("\r")
+    before, after = line[:col], line[col:]
+    long_line = len(line) > MAX_LINE_CHARS
+    if long_line:  # minified code: only the cursor's neighbourhood, or the lexing below costs seconds
+        before, after = before[-LONG_LINE_WINDOW:], after[:LONG_LINE_WINDOW]
     unit = detect_indent_unit(lines[max(0, row - 200) : row + 50])
     lang = doc.language_id
 
-    above = next((lines[r] for r in range(row - 1, -1, -1) if lines[r].strip()), "")
+    above = next((lines[r] for r in range(row - 1, max(-1, row - 2001), -1) if lines[r].strip()), "")
 
     # character budgets (the engine cuts tokens to context_tokens too; this keeps the cut syntactic)
     kind_guess_slots = max(MASK_SLOTS.values())
@@ -407,13 +409,13 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     suffix_budget = total_chars - prefix_budget
 
     root = _tree_root(doc)
-    cursor_byte = len(text[:offset].encode("utf-8")) if root is not None else 0
+    cursor_byte = utf8_len(text[:offset]) if root is not None else 0
     blank = not line.strip()
     probe = cursor_byte
     if root is not None and blank:
         # a blank line after a body's last statement lies outside the definition's node: probe at
         # the last code before the cursor (and, in Python, keep definitions indented less)
-        probe = max(0, len(text[:offset].rstrip().encode("utf-8")) - 1)
+        probe = max(0, utf8_len(text[:offset].rstrip()) - 1)
 
     # ---- what must be kept whatever the window: imports and the enclosing definitions' headers
     import_rows: list[tuple[int, int]] = []
@@ -472,6 +474,8 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     hi_row = row
     while hi_row + 1 < len(lines) and idx.starts[hi_row + 1] - offset <= suffix_budget:
         hi_row += 1
+    if hi_row + 1 >= len(lines) and len(text) - offset > suffix_budget:
+        hi_row -= 1  # the last line starts within the budget but runs past it (a minified file)
     if hi_row + 1 >= len(lines):
         end = len(text)
     elif hi_row > row:
@@ -494,7 +498,8 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     if kind == "block":
         # a header can span lines (`def f(a,\n      b):`): its block is indented from its first line
         if before.strip():  # end of a line that opens a block: the body goes on the next lines
-            block_indent = header_indent(lines, row, lang, end=col) + indent_width(unit)
+            block_indent = (indent_width(line) if long_line else header_indent(lines, row, lang, end=col)) \
+                + indent_width(unit)
         elif not before and opens_block(above, lang):
             block_indent = header_indent(lines, _row_above(lines, row), lang) + indent_width(unit)
         elif opens_block(above, lang):
@@ -518,7 +523,7 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
 
 def _row_above(lines: list[str], row: int) -> int:
     """The nearest non-blank row above `row` (row itself when there is none)."""
-    return next((r for r in range(row - 1, -1, -1) if lines[r].strip()), row)
+    return next((r for r in range(row - 1, max(-1, row - 2001), -1) if lines[r].strip()), row)
 
 
 def header_indent(lines: list[str], row: int, language_id: str, end: int | None = None, max_rows: int = 40) -> int:
@@ -528,6 +533,8 @@ def header_indent(lines: list[str], row: int, language_id: str, end: int | None 
     last = lines[row] if end is None else lines[row][:end]
     for r in range(row, max(-1, row - max_rows), -1):
         chunk = "\n".join(lines[r:row] + [last])
+        if len(chunk) > MAX_LINE_CHARS:  # lexing is a Python loop: minified code ends the search
+            break
         st = LexState()
         if not any(ev == "mismatch" for _i, _c, ev in lex_events(chunk, language_id, st)) \
                 and all(b == "{" for b in st.stack):  # only the block's own brace may stay open
