@@ -12,6 +12,8 @@ Extensions (documented for editors in docs/lsp-extensions.md):
                 "lastLatencyMs", "state", "model", "device"}; counters since the server started,
                 wastedSteps = engine steps of jobs that were cancelled or whose result was stale,
                 typedAlong = stale fills kept for typing-through because the user typed along them
+  request       dlm/documentText {"textDocument": {"uri"}} -> {"uri", "version", "text"} or null: the
+                server's copy of a document, for fuzzers comparing it with the client's
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ log = logging.getLogger("dlm.server")
 VERSION = "0.1.0"
 STATUS = "dlm/status"
 STATS = "dlm/stats"
+DOCUMENT_TEXT = "dlm/documentText"
 # After a client's $/cancelRequest the request answers RequestCancelled at once, but its engine job
 # gets this long before the cancel reaches the engine: VS Code cancels the previous request at every
 # keystroke, and when the next request types along the job (the same rule as without a client
@@ -343,19 +346,21 @@ def make_server(engine_factory=None) -> DlmServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams):
-        """Tracks a newly opened document."""
+        """Tracks a newly opened document (the server's one copy of it: dlm_lsp/documents.py)."""
         d = params.text_document
         ls.documents.open(d.uri, d.language_id, d.version, d.text)
+        tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams):
-        """Applies edits (incrementally re-parsing) and cancels the document's now-stale job (unless
-        the edit only typed along it)."""
+        """Applies edits (the tree re-parses when next used) and cancels the document's now-stale
+        job (unless the edit only typed along it)."""
         uri = params.text_document.uri
         doc = ls.documents.change(uri, params.text_document.version, params.content_changes, ls.encoding)
         inflight = ls.scheduler.inflight(uri)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
         ls.scheduler.cancel_document(uri, spare=inflight if typing_along else None)
+        tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams):
@@ -364,6 +369,19 @@ def make_server(engine_factory=None) -> DlmServer:
         ls.scheduler.cancel_document(uri)
         ls.typing.forget(uri)
         ls.documents.close(uri)
+
+    def tell_no_tree(ls: DlmServer) -> None:
+        """Tells the user, once per session, that a document is too big for a syntax tree."""
+        message = ls.documents.no_tree_notice()
+        if message:
+            ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=message))
+
+    # pygls's built-in handlers of these keep a second copy of each document in its workspace and,
+    # updating it, clamp the params' positions in place against str.splitlines() lines (which break
+    # at \f, \x85, \u2028...): the handlers above would then apply moved edits. The server keeps
+    # the one copy, so pygls's go and the handlers above get the params as the client sent them.
+    for method in (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_DID_CLOSE):
+        server.protocol.fm.builtin_features.pop(method, None)
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
@@ -403,6 +421,20 @@ def make_server(engine_factory=None) -> DlmServer:
                 log.debug("workspace/configuration failed: %s", e)
         if section is not None:
             ls.apply_options(section)
+
+    @server.feature(DOCUMENT_TEXT)
+    def document_text(ls: DlmServer, params=None):
+        """The server's copy of a document, {"uri", "version", "text"}, or None when it is not open."""
+        def field(obj, name):  # pygls hands params of non-LSP methods over as namedtuples
+            return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+        uri = field(field(params, "textDocument"), "uri")
+        if not isinstance(uri, str):
+            from pygls.exceptions import JsonRpcInvalidParams
+
+            raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT} needs {{\"textDocument\": {{\"uri\": ...}}}}")
+        doc = ls.documents.get(uri)
+        return None if doc is None else {"uri": uri, "version": doc.version, "text": doc.text}
 
     @server.feature(STATS)
     def stats(ls: DlmServer, params=None):
