@@ -22,6 +22,11 @@ context and attends to a view of the buffer, so nothing is re-concatenated. A ba
 into one buffer (`BatchContext`) that is kept across steps and only topped up with newly frozen rows.
 Rows of a batch are right-padded; padding is masked out of attention with `key_valid` / `ctx_valid`,
 and every row keeps its own absolute positions.
+
+A block-causal model (SDAR, Fast-dLLM v2) masks by absolute position, so the context's rows carry
+their positions too (`Canvas.kv_pos`, `ctx_pos` in `model.hidden`); the other topologies need none.
+There the prefix's K/V are exact (no earlier block sees the canvas); the suffix's are stale only
+where a suffix token shares a block with a slot or follows it, which the slots never see otherwise.
 """
 from __future__ import annotations
 
@@ -72,6 +77,11 @@ def run_positions(c: "Canvas", outside: torch.Tensor | None = None) -> torch.Ten
     return c.active_pos[keep]
 
 
+def _by_position(c: "Canvas") -> bool:
+    """True when the model masks by absolute position, so the context needs its rows' positions."""
+    return c.cfg.attention == "block_causal"
+
+
 def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
     """One forward over each canvas's whole sequence (batched with padding); refills the context of
     canvases that cache. Returns per canvas the hidden states of its active span and their positions."""
@@ -103,6 +113,10 @@ def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
         for (kb, vb), (k, v) in zip(c.kv, kvs):
             kb[0, :, : idx.numel()] = k[i, :, idx]
             vb[0, :, : idx.numel()] = v[i, :, idx]
+        if _by_position(c):
+            if c.kv_pos is None:
+                c.kv_pos = torch.zeros(L, dtype=torch.long, device=c.ids.device)
+            c.kv_pos[: idx.numel()] = idx
         c.ctx_len = idx.numel()
         if c.opts.window > 0:  # the slots' K/V as of now: masked slots right of later windows read them
             s0, s1 = c.start, c.start + c.n
@@ -128,6 +142,8 @@ def _freeze_rows(c: "Canvas", run_pos: torch.Tensor, kvs, row: int) -> None:
     for (kb, vb), (k, v) in zip(c.kv, kvs):
         kb[0, :, k0:k1] = k[row, :, rows]
         vb[0, :, k0:k1] = v[row, :, rows]
+    if c.kv_pos is not None:
+        c.kv_pos[k0:k1] = c.start + slots
     c.ctx_len = k1
     c.frozen[slots] = True
     c.n_frozen += rows.numel()
@@ -144,6 +160,7 @@ class BatchContext:
         self._copied: list[int] = []
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._valid: torch.Tensor | None = None
+        self._pos: torch.Tensor | None = None  # (B, cap) the rows' absolute positions (block_causal)
         self.builds = 0  # how many times the padded buffer was allocated (tests, stats)
 
     def get(self, canvases: list["Canvas"]):
@@ -156,6 +173,7 @@ class BatchContext:
                          torch.zeros((B,) + v.shape[1:2] + (cap,) + v.shape[3:], dtype=v.dtype, device=v.device))
                         for k, v in canvases[0].kv]
             self._valid = torch.zeros(B, cap, dtype=torch.bool, device=canvases[0].ids.device)
+            self._pos = torch.zeros(B, cap, dtype=torch.long, device=canvases[0].ids.device)
             self._members, self._versions, self._copied = list(canvases), [None] * B, [0] * B
             self.builds += 1
         for i, c in enumerate(canvases):
@@ -167,25 +185,34 @@ class BatchContext:
                 for (bk, bv), (k, v) in zip(self._kv, c.kv):
                     bk[i, :, a:b] = k[0, :, a:b]
                     bv[i, :, a:b] = v[0, :, a:b]
+                if c.kv_pos is not None:
+                    self._pos[i, a:b] = c.kv_pos[a:b]
                 self._valid[i, a:b] = True
                 self._copied[i] = b
         Lc = max(self._copied)
         return self._kv, Lc, (None if min(self._copied) == Lc else self._valid[:, :Lc])
 
+    def positions(self) -> torch.Tensor | None:
+        """(B, cap) absolute positions of the buffer's rows (block-causal models; else unused)."""
+        return self._pos
+
     def clear(self) -> None:
         self._members, self._versions, self._copied, self._kv, self._valid = [], [], [], [], None
+        self._pos = None
 
 
-def _write_outside(bufs, row: int, Lc: int, c: "Canvas", outside: torch.Tensor) -> None:
+def _write_outside(bufs, row: int, Lc: int, c: "Canvas", outside: torch.Tensor, pos: torch.Tensor | None = None) -> None:
     """Writes a canvas's masked slots right of its window (their K/V at the last full forward) into
-    rows Lc.. of batch row `row` of the buffers."""
+    rows Lc.. of batch row `row` of the buffers (and their positions into `pos` (B, cap) if given)."""
     E = outside.numel()
     for (kb, vb), (sk, sv) in zip(bufs, c.slot_kv):
         kb[row, :, Lc : Lc + E] = sk[0, :, outside]
         vb[row, :, Lc : Lc + E] = sv[0, :, outside]
+    if pos is not None:
+        pos[row, Lc : Lc + E] = c.start + outside
 
 
-def _put_outside(bufs, Lc: int, canvases, outs, ctx_valid):
+def _put_outside(bufs, Lc: int, canvases, outs, ctx_valid, pos=None):
     """Batch version: each canvas's outside slots go into its row of the buffers after the padded
     context. Returns the new context length and its (B, Lc + E) validity."""
     B, E = len(canvases), max(0 if o is None else o.numel() for o in outs)
@@ -194,7 +221,7 @@ def _put_outside(bufs, Lc: int, canvases, outs, ctx_valid):
     for i, (c, o) in enumerate(zip(canvases, outs)):
         if o is not None:
             ev[i, : o.numel()] = True
-            _write_outside(bufs, i, Lc, c, o)
+            _write_outside(bufs, i, Lc, c, o, pos)
     cv = ctx_valid if ctx_valid is not None else torch.ones(B, Lc, dtype=torch.bool, device=dev)
     return Lc + E, torch.cat([cv, ev], 1)
 
@@ -208,19 +235,23 @@ def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | No
     if len(canvases) == 1:
         c, rp, o = canvases[0], runs[0], outs[0]
         Lc = c.ctx_len
+        kv_pos = None if c.kv_pos is None else c.kv_pos[None]  # (1, L) block-causal only
         if o is not None:  # the outside slots' K/V go right after the context; the run rows after them
-            _write_outside(c.kv, 0, Lc, c, o)
+            _write_outside(c.kv, 0, Lc, c, o, kv_pos)
             Lc += o.numel()
         ctx = [(k, v, Lc) for k, v in c.kv]  # the buffer holds the whole sequence: room for every row
-        out = model.hidden(c.ids[rp][None], pos=rp[None], ctx=ctx, return_kv=want_kv)  # (1, R, D)
+        out = model.hidden(c.ids[rp][None], pos=rp[None], ctx=ctx, return_kv=want_kv,
+                           ctx_pos=None if kv_pos is None else kv_pos[:, :Lc])  # (1, R, D)
     else:
         ids, valid = pad_stack([c.ids[rp] for c, rp in zip(canvases, runs)], canvases[0].cfg.pad_token_id)
         pos, _ = pad_stack(runs, 0)
-        bufs, Lc, ctx_valid = (batch_ctx or BatchContext()).get(canvases)
+        bctx = batch_ctx or BatchContext()
+        bufs, Lc, ctx_valid = bctx.get(canvases)
+        bpos = bctx.positions() if _by_position(canvases[0]) else None
         if any(o is not None for o in outs):
-            Lc, ctx_valid = _put_outside(bufs, Lc, canvases, outs, ctx_valid)
+            Lc, ctx_valid = _put_outside(bufs, Lc, canvases, outs, ctx_valid, bpos)
         out = model.hidden(ids, pos=pos, key_valid=None if bool(valid.all()) else valid, ctx=[(k, v, Lc) for k, v in bufs],
-                           ctx_valid=ctx_valid, return_kv=want_kv)
+                           ctx_valid=ctx_valid, return_kv=want_kv, ctx_pos=None if bpos is None else bpos[:, :Lc])
     h, kvs = out if want_kv else (out, None)
     res = []
     for i, (c, rp) in enumerate(zip(canvases, runs)):

@@ -134,7 +134,8 @@ class Canvas:
     steps: int = 0
     tokens_per_step: list[int] = field(default_factory=list)
     ms_per_step: list[float] = field(default_factory=list)
-    kv: list | None = None  # per layer (k, v) buffers (1, H, L, Dh); the first ctx_len rows are the context
+    kv: list | None = None  # per layer (k, v) buffers (1, Hkv, L, Dh); the first ctx_len rows are the context
+    kv_pos: torch.Tensor | None = None  # (L,) absolute positions of the kv rows (block-causal models only)
     ctx_len: int = 0
     n_frozen: int = 0
     frozen: torch.Tensor | None = None  # (n,) slots whose K/V are in the context (not run by cached steps)
