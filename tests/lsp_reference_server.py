@@ -15,9 +15,12 @@ Defects:
   wedge_huge    a huge Content-Length is believed (the stream never recovers)
   exit_code     exit after shutdown exits with 1
   early_answer  requests before initialize are answered normally
+  drop_fill     every 7th inlineCompletion is never answered (for `dlm-lsp soak`)
+  slow_fill     every 10th inlineCompletion is answered 0.7 s late (for `dlm-lsp soak`)
 """
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,6 +54,10 @@ class RefText(fuzz.RefText):
         return self.offsets(line, char)[-1]
 
 
+class _Unanswered(Exception):
+    """A request the defect leaves unanswered."""
+
+
 def _is_uint(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= fuzz.UINT_MAX
 
@@ -74,6 +81,7 @@ class Server:
         self.state = "new"  # new -> running -> shut
         self.docs = {}  # uri -> [text, version]
         self.changes = 0
+        self.fills = 0
 
     def send(self, msg):
         body = json.dumps(msg).encode()
@@ -145,6 +153,8 @@ class Server:
             return None
         try:
             result = self.dispatch(method, params, is_request)
+        except _Unanswered:
+            return None
         except ValueError as e:
             if is_request:
                 self.answer(msg_id, error={"code": -32602, "message": str(e)})
@@ -180,6 +190,11 @@ class Server:
         elif method == "textDocument/didClose":
             self.docs.pop(_uri(params), None)
         elif method in ("textDocument/inlineCompletion", "textDocument/completion"):
+            self.fills += 1
+            if DEFECT == "drop_fill" and self.fills % 7 == 0:
+                raise _Unanswered
+            if DEFECT == "slow_fill" and self.fills % 10 == 0:
+                time.sleep(0.7)
             return self.fill(method, params)
         elif method == "dlm/documentText":
             uri = _uri(params)
