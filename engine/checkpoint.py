@@ -156,6 +156,10 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def load_checkpoint(name=None, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """Returns (model in eval mode, tokenizer, config) for a checkpoint folder of this project's format."""
     folder = resolve_model_path(name)
+    from engine.families import is_family_checkpoint, load_family  # Dream, LLaDA, ... (engine/families)
+
+    if is_family_checkpoint(folder):
+        return load_family(folder, device, dtype)
     try:
         cfg = ModelConfig.load(folder)
     except ConfigError as e:
