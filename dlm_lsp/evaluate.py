@@ -352,6 +352,9 @@ def plot_curves(curves: dict[str, list[dict]], png: str, gate: float | None = No
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for name, pts in curves.items():
+        pts = [p for p in pts if p["shown"] > 0]  # a gate that hides everything has no accepted share
+        if not pts:
+            continue
         line, = ax.plot([p["shown"] for p in pts], [p["accepted"] for p in pts], "o-", ms=3, label=name)
         if gate is not None:
             at = min(pts, key=lambda p: abs(p["gate"] - gate))

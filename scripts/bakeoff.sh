@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The default-model v2 bake-off (docs/MODEL.md, "v2"): every candidate gets the same CPU-hours
+# (--clock cpu counts this process's CPU time, so jobs that share the cores stay comparable), one
+# thread each, side by side, on the corpus of `dlm-lsp corpus`. Each call starts the candidates that
+# have no checkpoint yet and resumes the others from runs/<name>/last, optimizer state included, so
+# the warmup-stable-decay schedule planned over HOURS continues across sessions without re-warm-up.
+#
+#     bash scripts/bakeoff.sh [candidate ...]     # default: every candidate below
+#     HOURS=3.5 MINUTES=600 bash scripts/bakeoff.sh v2a v2-ar
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HOURS=${HOURS:-3.5}       # CPU-hours per candidate, planned once
+MINUTES=${MINUTES:-600}   # wall-clock cap of this segment
+DLM=.venv/bin/dlm-lsp
+[ -f runs/corpus/corpus.json ] || $DLM corpus --out runs/corpus
+
+declare -A RECIPE=(
+  # (a) masked diffusion, several server-shaped holes per infill window
+  [v2a]="--holes 4"
+  # the AR twin at equal compute: FIM documents, loss on every token; its checkpoints are also the
+  # first phase of recipe (b), AR first and then adapted to diffusion
+  [v2-ar]="--objective ar"
+)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=("${!RECIPE[@]}")
+for name in "${names[@]}"; do
+  args=${RECIPE[$name]:?unknown candidate $name}
+  out=runs/$name
+  mkdir -p "$out"
+  resume=()
+  [ -f "$out/last/optimizer.safetensors" ] && resume=(--resume "$out/last")
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 setsid nohup nice -n 10 $DLM train --corpus runs/corpus --out "$out" "${resume[@]}" \
+    --minutes "$MINUTES" --total-hours "$HOURS" --clock cpu --threads 1 --val-examples 192 --no-progress $args \
+    >> "$out/stdout.log" 2>&1 &
+  echo "$name: pid $! (${resume[*]:-fresh}), log $out/stdout.log"
+done
