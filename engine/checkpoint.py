@@ -100,7 +100,8 @@ def check_safetensors(path: Path) -> dict:
         if name == "__metadata__":
             continue
         if not (isinstance(t, dict) and isinstance(t.get("shape"), list) and isinstance(t.get("data_offsets"), list)
-                and len(t["data_offsets"]) == 2 and all(isinstance(x, int) and x >= 0 for x in t["shape"] + t["data_offsets"])):
+                and len(t["data_offsets"]) == 2
+                and all(isinstance(x, int) and x >= 0 for x in t["shape"] + t["data_offsets"])):
             raise CheckpointError(f"{path}: bad safetensors header entry for tensor {name!r}")
         if t.get("dtype") not in WEIGHT_DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {t.get('dtype')!r}; weights must be one of "
@@ -146,7 +147,7 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         for s in _shard_names(index):
             sd.update(_load_safetensors(folder / s))
         return sd
-    pickles = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth"), *folder.glob("*.ckpt")))
+    pickles = sorted(p.name for ext in ("bin", "pt", "pth", "ckpt") for p in folder.glob(f"*.{ext}"))
     if pickles:
         raise CheckpointError(f"{folder} has only pickle weights ({', '.join(pickles)}), which are never loaded "
                               "(unpickling can run code); convert them to safetensors")

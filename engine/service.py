@@ -108,7 +108,8 @@ class EngineService:
         # only) cpu_threads(); load() on a caller's thread applies only an explicit count
         self._explicit_threads = threads if threads and threads > 0 else _env_threads()
         self.threads = self._explicit_threads or cpu_threads()
-        self.threads_from = "option" if threads and threads > 0 else ("DLM_THREADS" if self._explicit_threads else "cores")
+        self.threads_from = ("option" if threads and threads > 0
+                             else "DLM_THREADS" if self._explicit_threads else "cores")
         # a step running longer than this is stuck (also at least 10x the slowest step seen, so a
         # big model on a slow CPU is not taken for a stuck one)
         self.stall_s, self.max_stalls = stall_s, max_stalls
@@ -161,7 +162,8 @@ class EngineService:
         self._busy = None
         self._jobs = []
         self._batch_ctx = BatchContext()
-        self._thread = threading.Thread(target=self._run, args=(self._gen,), name=f"dlm-engine-{self._gen}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._gen,), name=f"dlm-engine-{self._gen}",
+                                        daemon=True)
         self._thread.start()
 
     def load(self) -> None:
@@ -226,6 +228,8 @@ class EngineService:
                     self.stats["restarts"] += 1
                 log.warning("engine worker %d is gone: starting a new one", self._gen)
                 self._spawn()
+                if self.state == "ready":
+                    self._set_state("ready", "the engine thread died; a new engine worker took over")
 
     def _stalled(self, seconds: float) -> None:
         """A step has run for `seconds`: fail its jobs, leave its thread, start a new worker (holds _lock)."""
@@ -277,6 +281,8 @@ class EngineService:
             self._inbox.put((job, fut))
             if self._thread is not None:
                 self.check_worker()
+            if self.state == "error":  # the watchdog gave up meanwhile: no worker will take it
+                self._fail_queued(EngineError(self.message or "the engine stopped"))
         return fut
 
     def run_now(self, job: FillJob) -> Fill:
