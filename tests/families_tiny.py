@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -233,3 +234,14 @@ def reference_logits(model, ids: torch.Tensor, attention: str, block: int = 0, p
         mask = torch.zeros(B, 1, L, L, dtype=dt).masked_fill(~allowed[:, None], torch.finfo(dt).min)
     with torch.no_grad():
         return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+def seed_of(name: str) -> int:
+    return list(SPECS).index(name)
+
+
+@pytest.fixture(scope="session")
+def family_folders(tmp_path_factory) -> dict[str, Path]:
+    """family -> its tiny checkpoint folder, written once per test session (import it as a fixture)."""
+    root = tmp_path_factory.mktemp("families")
+    return {name: write_checkpoint(spec, root / name, seed=seed_of(name)) for name, spec in SPECS.items()}

@@ -11,7 +11,7 @@ import torch
 
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.families import FAMILIES, FamilyError, family_config, load_family
-from tests.families_tiny import SPECS, reference_logits, reference_model, write_checkpoint
+from tests.families_tiny import SPECS, family_folders, reference_logits, reference_model, write_checkpoint  # noqa: F401
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,10 +20,8 @@ ATTENTION = {f.name: f.attention for f in FAMILIES}
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """family -> its tiny checkpoint folder (written once per test module)."""
-    root = tmp_path_factory.mktemp("families")
-    return {name: write_checkpoint(spec, root / name, seed=i) for i, (name, spec) in enumerate(SPECS.items())}
+def folders(family_folders):
+    return family_folders
 
 
 def _ids(L=24, B=1, seed=0):
