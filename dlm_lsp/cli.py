@@ -1,4 +1,4 @@
-"""`dlm-lsp` command line: serve, complete, demo, replay, ctxbench, bench, eval, train.
+"""`dlm-lsp` command line: serve, complete, demo, replay, ctxbench, bench, eval, train, models.
 
 Each subcommand's module is imported only when that subcommand runs, so `dlm-lsp serve` starts
 without loading the training or benchmark code.
@@ -12,6 +12,8 @@ import sys
 # subcommand -> (module, add-arguments function, run function, help)
 COMMANDS = {
     "serve": ("dlm_lsp.server", "add_serve_args", "run_serve", "run the language server over stdio"),
+    "engine": ("engine.daemon", "add_engine_args", "run_engine",
+               "run the shared engine daemon every serve of this user connects to (--status: what it runs)"),
     "complete": ("dlm_lsp.headless", "add_complete_args", "run_complete", "print the fill at PATH:LINE:COL (1-based)"),
     "demo": ("dlm_lsp.headless", "add_demo_args", "run_demo", "show fills for a few positions of an example file"),
     "replay": ("dlm_lsp.replay", "add_replay_args", "run_replay", "type a file into the real server and report latency"),
@@ -24,6 +26,8 @@ COMMANDS = {
     "corpus": ("engine.corpus_build", "add_corpus_args", "run_corpus",
                "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
+    "models": ("engine.families.hub", "add_models_args", "run_models",
+               "list the supported model families and the supported checkpoints in the local HF cache"),
 }
 
 
@@ -77,12 +81,16 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, the other subcommands' arguments are not added (their modules are
+    not imported: `train`'s pulls in torch, which a thin `serve` must not load)."""
     parser = argparse.ArgumentParser(prog="dlm-lsp", description="Diffusion-LM code completion language server")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (mod, add, _, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_)
+        if only is not None and name != only:
+            continue
         try:
             getattr(importlib.import_module(mod), add)(p)
         except (ImportError, AttributeError) as e:  # a subcommand under construction must not break the others
@@ -91,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    only = next((w for w in words if not w.startswith("-")), None)
+    args = build_parser(only if only in COMMANDS else None).parse_args(argv)
     if getattr(args, "_unavailable", None):
         print(args._unavailable, file=sys.stderr)
         return 2

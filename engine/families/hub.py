@@ -73,5 +73,5 @@ def run_models(args: argparse.Namespace) -> int:
         tag = m.family or "unsupported"
         print(f"  {m.repo_id:45} {tag:13} {m.detail}")
     if any(m.family and m.family != "dlm-lsp" for m in found):
-        print("\nuse one with: dlm-lsp serve --model <repo id>")
+        print("\nuse one with: dlm-lsp complete FILE:LINE:COL --model <repo id>, or initializationOptions {\"model\": \"<repo id>\"}")
     return 0
