@@ -26,16 +26,16 @@ import time
 
 from tree_sitter import Language, Parser, Point, Tree
 
-from dlm_lsp.positions import UTF16, LineIndex, splits_pair, utf8_len
+from dlm_lsp.positions import UTF16, LineIndex, utf8_len
 
 log = logging.getLogger("dlm.documents")
 
-# Measured on one core (docs/ARCHITECTURE.md, "Documents"): a 2 MB file of short Python lines
-# re-parses in 340 ms after a one-character edit, a 3.9 MB one-line JavaScript file in 250 ms, a
-# 2 MB file of small functions in 60 ms; 130 kB of short lines (10k statements) in 19 ms.
+# CPU time of one incremental re-parse after a one-character edit (tree-sitter 0.26, 2-core box):
+# 2 MB of short Python lines (130k statements) 370 ms, 3.9 MB of one-line JavaScript 320 ms, 2 MB
+# of small functions 58 ms, 128 kB of short lines (10k statements) 19-35 ms, 1 MB of real code 9 ms.
 MAX_PARSE_CHARS = 1_000_000
 MAX_LINE_CHARS = 10_000  # minified code: no useful syntax context, and lines cost Python loops
-MAX_TOP_LEVEL_NODES = 15_000  # ~ 15-40 ms per incremental re-parse
+MAX_TOP_LEVEL_NODES = 10_000  # 20-35 ms of CPU per re-parse of a flat module that big
 SLOW_PARSE_MS = 30.0
 SLOW_PARSES = 2
 
@@ -153,10 +153,33 @@ def parse_source(text: str) -> bytes:
         return _SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
-def _split_pair(ch: str) -> str:
-    """An astral character as its two UTF-16 surrogates, each a code point of its own."""
-    cp = ord(ch) - 0x10000
-    return chr(0xD800 + (cp >> 10)) + chr(0xDC00 + (cp & 0x3FF))
+def join_pairs(text: str) -> str:
+    """`text` with each lone high surrogate that is followed by a lone low one joined with it into
+    the character they encode: the same UTF-16 units (what the client has, and what JSON carries)
+    in the one spelling a str has for them."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+def _is_high(ch: str) -> bool:
+    return "\ud800" <= ch <= "\udbff"
+
+
+def _is_low(ch: str) -> bool:
+    return "\udc00" <= ch <= "\udfff"
+
+
+def valid_change(ch) -> bool:
+    """True for a content change of the right types: text a str, range absent or two positions
+    of integers."""
+    if not isinstance(getattr(ch, "text", None), str):
+        return False
+    rng = getattr(ch, "range", None)
+    if rng is None:
+        return True
+    pos = (getattr(rng, "start", None), getattr(rng, "end", None))
+    return all(type(getattr(p, k, None)) is int for p in pos for k in ("line", "character"))
 
 
 def _point(idx: LineIndex, offset: int) -> Point:
@@ -174,7 +197,7 @@ class Document:
         self.uri, self.language_id, self.version = uri, language_id, version
         self.parser = parser if parser is not None else make_parser(language_id)
         self.no_tree: str | None = None
-        self.parse_ms = 0.0  # the last parse
+        self.parse_ms = 0.0  # CPU time of the last parse
         self._slow = 0  # re-parses in a row over SLOW_PARSE_MS
         self.text = text
 
@@ -187,6 +210,7 @@ class Document:
     @text.setter
     def text(self, text: str) -> None:
         """Replaces the whole text (a full-text change): fresh index, fresh parse when next needed."""
+        text = join_pairs(text)
         self._text = text
         self._index = LineIndex(text, UTF16)
         self._views: dict[str, LineIndex] = {}
@@ -194,7 +218,7 @@ class Document:
         self._slow = 0
         self.no_tree = None
         if self.parser is not None:
-            self._check_size(longest_line(self._index))
+            self._check_size(0, len(self._index.starts) - 1)
         self._dirty = self.parser is not None and self.no_tree is None
 
     @property
@@ -224,10 +248,12 @@ class Document:
     def _parse(self) -> None:
         self._dirty = False
         old = self._tree
-        t0 = time.perf_counter()
+        # CPU time of this thread, not wall time: the limit is about the work a keystroke costs, and
+        # a loaded machine (wall time x3-4 measured) must not take trees from mid-size files
+        t0 = time.thread_time()
         src = parse_source(self._text)
         tree = self.parser.parse(src, old) if old is not None else self.parser.parse(src)
-        self.parse_ms = (time.perf_counter() - t0) * 1000
+        self.parse_ms = (time.thread_time() - t0) * 1000
         self._slow = self._slow + 1 if old is not None and self.parse_ms > SLOW_PARSE_MS else 0
         if self._slow >= SLOW_PARSES:
             self._drop_tree(f"{SLOW_PARSES} re-parses in a row took over {SLOW_PARSE_MS:.0f} ms (the last "
@@ -237,10 +263,11 @@ class Document:
         else:
             self._tree = tree
 
-    def _check_size(self, longest: int) -> None:
+    def _check_size(self, first: int, last: int) -> None:
+        """Drops the tree when the text is too long or one of lines first..last is."""
         if len(self._text) > MAX_PARSE_CHARS:
             self._drop_tree(f"over {MAX_PARSE_CHARS:,} characters")
-        elif longest > MAX_LINE_CHARS:
+        elif longest_line(self._index, first, last) > MAX_LINE_CHARS:
             self._drop_tree(f"a line over {MAX_LINE_CHARS:,} characters")
 
     def _drop_tree(self, reason: str) -> None:
@@ -254,19 +281,11 @@ class Document:
     def apply_change(self, start: tuple[int, int] | None, end: tuple[int, int] | None, new_text: str,
                      encoding: str = UTF16) -> None:
         """Applies one content change: a range of LSP (line, character) positions, or None for the
-        full text. Positions clamp (`positions`); a reversed range is swapped, as the reference
-        client library (vscode-languageserver-textdocument) does; a UTF-16 position between the two
-        halves of an astral character splits it into two lone surrogates, as a UTF-16 editor does."""
+        full text. Positions clamp and snap (`positions`); a reversed range is swapped, as the
+        reference client library (vscode-languageserver-textdocument) does."""
         if start is None or end is None:
             self.text = new_text
             return
-        if encoding == UTF16:
-            for line, character in (end, start):
-                if 0 <= line < len(self._index.starts):
-                    i = splits_pair(self._index.line_text(line), character)
-                    if i is not None:
-                        o = self._index.starts[line] + i
-                        self._splice(o, o + 1, _split_pair(self._text[o]))
         idx = self.index(encoding)
         a, b = idx.offset(*start), idx.offset(*end)
         if b < a:
@@ -277,6 +296,11 @@ class Document:
     def _splice(self, a: int, b: int, new_text: str) -> None:
         """text[a:b] = new_text, with the line index and the tree (if any) edited to match."""
         old, idx = self._text, self._index
+        if (a > 0 and _is_high(old[a - 1])) or (b < len(old) and _is_low(old[b])) or _SURROGATE.search(new_text):
+            # lone halves that now meet become the character they encode (join_pairs)
+            a2 = a - 1 if a > 0 and _is_high(old[a - 1]) else a
+            b2 = b + 1 if b < len(old) and _is_low(old[b]) else b
+            a, b, new_text = a2, b2, join_pairs(old[a2:a] + new_text + old[b:b2])
         text = old[:a] + new_text + old[b:]
         new_idx = idx.edited(a, b, new_text, text)
         end = a + len(new_text)
@@ -290,14 +314,12 @@ class Document:
             self._dirty = True
         self._text, self._index, self._views = text, new_idx, {}
         if self.no_tree is None and self.parser is not None:
-            r0, r1 = new_idx.row_col(a)[0], new_idx.row_col(end)[0]
-            self._check_size(longest_line(new_idx, r0, r1))
+            self._check_size(new_idx.row_col(a)[0], new_idx.row_col(end)[0])
 
 
-def longest_line(idx: LineIndex, first: int = 0, last: int | None = None) -> int:
+def longest_line(idx: LineIndex, first: int, last: int) -> int:
     """The length of the longest line among lines first..last (line breaks included)."""
     starts = idx.starts
-    last = len(starts) - 1 if last is None else last
     inner = max(map(int.__sub__, starts[first + 1 : last + 1], starts[first:last]), default=0)
     end = starts[last + 1] if last + 1 < len(starts) else len(idx.text)
     return max(inner, end - starts[last])
@@ -314,7 +336,15 @@ class DocumentStore:
     def key(uri: str) -> str:
         return uri_key(uri)
 
-    def open(self, uri: str, language_id: str, version: int, text: str) -> Document:
+    def open(self, uri: str, language_id: str, version: int, text: str) -> Document | None:
+        """Opens (or re-opens) a document; None, and nothing opened, when text or version has the
+        wrong type."""
+        if not isinstance(uri, str) or not isinstance(text, str) or type(version) is not int:
+            log.warning("didOpen with a wrong type ignored: uri %.80r, version %.20r, text of type %s",
+                        uri, version, type(text).__name__)
+            return None
+        if not isinstance(language_id, str):
+            language_id = "plaintext"
         key = uri_key(uri)
         if key in self._docs:
             log.info("didOpen for a document already open, replacing it: %s", uri)
@@ -323,17 +353,23 @@ class DocumentStore:
         return doc
 
     def get(self, uri: str) -> Document | None:
-        return self._docs.get(uri_key(uri))
+        return self._docs.get(uri_key(uri)) if isinstance(uri, str) else None
 
     def close(self, uri: str) -> None:
-        self._docs.pop(uri_key(uri), None)
+        if isinstance(uri, str):
+            self._docs.pop(uri_key(uri), None)
 
     def change(self, uri: str, version: int, changes, encoding: str = UTF16) -> Document | None:
-        """Applies LSP content changes (objects with `text` and an optional `range`) in order."""
-        doc = self.get(uri)
+        """Applies LSP content changes (objects with `text` and an optional `range`) in order. A
+        notification with a change of the wrong types is ignored whole, version included."""
+        doc = self.get(uri) if isinstance(uri, str) else None
         if doc is None:
-            log.warning("didChange for a document that is not open: %s", uri)
+            log.warning("didChange for a document that is not open: %.200r", uri)
             return None
+        if type(version) is not int or not isinstance(changes, (list, tuple)) \
+                or not all(valid_change(ch) for ch in changes):
+            log.warning("didChange with a wrong type ignored (%s, version %.20r): %.200r", uri, version, changes)
+            return doc
         for ch in changes:
             rng = getattr(ch, "range", None)
             if rng is None:

@@ -12,7 +12,9 @@ keep):
 - A column past a line's content clamps to the end of the content (before its line break); a line
   past the last one clamps to the end of the document; negative values clamp to 0.
 - A lone surrogate (a str can hold one: JSON "\\ud800") is one UTF-16 unit and three UTF-8 bytes
-  (as `surrogatepass` encodes it); an astral character is two UTF-16 units.
+  (as `surrogatepass` encodes it); an astral character is two UTF-16 units, and a column between
+  them means the position before the character (as VS Code's editor validates positions; a UTF-8
+  column inside a character likewise).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def utf8_len(text: str) -> int:
 def column_to_index(line: str, column: int, encoding: str = UTF16) -> int:
     """Returns the str index in `line` (a line's content, without its break) of an LSP column;
     clamps past the end. A column inside a character (the middle of a surrogate pair, of a UTF-8
-    sequence) snaps past it; see `splits_pair` for the UTF-16 case done exactly."""
+    sequence) means the index before that character."""
     if column <= 0:
         return 0
     if encoding == UTF32 or line.isascii():
@@ -56,7 +58,7 @@ def column_to_index(line: str, column: int, encoding: str = UTF16) -> int:
         if line.startswith(head):
             return i
         if ord(line[i - 1]) > 0xFFFF and line.startswith(head[:-1]):
-            return i  # a cut inside a pair decoded its high half alone
+            return i - 1  # a cut inside a pair decoded its high half alone
         # the decoder joined a lone high and a lone low surrogate of the str into one character
         seen = 0
         for i, ch in enumerate(line):
@@ -64,27 +66,15 @@ def column_to_index(line: str, column: int, encoding: str = UTF16) -> int:
                 return i
             seen += 2 if ord(ch) > 0xFFFF else 1
             if seen > column:
-                return i + 1
+                return i
         return len(line)
     raw = line.encode("utf-8", "surrogatepass")
     if column >= len(raw):
         return len(line)
     try:
         return len(raw[:column].decode("utf-8", "surrogatepass"))
-    except UnicodeDecodeError as e:  # a cut inside a sequence: snap past that character
-        return len(raw[: e.start].decode("utf-8", "surrogatepass")) + 1
-
-
-def splits_pair(line: str, column: int) -> int | None:
-    """The index in `line` of the astral character whose two UTF-16 units a UTF-16 `column` falls
-    between, else None. A client that indexes UTF-16 (VS Code) edits such a position by splitting
-    the pair into two lone surrogates; `documents` does the same to stay equal to it."""
-    if column <= 0 or line.isascii():
-        return None
-    i = column_to_index(line, column, UTF16)
-    if i > 0 and ord(line[i - 1]) > 0xFFFF and units_len(line[:i], UTF16) == column + 1:
-        return i - 1
-    return None
+    except UnicodeDecodeError as e:  # a cut inside a sequence: before that character
+        return len(raw[: e.start].decode("utf-8", "surrogatepass"))
 
 
 def index_to_column(line: str, index: int, encoding: str = UTF16) -> int:

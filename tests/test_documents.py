@@ -3,8 +3,9 @@
 Edits are checked against `RefDoc`, a UTF-16 editor buffer written from the LSP spec and
 vscode-languageserver-textdocument (the model VS Code's servers keep): line breaks at \\n, \\r\\n
 and \\r only; a position past a line's end clamps before its break, past the last line to the end;
-a reversed range is swapped. It works on UTF-16 code units, as the client does, so lone surrogates
-and split pairs compare exactly.
+a reversed range is swapped; a column inside a surrogate pair means the position before the pair
+(as VS Code's editor validates positions). It works on UTF-16 code units, as the client does, so
+lone surrogates compare exactly.
 """
 import asyncio
 import random
@@ -16,7 +17,7 @@ import pytest
 
 from dlm_lsp import context, documents
 from dlm_lsp.documents import Document, DocumentStore, make_parser, parse_source, uri_key
-from dlm_lsp.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, line_starts, splits_pair, units_len
+from dlm_lsp.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, line_starts, units_len
 from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
 
 # str.splitlines() breaks at all of these; LSP at none of them
@@ -58,6 +59,8 @@ class RefDoc:
         o = min(lo + character, nxt)
         while o > lo and self.u[o - 1] in (10, 13):  # ensureBeforeEOL
             o -= 1
+        if lo < o < len(self.u) and 0xD800 <= self.u[o - 1] <= 0xDBFF and 0xDC00 <= self.u[o] <= 0xDFFF:
+            o -= 1  # inside a pair: before it
         return o
 
     def edit(self, start, end, text: str) -> None:
@@ -156,22 +159,46 @@ def test_utf16_utf8_utf32_columns():
     for enc, col in ((UTF16, 5), (UTF8, 10), (UTF32, 4)):
         assert column_to_index(line, col, enc) == 4  # before "b"
         assert column_to_index(line, 99, enc) == 5
-    assert column_to_index(line, 2, UTF16) == 2  # inside the pair: past it
-    assert column_to_index(line, 3, UTF8) == 2  # inside a UTF-8 sequence: past it
-    # a split pair (two lone surrogates in the str) is two characters, not one
+    assert column_to_index(line, 2, UTF16) == 1  # inside the pair: before it
+    assert column_to_index(line, 3, UTF8) == 1  # inside a UTF-8 sequence: before it
+    # two lone surrogates in a str are two characters to the codec (documents join them first)
     assert column_to_index("\ud83d\ude00X", 1, UTF16) == 1 and column_to_index("\ud83d\ude00X", 2, UTF16) == 2
-    assert splits_pair("a😀b", 2) == 1 and splits_pair("a😀b", 3) is None and splits_pair("ab", 1) is None
 
 
 # ----------------------------------------------------------------------------- edits
 
-def test_an_edit_inside_a_surrogate_pair_splits_it_like_a_utf16_client():
+def test_a_position_inside_a_surrogate_pair_means_before_it():
     ref = RefDoc("a😀b")
     ref.edit((0, 2), (0, 2), "X")
     text = edited("a😀b", (0, 2), (0, 2), "X")
-    assert text == "a\ud83dX\ude00b" and units(text) == ref.u
-    assert edited("a😀b", (0, 2), (0, 3), "") == "a\ud83db"  # deletes the low half
-    assert edited("a😀b", (0, 2), (0, 2), "X", encoding=UTF8) == "a😀Xb"  # no UTF-8 client splits
+    assert text == "aX😀b" and units(text) == ref.u
+    assert edited("a😀b", (0, 2), (0, 3), "") == "ab"
+    assert edited("a😀b", (0, 3), (0, 3), "X", encoding=UTF8) == "aX😀b"
+
+
+def test_lone_halves_that_meet_become_one_character():
+    doc = Document("file:///t.py", "python", 1, "\ud83dx\ude00")
+    doc.apply_change((0, 1), (0, 2), "")  # deletes "x": the halves meet
+    assert doc.text == "😀" and doc.index().line_text(0) == "😀"
+    doc.apply_change((0, 1), (0, 1), "X")  # between them is inside a pair now
+    assert doc.text == "X😀" and same_tree(doc)
+    assert Document("file:///t", "plaintext", 1, "\ud83d\ude00").text == "😀"
+    doc.apply_change((0, 3), (0, 3), "\ud83d")
+    doc.apply_change((0, 4), (0, 4), "\ude00")
+    assert doc.text == "X😀😀"
+
+
+def test_changes_of_the_wrong_types_are_ignored_whole():
+    store = DocumentStore()
+    store.open("file:///t.py", "python", 1, "abc")
+    for bad in ([Change("x", (0, 0), (0, 0)), Change(None)], [Change("q", ("1", 0), (0, 0))],
+                [Change(3)], "text", None):
+        assert store.change("file:///t.py", 2, bad).text == "abc"
+        assert store.get("file:///t.py").version == 1
+    assert store.change("file:///t.py", None, [Change("x")]).text == "abc"
+    assert store.open("file:///bad.py", None, "1", 5) is None and "file:///bad.py" not in store
+    assert store.open("file:///ok.py", None, 1, "x").language_id == "plaintext"
+    assert store.change(None, 2, []) is None and store.get(None) is None
 
 
 def test_lone_surrogates_open_and_edit_exactly():
@@ -180,9 +207,11 @@ def test_lone_surrogates_open_and_edit_exactly():
     assert doc.text == text and doc.tree is not None
     assert doc.tree.root_node.end_byte == len(text.encode("utf-8", "surrogatepass"))
     assert doc.index(UTF16).offset(0, 6) == 6 and doc.index(UTF8).offset(0, 8) == 6
-    doc.apply_change((0, 6), (0, 6), "\udc00!")
+    doc.apply_change((0, 6), (0, 6), "\udc00!")  # the other half: they join
     doc.apply_change((1, 0), (1, 0), "y = 2\n")
-    assert doc.text == "x = '\ud800\udc00!'\ny = 2\n" and same_tree(doc)
+    assert doc.text == "x = '\U00010000!'\ny = 2\n" and same_tree(doc)
+    doc.apply_change((0, 5), (0, 7), "\udfff")
+    assert doc.text == "x = '\udfff!'\ny = 2\n"
 
 
 def test_reversed_ranges_are_swapped():
@@ -272,7 +301,7 @@ def test_random_edits_in_utf8_and_utf32(encoding):
         nxt = starts[line + 1] if line + 1 < len(starts) else len(text)
         end = nxt if nxt == len(text) and line + 1 == len(starts) else nxt - (2 if text[nxt - 2 : nxt] == "\r\n" else 1)
         i, seen = starts[line], 0
-        while i < end and seen < ch:  # a column inside a character takes all of it
+        while i < end and seen + width(text[i]) <= ch:  # a column inside a character: before it
             seen += width(text[i])
             i += 1
         return i
@@ -339,10 +368,11 @@ def test_documents_over_the_limits_get_no_tree(monkeypatch):
 
 
 def test_many_top_level_nodes_or_slow_reparses_drop_the_tree(monkeypatch):
+    limit = documents.MAX_TOP_LEVEL_NODES
     monkeypatch.setattr(documents, "MAX_TOP_LEVEL_NODES", 10)
     flat = Document("file:///t.py", "python", 1, "".join(f"x{i} = {i}\n" for i in range(11)))
     assert flat.tree is None and "top-level" in flat.no_tree
-    monkeypatch.setattr(documents, "MAX_TOP_LEVEL_NODES", 15_000)
+    monkeypatch.setattr(documents, "MAX_TOP_LEVEL_NODES", limit)
     monkeypatch.setattr(documents, "SLOW_PARSE_MS", -1.0)  # every re-parse is "slow"
     doc = Document("file:///t.py", "python", 1, "x = 1\n")
     assert doc.tree is not None  # the first parse is not a re-parse
