@@ -30,7 +30,9 @@ import argparse
 import asyncio
 import bisect
 import collections
+import itertools
 import json
+import operator
 import random
 import re
 import shlex
@@ -43,7 +45,7 @@ from dlm_lsp.replay import LspClient, LspError
 
 REPO = Path(__file__).resolve().parent.parent
 UINT_MAX = 2**31 - 1  # LSP uinteger
-LINE_END = re.compile(r"\r\n|\r|\n")
+LINE_END = re.compile(r"(\r\n|\r|\n)")
 # every Unicode line break; only the first three end a line in LSP
 LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 ASTRAL = ["\U0001F600", "\U0001D518", "\U00010348", "\U0001F4A5"]  # 2 UTF-16 units each
@@ -76,14 +78,15 @@ class RefText:
 
     def __init__(self, text: str):
         self.text = text
-        self.starts, self.ends = [], []  # per line: offset of its first char, offset of its line end
-        start = 0
-        for m in LINE_END.finditer(text):
-            self.starts.append(start)
-            self.ends.append(m.start())
-            start = m.end()
-        self.starts.append(start)
-        self.ends.append(len(text))
+        # [line, line end, line, ..., line] at C speed: a 10 MB text is cut in a few ms, not seconds
+        if "\r" not in text:
+            lens = list(map(len, text.split("\n")))
+            self.starts = list(itertools.accumulate((n + 1 for n in lens[:-1]), initial=0))
+            self.ends = list(map(operator.add, self.starts, lens))  # per line: its first char, its line end
+            return
+        parts = LINE_END.split(text)
+        at = list(itertools.accumulate(map(len, parts), initial=0))
+        self.starts, self.ends = at[0:-1:2], at[1::2]
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -135,8 +138,13 @@ class RefText:
 
 def norm(s: str) -> str:
     """`s` as JSON carries it: adjacent lone surrogates that form a pair become one character."""
-    if not any(0xD800 <= ord(ch) <= 0xDFFF for ch in s):
+    if s.isascii():
         return s
+    try:
+        s.encode("utf-8")  # fails only on surrogates
+        return s
+    except UnicodeEncodeError:
+        pass
     return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
@@ -156,7 +164,7 @@ def resolve(ref: RefText, pos) -> tuple[list[int], bool]:
     return ref.offsets(line, max(0, char)), odd
 
 
-def apply_change(text: str, change: dict) -> list[str | None]:
+def apply_change(text: str, change: dict, ref: RefText | None = None) -> list[str | None]:
     """Outcomes of one content change on `text` under LSP semantics; None = the change is rejected."""
     if not isinstance(change, dict) or not isinstance(change.get("text"), str):
         return [None]
@@ -166,7 +174,7 @@ def apply_change(text: str, change: dict) -> list[str | None]:
     rng = change["range"]
     if not isinstance(rng, dict):
         return [None]
-    ref = RefText(text)
+    ref = ref if ref is not None and ref.text is text else RefText(text)
     starts, rej_a = resolve(ref, rng.get("start"))
     ends, rej_b = resolve(ref, rng.get("end"))
     out: list[str | None] = [None] if (rej_a or rej_b or len(starts) > 1 or len(ends) > 1) else []
@@ -179,14 +187,15 @@ def apply_change(text: str, change: dict) -> list[str | None]:
     return list(dict.fromkeys(out)) or [None]
 
 
-def edit_outcomes(text: str, version, changes: list, sent_version, loose_version: bool = False):
+def edit_outcomes(text: str, version, changes: list, sent_version, loose_version: bool = False,
+                  ref: RefText | None = None):
     """(text, version) outcomes of a didChange; a rejected notification leaves both unchanged.
     A change whose outcome is open makes the whole notification's outcome open."""
     texts: list[str | None] = [text]
     for ch in changes:
         nxt = []
         for t in texts:
-            nxt += [None] if t is None else apply_change(t, ch)
+            nxt += [None] if t is None else apply_change(t, ch, ref)
         texts = list(dict.fromkeys(nxt))
     out = [(text, version)] if None in texts or loose_version else []
     for t in texts:
@@ -462,6 +471,9 @@ class Fuzzer:
         self.answered = 0
         self.error_codes: collections.Counter = collections.Counter()
         self.decks: dict[str, list] = {}
+        self.stalls: list[tuple[float, float]] = []
+        self.last_tick = time.monotonic()
+        self.stray = 0  # responses nobody waited for (parse errors with id null, late answers, batches)
 
     # ---------------------------------------------------------------- bookkeeping
 
@@ -526,7 +538,8 @@ class Fuzzer:
         await self.client.drain()
         late = False
         for p in todo:
-            left = p.sent + self.timeout - time.monotonic()
+            # the time this process itself was too busy to read answers does not count against the server
+            left = p.sent + self.timeout + self.stalled_since(p.sent) - time.monotonic()
             try:
                 result, err = await asyncio.wait_for(asyncio.shield(p.fut), max(0.0, left)), None
             except asyncio.TimeoutError:
@@ -561,6 +574,22 @@ class Fuzzer:
             if not probe.fut.done():
                 self.fail("unanswered", "the server stopped answering (restarted)")
                 await self.relaunch()
+
+    async def _watch_stalls(self) -> None:
+        """Records the stretches when this event loop was blocked (building 10 MB reference texts...)."""
+        while True:
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            if now - self.last_tick > 0.1:
+                self.stalls.append((self.last_tick, now))
+                del self.stalls[:-10000]
+            self.last_tick = now
+
+    def stalled_since(self, t: float) -> float:
+        """Seconds this process was stalled since monotonic time `t` (the current stall included)."""
+        now = time.monotonic()
+        current = [(self.last_tick, now)] if now - self.last_tick > 0.1 else []
+        return sum(b - max(a, t) for a, b in self.stalls + current if b > t)
 
     def alive(self) -> bool:
         return self.client is not None and self.client.proc.returncode is None and not self.client.gone
@@ -609,7 +638,22 @@ class Fuzzer:
         await self.kill()
         await self.launch()
 
+    def check_output(self) -> None:
+        """Output checks of one server process: well-formed messages, no answer to a notification."""
+        c = self.client
+        if c is None:
+            return
+        if c.bad_output:
+            self.fail("protocol", f"malformed output from the server: {c.bad_output[:3]}")
+        ours = lambda i: i is None or (_is_int(i) and 0 < i <= self.ids) or (isinstance(i, str) and i.startswith(("batch-", "nj-")))
+        odd = [m for m in c.stray if not ours(m.get("id"))]
+        if odd:
+            self.fail("protocol", f"{len(odd)} responses to no request sent, e.g. {_brief(odd[:2])}")
+        self.stray += len(c.stray)
+        c.bad_output, c.stray = [], []
+
     async def kill(self) -> None:
+        self.check_output()
         if self.client is not None and self.client.proc.returncode is None:
             self.client.proc.kill()
             await self.client.proc.wait()
@@ -674,7 +718,7 @@ class Fuzzer:
             version = doc.top + 1
         if _is_int(version):
             doc.top = max(doc.top, version)
-        outcomes = edit_outcomes(doc.text, doc.version, changes, version, loose_version)
+        outcomes = edit_outcomes(doc.text, doc.version, changes, version, loose_version, doc.ref)
         self.notify("textDocument/didChange", {"textDocument": {"uri": doc.uri, "version": version},
                                                "contentChanges": changes}, doc)
         doc.edits += 1
@@ -1092,6 +1136,7 @@ class Fuzzer:
             return
         await self.settle()
         await self.stop(shutdown=r < 0.85)
+        self.check_output()
         await self.launch()
 
     async def storm(self) -> None:
@@ -1133,6 +1178,8 @@ class Fuzzer:
 
     async def run(self) -> dict:
         t0 = time.monotonic()
+        self.last_tick = time.monotonic()
+        watch = asyncio.ensure_future(self._watch_stalls())
         await self.launch()
         names, weights = list(self.classes), list(self.classes.values())
         for step in range(self.n):
@@ -1156,8 +1203,8 @@ class Fuzzer:
                 await self.close_checked(doc)
         await self.settle()
         await self.stop()
-        if self.client.bad_output:
-            self.fail("protocol", f"malformed output from the server: {self.client.bad_output[:3]}")
+        self.check_output()
+        watch.cancel()
         if self.log:
             self.log.close()
         return self.report(time.monotonic() - t0)
@@ -1169,7 +1216,7 @@ class Fuzzer:
             "elapsed_s": round(elapsed, 1), "launches": self.launches,
             "document_text": bool(self.doc_text), "answered": self.answered,
             "error_codes": {str(k): v for k, v in sorted(self.error_codes.items(), key=lambda kv: str(kv[0]))},
-            "stray_responses": len(self.client.stray) if self.client else 0,
+            "stray_responses": self.stray,
             **{c: self.failed[c] for c in CHECKS},
             "classes": self.counts, "failures": self.failures,
         }

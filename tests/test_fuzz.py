@@ -2,6 +2,7 @@
 correct server and catches each defect of a broken one, and a bounded run against the real server."""
 import argparse
 import json
+import random
 import sys
 import time
 
@@ -31,6 +32,23 @@ def test_lines_end_at_lf_crlf_and_cr_only():
     other = "x\vx\fx\x1cx\x1dx\x1ex\x85x\u2028x\u2029x"
     assert len(RefText(other)) == 1  # what str.splitlines() cuts is one LSP line
     assert len(RefText("")) == 1 and len(RefText("a\n")) == 2 and len(RefText("\r\r\n\n")) == 4
+
+
+def test_line_cuts_match_a_plain_scan():
+    rng = random.Random(5)
+    for _ in range(300):
+        text = "".join(rng.choice(["a", "b", "\n", "\r", "\r\n", "\u2028", "\U0001F600"]) for _ in range(rng.randint(0, 12)))
+        starts, ends, i = [0], [], 0
+        while i < len(text):  # the spec's rule, one character at a time
+            if text[i] in "\r\n":
+                ends.append(i)
+                i += 2 if text[i : i + 2] == "\r\n" else 1
+                starts.append(i)
+            else:
+                i += 1
+        ends.append(len(text))
+        ref = RefText(text)
+        assert (ref.starts, ref.ends) == (starts, ends), repr(text)
 
 
 def test_positions_clamp_and_count_utf16():
