@@ -27,14 +27,15 @@ test-python: setup
 # The editor suites test the clients against the real server process and engine, run on a tiny
 # random-weight checkpoint that only writes printable text: fast to load and never an empty fill, so
 # a client test never hinges on what the default model fills at one spot (the default model has
-# its own end-to-end tests in tests/).
+# its own end-to-end tests in tests/). DLM_ENGINE=inproc: each editor's server loads its own engine
+# instead of starting (or finding) the user's shared engine daemon.
 EDITOR_MODEL := .cache/editor-test-model
 
 $(EDITOR_MODEL)/config.json: $(STAMP) tests/tiny.py
 	$(PY) -c "from tests.tiny import make_tiny_checkpoint as m; m('$(EDITOR_MODEL)', printable=True)"
 
 test-editors: setup $(EDITOR_MODEL)/config.json
-	DLM_LSP_CMD="$(abspath $(VENV))/bin/dlm-lsp serve" DLM_LSP_MODEL="$(abspath $(EDITOR_MODEL))" \
+	DLM_ENGINE=inproc DLM_LSP_CMD="$(abspath $(VENV))/bin/dlm-lsp serve" DLM_LSP_MODEL="$(abspath $(EDITOR_MODEL))" \
 		bash editors/run-tests.sh
 
 bench: setup

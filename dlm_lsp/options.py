@@ -35,6 +35,10 @@ class InitializationOptions:
     min_confidence: float = 0.0
     # torch CPU threads of the engine; None: DLM_THREADS, else the cores free for it (engine.service.cpu_threads)
     threads: int | None = None
+    # where the engine runs: "shared" (the user's engine daemon, one model in memory for every editor
+    # window: engine/daemon.py) or "inproc" (inside this server); None: DLM_ENGINE, else "shared".
+    # Read when the engine starts.
+    engine: str | None = None
     # Test hook: false returns the engine's text with only padding dropped and one-line holes cut to
     # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
     # weak model; not meant for editors.
@@ -59,6 +63,7 @@ _CHECKS = {
     "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "postprocess": lambda v: isinstance(v, bool),
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
+    "engine": lambda v: v is None or v in ("inproc", "shared"),
     "min_confidence": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
 }
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}

@@ -46,8 +46,16 @@ CANCEL_GRACE_S = 0.05
 PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never reused after its end
 
 
-def default_engine_factory(model, device, on_state, threads=None):
-    """The real engine (imported here so importing the server never loads torch)."""
+def default_engine_factory(model, device, on_state, threads=None, engine=None):
+    """The real engine: the user's shared engine daemon (engine/remote.py: this process never loads
+    torch) or, with `engine` / DLM_ENGINE "inproc", an EngineService in this process (imported here
+    so importing the server never loads torch)."""
+    import os
+
+    if (engine or os.environ.get("DLM_ENGINE") or "shared") == "shared":
+        from engine.remote import RemoteEngine
+
+        return RemoteEngine(model=model, device=device, on_state=on_state, threads=threads)
     from engine.service import EngineService
 
     return EngineService(model=model, device=device, on_state=on_state, threads=threads)
@@ -96,6 +104,8 @@ class DlmServer(LanguageServer):
 
         try:
             extra = {"threads": self.options.threads} if self.options.threads else {}
+            if self.options.engine:  # inproc | shared (default_engine_factory)
+                extra["engine"] = self.options.engine
             self.engine = self.engine_factory(self.options.model, self.options.device, on_state, **extra)
             self.engine.start()
         except Exception as e:  # noqa: BLE001 - a bad engine setup must not take the server down
@@ -469,6 +479,8 @@ def serve(engine_factory=None) -> int:
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)")
     p.add_argument("--log-file", default=None, help="also write the log to this file")
+    p.add_argument("--engine", choices=["shared", "inproc"], default=None,
+                   help="the user's shared engine daemon (default; DLM_ENGINE) or one in this process")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -477,6 +489,10 @@ def run_serve(args: argparse.Namespace) -> int:
         h = logging.FileHandler(args.log_file)
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(h)
+    if getattr(args, "engine", None):
+        import os
+
+        os.environ["DLM_ENGINE"] = args.engine  # read by default_engine_factory
     return serve()
 
 

@@ -1,0 +1,380 @@
+"""The shared engine daemon (engine/daemon.py) and its client (engine/remote.py), with real
+processes: two serves on one engine (one model load), an engine killed mid-request, cancel and
+deadline across the socket, a window that disconnects, windows racing to start the daemon, the idle
+exit, and the socket's permissions. Each test has its own XDG_RUNTIME_DIR; a daemon left behind is
+killed by its exact pid."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dlm_lsp.replay import LspClient
+from engine import daemon as engine_daemon
+from engine import wire
+from engine.api import DecodeOptions, EngineError, Fill, FillJob
+from engine.remote import RemoteEngine
+from tests.lsp_helpers import REAL_SERVER, inline, insert, open_doc
+from tests.tiny import make_tiny_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT = 120
+SRC = "import os\n\n\ndef total(items):\n    s = 0\n    for x in items:\n        \n    return s\n"
+URI = "file:///tmp/daemon_doc.py"
+PREFIX = "def add(a, b):\n    return"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("daemon") / "tiny", printable=True))
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    """A private XDG_RUNTIME_DIR (short: socket paths have a 107-byte limit); daemons still running
+    at the end are killed by pid."""
+    d = Path(tempfile.mkdtemp(prefix="dlmrt-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    monkeypatch.setenv("DLM_ENGINE_IDLE_S", "60")  # a daemon a failed test leaves behind exits on its own
+    yield d
+    for st in engine_daemon.ask_all("status"):
+        _kill(st["pid"])
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_for(pred, timeout: float = TIMEOUT, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def long_job(n: int = 200, deadline: float | None = None) -> FillJob:
+    """A job of exactly n steps (one slot per step, nothing ends it early)."""
+    opts = DecodeOptions(selection="topk", steps=n, heal=False, window=0, pad_left=False, pad_stop=1.1)
+    return FillJob(prefix=PREFIX, max_tokens=n, options=opts, deadline=deadline)
+
+
+def start_slow_daemon(model: str, step_ms: int = 50) -> subprocess.Popen:
+    """A real daemon whose steps each sleep step_ms (tests/slow_engine.py), listening when this returns."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "slow_engine.py"), "--model", model, "--device", "cpu"],
+                            env=dict(os.environ, DLM_TEST_STEP_MS=str(step_ms)), cwd=str(REPO),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = wire.place(model, "cpu").socket
+    wait_for(lambda: proc.poll() is not None or engine_daemon.alive(path), what="the slow daemon to listen")
+    assert proc.poll() is None, f"the slow daemon exited with {proc.returncode}"
+    return proc
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def _maps_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "libtorch" in f.read()
+
+
+# ----------------------------------------------------------------------------- wire
+
+
+def test_jobs_and_fills_cross_the_wire_as_json_with_a_remaining_time_deadline():
+    now = time.monotonic()
+    job = FillJob(prefix="a\u00e9\U0001f600", suffix="z", max_tokens=7, deadline=now + 2.5, context_tokens=300,
+                  options=DecodeOptions(threshold=0.5, window=0, seed=3), submitted_at=now - 0.25)
+    msg = wire.job_message(job, now=now)
+    assert msg["remaining_s"] == pytest.approx(2.5) and msg["age_s"] == pytest.approx(0.25)
+    back = wire.job_from_message(json.loads(json.dumps(msg)), now=100.0)
+    assert (back.prefix, back.suffix, back.max_tokens, back.context_tokens) == ("a\u00e9\U0001f600", "z", 7, 300)
+    assert back.options == job.options and back.deadline == pytest.approx(102.5)
+    assert back.submitted_at == pytest.approx(99.75)
+    assert wire.job_from_message({**msg, "remaining_s": None}).deadline is None
+    for bad in ({**msg, "options": {"nope": 1}}, {**msg, "prefix": 3}, {**msg, "max_tokens": "7"}, [1]):
+        with pytest.raises(ValueError):
+            wire.job_from_message(bad)
+    fill = Fill(text="x = 1", tokens=3, steps=2, slots=4, deadline_hit=True, tokens_per_step=[2, 1],
+                ms_per_step=[1.5, 0.5], token_ids=[5, 6, 7], confidence=0.25)
+    assert wire.fill_from_message(wire.fill_message(fill)) == fill
+
+
+def test_frames_are_length_prefixed_json_objects_and_bad_frames_end_the_stream():
+    a, b = socket.socketpair()
+    try:
+        a.sendall(wire.encode({"op": "status"}) + wire.encode({"op": "x", "k": [1, "\u00e9"]}))
+        assert wire.recv(b) == {"op": "status"}
+        assert wire.recv(b) == {"op": "x", "k": [1, "\u00e9"]}
+        a.sendall((wire.MAX_FRAME + 1).to_bytes(4, "big"))
+        with pytest.raises(ValueError, match="limit"):
+            wire.recv(b)
+        body = b"[1, 2]"
+        a.sendall(len(body).to_bytes(4, "big") + body)
+        with pytest.raises(ValueError, match="object"):
+            wire.recv(b)
+        a.close()
+        assert wire.recv(b) is None
+    finally:
+        b.close()
+
+
+# ----------------------------------------------------------------------------- permissions
+
+
+def test_runtime_dir_is_private_and_a_folder_of_another_user_is_refused(runtime, monkeypatch):
+    folder = wire.runtime_dir()
+    assert folder == runtime / "dlm-lsp"
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    os.chmod(folder, 0o755)
+    wire.runtime_dir()
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700  # group/other permissions taken away
+    with monkeypatch.context() as m:
+        m.setattr(os, "getuid", lambda: os.geteuid() + 1)  # the folder now "belongs to someone else"
+        with pytest.raises(EngineError, match="not to you"):
+            wire.runtime_dir()
+
+
+def test_without_xdg_runtime_dir_the_fallback_is_a_private_folder_in_tmp(monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    folder = wire.runtime_dir()
+    assert folder == Path("/tmp") / f"dlm-lsp-{os.getuid()}"
+    st = os.lstat(folder)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+def test_socket_is_0600_and_a_peer_of_another_uid_is_refused(runtime, monkeypatch):
+    from tests.lsp_fake_engine import ScriptedEngine
+
+    name = "scripted:steps=2,step_ms=1"
+    d = engine_daemon.EngineDaemon(name, "cpu", idle_s=60,
+                                   service_factory=lambda m, dev, on_state, threads: ScriptedEngine(m, dev, on_state))
+    assert d.bind()
+    t = threading.Thread(target=d.serve_forever, daemon=True)
+    t.start()
+    ok = RemoteEngine(name, "cpu")
+    other = RemoteEngine(name, "cpu")
+    try:
+        st = os.lstat(d.place.socket)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(d.place.dir).st_mode) == 0o700
+        assert wire.refusal(os.getuid()) is None and "may not" in wire.refusal(os.getuid() + 1)
+        ok.start()
+        assert ok.wait_ready(TIMEOUT)
+        assert ok.submit(FillJob(prefix="x")).result(TIMEOUT).text == "x = 1"
+        real = wire.peer_uid
+        monkeypatch.setattr(wire, "peer_uid", lambda s: (real(s)[0], os.getuid() + 1))  # as if another user connected
+        other.start()
+        assert not other.wait_ready(TIMEOUT)
+        assert other.state == "error" and "refused" in other.message
+        with pytest.raises(EngineError, match="refused"):
+            other.submit(FillJob(prefix="x")).result(TIMEOUT)
+        assert d.counters["refused"] >= 1 and other.started_daemons == 0
+        assert ok.submit(FillJob(prefix="y")).result(TIMEOUT).text == "x = 1"  # the user's window is unaffected
+    finally:
+        ok.close()
+        other.close()
+        d.stop()
+        t.join(TIMEOUT)
+    assert not d.place.socket.exists()
+
+
+# ----------------------------------------------------------------------------- real processes
+
+
+async def test_two_serve_processes_share_one_engine_and_both_survive_its_death(model, runtime, tmp_path):
+    env = dict(os.environ, DLM_ENGINE="shared")
+    opts = {"model": model, "device": "cpu", "postprocess": False, "budgetMs": 60000}
+    logs = [open(tmp_path / f"serve{i}.log", "wb") for i in range(2)]
+    clients = [LspClient(REAL_SERVER, env=env, cwd=str(REPO), stderr=logs[i]) for i in range(2)]
+    try:
+        await asyncio.gather(*(c.start() for c in clients))  # both start at once: one daemon must come of it
+        await asyncio.gather(*(c.initialize(opts) for c in clients))
+        await asyncio.gather(*(c.wait_ready(TIMEOUT) for c in clients))
+        for c in clients:
+            open_doc(c, URI, SRC)
+        answers = await asyncio.gather(*(inline(c, URI, 6, 8, timeout=TIMEOUT) for c in clients))
+        assert all(a and a[0]["insertText"] for a in answers), answers
+
+        found = engine_daemon.ask_all("status")
+        assert len(found) == 1, found
+        st = found[0]
+        assert st["loads"] == 1 and st["state"] == "ready"
+        assert {w["pid"] for w in st["windows"]} == {c.proc.pid for c in clients}
+        assert st["stats"]["jobs"] >= 2
+        assert len(list((runtime / "dlm-lsp").glob("engine-*.sock"))) == 1
+        # the thin serves never load torch (that is the memory saved); the daemon does
+        assert not any(_maps_torch(c.proc.pid) for c in clients)
+        assert _maps_torch(st["pid"])
+        serves = [_rss_mb(c.proc.pid) for c in clients]
+        print(f"\nRSS MB: daemon {_rss_mb(st['pid']):.0f}, serves {serves[0]:.0f} + {serves[1]:.0f}")
+
+        _kill(st["pid"])  # the engine dies: both windows notice, one new daemon comes up
+
+        def restarted():
+            now = engine_daemon.ask_all("status")
+            return now if (len(now) == 1 and now[0]["pid"] != st["pid"] and now[0]["state"] == "ready"
+                           and len(now[0]["windows"]) == 2) else None
+
+        again = (await asyncio.to_thread(wait_for, restarted, TIMEOUT, "a restarted engine"))[0]
+        assert again["loads"] == 1
+        for c in clients:
+            insert(c, URI, 2, 0, 0, "x = 0\n")  # so the next fill is not the rest of the one shown
+            for _ in range(200):  # the window's state goes loading -> ready; requests in between answer empty
+                items = await inline(c, URI, 7, 8, timeout=TIMEOUT)
+                if items:
+                    break
+                await asyncio.sleep(0.2)
+            assert items and items[0]["insertText"]
+        assert engine_daemon.ask_all("status")[0]["stats"]["jobs"] >= 2
+    finally:
+        await asyncio.gather(*(c.stop() for c in clients))
+        for f in logs:
+            f.close()
+
+
+def test_engine_killed_mid_request_fails_it_and_a_restarted_engine_serves_the_next(model, runtime):
+    slow = start_slow_daemon(model, step_ms=50)
+    r = RemoteEngine(model, "cpu")
+    try:
+        r.start()
+        assert r.wait_ready(TIMEOUT) and r.daemon_pid == slow.pid and r.started_daemons == 0
+        fut = r.submit(long_job(200))
+        wait_for(lambda: r.status()["stats"]["forwards"] >= 1, what="the job to run")
+        slow.kill()
+        slow.wait(TIMEOUT)
+        with pytest.raises(EngineError, match="engine died"):
+            fut.result(TIMEOUT)
+        fill = r.submit(FillJob(prefix=PREFIX, max_tokens=4)).result(TIMEOUT)
+        assert not fill.cancelled and fill.steps >= 1
+        assert r.daemon_pid != slow.pid and r.connections == 2 and r.started_daemons == 1
+        assert r.status()["loads"] == 1
+    finally:
+        r.close()
+        slow.kill()
+        slow.wait(TIMEOUT)
+
+
+def test_cancel_and_deadline_work_across_the_socket(model, runtime):
+    slow = start_slow_daemon(model, step_ms=50)
+    r = RemoteEngine(model, "cpu")
+    try:
+        r.start()
+        assert r.wait_ready(TIMEOUT)
+        job = long_job(200)
+        fut = r.submit(job)
+        wait_for(lambda: r.status()["stats"]["forwards"] >= 2, what="the job to run")
+        job.cancel()  # what the scheduler does (latest-wins, didChange, a late answer)
+        # the cancel was sent before this request, on the same connection: the daemon has set it
+        forwards_at_cancel = r.status()["stats"]["forwards"]
+        fill = fut.result(TIMEOUT)
+        assert fill.cancelled and fill.steps < fill.slots == 200
+        assert fill.steps <= forwards_at_cancel + 1  # the step running when it was cancelled, no more
+        st = r.status()
+        assert st["stats"]["cancelled_jobs"] == 1 and st["queue"]["in_flight"] == 0
+
+        fill = r.submit(long_job(200, deadline=time.monotonic() + 1.0)).result(TIMEOUT)
+        assert fill.deadline_hit and not fill.cancelled and fill.steps < 200 and fill.tokens > 0
+
+        already = long_job(8)
+        already.cancel()
+        fill = r.submit(already).result(TIMEOUT)
+        assert fill.cancelled and fill.steps == 0
+    finally:
+        r.close()
+        slow.kill()
+        slow.wait(TIMEOUT)
+
+
+def test_a_window_that_disconnects_has_its_jobs_cancelled(model, runtime):
+    slow = start_slow_daemon(model, step_ms=50)
+    watcher = RemoteEngine(model, "cpu")
+    s = wire.connect(wire.place(model, "cpu").socket)
+    try:
+        watcher.start()
+        assert watcher.wait_ready(TIMEOUT)
+        s.sendall(wire.encode({"op": "hello", "pid": os.getpid()}))
+        assert wire.recv(s)["op"] == "hello"
+        s.sendall(wire.encode({"op": "submit", "id": 1, "job": wire.job_message(long_job(200))}))
+        wait_for(lambda: watcher.status()["stats"]["forwards"] >= 1, what="the job to run")
+        s.close()  # the window goes away mid-job
+        st = wait_for(lambda: (lambda st: st if st["stats"]["cancelled_jobs"] == 1 else None)(watcher.status()),
+                      what="the job to be cancelled")
+        assert st["counters"]["disconnect_cancels"] == 1 and st["stats"]["steps"] < 200
+        assert len(st["windows"]) == 1
+    finally:
+        s.close()
+        watcher.close()
+        slow.kill()
+        slow.wait(TIMEOUT)
+
+
+def test_windows_racing_to_start_the_engine_end_with_one_and_it_exits_when_idle(model, runtime):
+    windows = [RemoteEngine(model, "cpu", idle_s=1.0) for _ in range(3)]
+    try:
+        barrier = threading.Barrier(len(windows))
+        threads = [threading.Thread(target=lambda w=w: (barrier.wait(), w.start())) for w in windows]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert all(w.wait_ready(TIMEOUT) for w in windows)
+        pids = {w.daemon_pid for w in windows}
+        assert len(pids) == 1 and sum(w.started_daemons for w in windows) == 1
+        st = windows[0].status()
+        assert st["loads"] == 1 and len(st["windows"]) == 3
+        fills = [w.submit(FillJob(prefix=PREFIX, max_tokens=4)) for w in windows]
+        assert all(isinstance(f.result(TIMEOUT), Fill) for f in fills)
+    finally:
+        for w in windows:
+            w.close()
+    pid = pids.pop()
+    wait_for(lambda: _gone(pid), what="the idle daemon to exit")
+    assert not list((runtime / "dlm-lsp").glob("engine-*.sock"))
+
+
+def test_engine_status_command_reports_the_running_daemon(model, runtime):
+    r = RemoteEngine(model, "cpu")
+    try:
+        r.start()
+        assert r.wait_ready(TIMEOUT)
+        r.submit(FillJob(prefix=PREFIX, max_tokens=4)).result(TIMEOUT)
+        out = subprocess.run([sys.executable, "-m", "dlm_lsp", "engine", "--status"], capture_output=True, text=True,
+                             cwd=str(REPO), timeout=TIMEOUT)
+        assert out.returncode == 0, out.stderr
+        assert f"engine pid {r.daemon_pid}" in out.stdout and "model loads 1" in out.stdout
+        assert f"pid {os.getpid()}" in out.stdout and "jobs 1" in out.stdout
+    finally:
+        r.close()
+    (runtime / "empty").mkdir()
+    none = subprocess.run([sys.executable, "-m", "dlm_lsp", "engine", "--status"], capture_output=True, text=True,
+                          cwd=str(REPO), timeout=TIMEOUT, env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime / "empty")))
+    assert none.returncode == 1 and "no engine running" in none.stdout
