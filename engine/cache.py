@@ -240,8 +240,8 @@ def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | No
             _write_outside(c.kv, 0, Lc, c, o, kv_pos)
             Lc += o.numel()
         ctx = [(k, v, Lc) for k, v in c.kv]  # the buffer holds the whole sequence: room for every row
-        out = model.hidden(c.ids[rp][None], pos=rp[None], ctx=ctx, return_kv=want_kv,
-                           ctx_pos=None if kv_pos is None else kv_pos[:, :Lc])  # (1, R, D)
+        extra = {} if kv_pos is None else {"ctx_pos": kv_pos[:, :Lc]}  # only block-causal models take positions
+        out = model.hidden(c.ids[rp][None], pos=rp[None], ctx=ctx, return_kv=want_kv, **extra)  # (1, R, D)
     else:
         ids, valid = pad_stack([c.ids[rp] for c, rp in zip(canvases, runs)], canvases[0].cfg.pad_token_id)
         pos, _ = pad_stack(runs, 0)
@@ -250,8 +250,9 @@ def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | No
         bpos = bctx.positions() if _by_position(canvases[0]) else None
         if any(o is not None for o in outs):
             Lc, ctx_valid = _put_outside(bufs, Lc, canvases, outs, ctx_valid, bpos)
+        extra = {} if bpos is None else {"ctx_pos": bpos[:, :Lc]}
         out = model.hidden(ids, pos=pos, key_valid=None if bool(valid.all()) else valid, ctx=[(k, v, Lc) for k, v in bufs],
-                           ctx_valid=ctx_valid, return_kv=want_kv, ctx_pos=None if bpos is None else bpos[:, :Lc])
+                           ctx_valid=ctx_valid, return_kv=want_kv, **extra)
     h, kvs = out if want_kv else (out, None)
     res = []
     for i, (c, rp) in enumerate(zip(canvases, runs)):

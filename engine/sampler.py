@@ -25,7 +25,9 @@ from engine.cache import BatchContext, Rows, forward_cached, forward_full
 from engine.config import ModelConfig
 from kernels import slot_stats
 
-SELECTIONS = ("threshold", "topk")
+SELECTIONS = ("threshold", "topk", "timesteps")
+# Dream's default eps: its timesteps run from 1 down to eps (generation_utils, DreamGenerationConfig)
+TIMESTEP_EPS = 1e-3
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
 # ---------------------------------------------------------------- pure pieces
@@ -36,6 +38,21 @@ def schedule(n_masked: int, steps: int) -> list[int]:
     steps = max(1, min(steps, n_masked))
     base, rem = divmod(n_masked, steps)
     return [base + (1 if i < rem else 0) for i in range(steps)]
+
+
+def timestep_schedule(n_masked: int, steps: int, eps: float = TIMESTEP_EPS) -> list[int]:
+    """Tokens to commit at each step, Dream-style (maskgit_plus / entropy): with timesteps
+    t_i = linspace(1, eps, steps + 1), step i commits int(m * (1 - t_{i+1} / t_i)) of the m slots
+    still masked (every one at the last step), in float32 as Dream computes it. Steps that would
+    commit nothing are left out: they change no token, so the next step sees the same canvas."""
+    ts = torch.linspace(1, eps, steps + 1)
+    out, m = [], n_masked
+    for i in range(steps):
+        k = int(torch.tensor(m) * (1 - ts[i + 1] / ts[i])) if i < steps - 1 else m
+        if k > 0:
+            out.append(k)
+            m -= k
+    return out
 
 
 def confidence_from_stats(max_prob, top2_prob, entropy, kind: str) -> torch.Tensor:
@@ -206,6 +223,8 @@ class Canvas:
             c.heal_whole = ids_t(whole)
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
+        elif opts.selection == "timesteps":
+            c.plan = timestep_schedule(n, opts.steps or n)
         if opts.temperature > 0:
             c.generator = torch.Generator(device=device).manual_seed(opts.seed)
         return c
@@ -350,8 +369,11 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
         if c.heal_open and c.heal_slot == 0 and c.heal_then:  # slot 1 waits: slot 0 may take a piece
             elig = [i for i in elig if slot_l[i] != 1]
+        if cfg.block_size:  # block-causal: blocks (absolute positions) are decoded one after the other
+            first = (c.start + slot_l[0]) // cfg.block_size
+            elig = [i for i in elig if (c.start + slot_l[i]) // cfg.block_size == first] or [0]
         conf_e = [conf_l[i] for i in elig]
-        if o.selection == "topk":
+        if o.selection in ("topk", "timesteps"):
             sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
         else:
             sub = select_threshold(conf_e, o.threshold)
@@ -461,7 +483,8 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     h_slot, h_ids = (0, set(heal)) if heal else (None, set())
     seq, s = c.ids.tolist(), c.start
     masked = list(range(n))
-    plan = schedule(n, opts.steps or max(1, n // 2)) if opts.selection == "topk" else []
+    plan = {"topk": lambda: schedule(n, opts.steps or max(1, n // 2)),
+            "timesteps": lambda: timestep_schedule(n, opts.steps or n)}.get(opts.selection, list)()
     shift = 1 if cfg.logits_shift else 0
     steps = 0
     while masked:
@@ -499,8 +522,11 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     or [x for x in cand if x[0] == first]
             if h_slot == 0 and then:  # slot 1 waits while slot 0 may take a piece of the tail
                 cand_e = [x for x in cand_e if x[0] != 1]
+            if cfg.block_size:  # block-causal: only the leftmost absolute block that has masks
+                blk = (s + min(masked)) // cfg.block_size
+                cand_e = [x for x in cand_e if (s + x[0]) // cfg.block_size == blk] or [x for x in cand if x[0] == min(masked)]
             ranked = sorted(cand_e, key=lambda x: (-x[2], x[0]))
-            if opts.selection == "topk":
+            if opts.selection in ("topk", "timesteps"):
                 chosen = ranked[: plan.pop(0) if plan else 1]
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
@@ -526,5 +552,5 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
 __all__ = [
     "Canvas", "BatchContext", "DecodeResult", "check_options", "commit", "confidence_from_stats", "deadline_due",
     "eligible_slots", "fill", "forward", "forward_cached", "forward_full", "heal_logits", "reference_fill", "schedule", "select_threshold",
-    "select_topk", "step", "trim_fill",
+    "select_topk", "step", "timestep_schedule", "trim_fill",
 ]
