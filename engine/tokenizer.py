@@ -60,7 +60,10 @@ class TextTokenizer:
         is its only re-typing."""
         if self._texts is None:
             self._texts = [self.tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
-            self._special = {self.tok.token_to_id(t) for t in SPECIALS}
+            # this project's specials by name, and every added special token of a family's tokenizer
+            # (<|im_start|>, <|mdm_mask|>, ...): a fill never re-types the cursor's text with one
+            self._special = {self.tok.token_to_id(t) for t in SPECIALS} | {
+                i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
             self._sorted = sorted((t, i) for i, t in enumerate(self._texts)
                                   if i not in self._special and "\ufffd" not in t)
             self._by_text = {t: i for t, i in self._sorted}  # whole-UTF-8 texts are unique per token
