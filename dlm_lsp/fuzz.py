@@ -384,7 +384,9 @@ class RefDoc:
     text: str
     version: int
     top: int  # highest version sent, so the next one is higher whatever the server kept
-    trace: list = field(default_factory=list)
+    trace: list = field(default_factory=list)  # brief messages: the didOpen and the last ones
+    left_out: int = 0  # messages dropped from the middle of `trace`
+    full: list | None = field(default_factory=list)  # every message whole (None: too big to keep)
     edits: int = 0
     history: list = field(default_factory=list)  # (edit number, text) of recent states
     _ref: RefText | None = None
@@ -414,6 +416,8 @@ class Pending:
     check: object  # (result, error) -> (check name, problem) | None
     trace: list
     method: str
+    doc: RefDoc | None = None
+    n_full: int | None = None  # len(doc.full) when it was sent
 
 
 URIS = [f"file:///fuzz/src/m{i}.py" for i in range(12)] + [
@@ -444,14 +448,15 @@ def load_corpus() -> str:
 class Fuzzer:
     def __init__(self, n: int, seed: int, model: str | None = None, timeout: float = 5.0,
                  max_doc_bytes: int = 10_000_000, options: dict | None = None, classes: list[str] | None = None,
-                 server_cmd: list[str] | None = None, log_path: str | None = None, keep: int = 5):
+                 server_cmd: list[str] | None = None, log_path: str | None = None, keep: int = 5,
+                 shrink: bool = False):
         self.n, self.seed, self.model, self.timeout = n, seed, model, timeout
         self.max_doc_bytes = max_doc_bytes
         self.options = dict(options or {})
         if model:
             self.options["model"] = model
         self.cmd = server_cmd or server_command(model)
-        self.log_path, self.keep = log_path, keep
+        self.log_path, self.keep, self.shrink = log_path, keep, shrink
         self.rng = random.Random(seed)
         self.classes = {c: w for c, w in CLASSES.items() if not classes or c in classes}
         self.corpus = load_corpus()
@@ -477,23 +482,37 @@ class Fuzzer:
 
     # ---------------------------------------------------------------- bookkeeping
 
-    def fail(self, check: str, detail: str, trace=None) -> None:
+    def fail(self, check: str, detail: str, trace=None, doc: RefDoc | None = None, n_full: int | None = None) -> None:
+        """Counts a failure; the first few keep their messages (for a document: since its didOpen)."""
         self.failed[check] += 1
         if self.cls in self.counts:
             self.counts[self.cls]["failures"] += 1
         if sum(1 for f in self.failures if f["check"] == check) < self.keep:
-            self.failures.append({"check": check, "class": self.cls, "step": self.step, "detail": detail,
-                                  "messages": list(trace if trace is not None else self.trace)})
+            msgs = list(trace if trace is not None else doc.trace if doc is not None else self.trace)
+            if doc is not None and doc.left_out and msgs and trace is None:
+                msgs[1:1] = [{"left_out": f"{doc.left_out} messages"}]
+            f = {"check": check, "class": self.cls, "step": self.step, "detail": detail, "messages": msgs}
+            if doc is not None and doc.full is not None:
+                f["_full"] = doc.full[: n_full if n_full is not None else len(doc.full)]
+            self.failures.append(f)
 
     def _count(self, request: bool = False) -> None:
         if self.cls in self.counts:
             self.counts[self.cls]["messages"] += 1
             self.counts[self.cls]["requests"] += int(request)
 
-    def _traced(self, entry, doc: RefDoc | None) -> None:
+    def _traced(self, entry, doc: RefDoc | None, msg: dict | None = None) -> None:
         self.trace.append(entry)
-        if doc is not None and len(doc.trace) < 400:
-            doc.trace.append(entry)
+        if doc is None:
+            return
+        doc.trace.append(entry)
+        if len(doc.trace) > 400:
+            del doc.trace[1]  # keep the didOpen
+            doc.left_out += 1
+        if doc.full is not None:
+            doc.full.append(msg)
+            if len(doc.full) > 3000 or len(str(_doc_text(msg))) > 1_000_000:
+                doc.full = None  # not worth shrinking
 
     def deal(self, deck: str, cards: list):
         """The next of `cards` from a shuffled deck: every card comes once before any comes again."""
@@ -508,7 +527,7 @@ class Fuzzer:
 
     def notify(self, method: str, params, doc: RefDoc | None = None) -> None:
         msg = {"jsonrpc": "2.0", "method": method, "params": params}
-        self._traced(_brief(msg), doc)
+        self._traced(_brief(msg), doc, msg)
         self._count()
         self.client._write(msg)
 
@@ -516,11 +535,12 @@ class Fuzzer:
         """Sends a request; its answer is awaited and checked by `settle`."""
         msg_id = self.next_id() if msg_id is None else msg_id
         msg = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
-        self._traced(_brief(msg), doc)
+        self._traced(_brief(msg), doc, msg)
         self._count(True)
         fut = self.client.expect(msg_id)
         self.client._write(msg)
-        p = Pending(msg_id, fut, time.monotonic(), self.cls, check, list(doc.trace if doc else self.trace), method)
+        p = Pending(msg_id, fut, time.monotonic(), self.cls, check, list(doc.trace if doc else self.trace), method,
+                    doc, len(doc.full) if doc is not None and doc.full is not None else None)
         self.outstanding.append(p)
         return p
 
@@ -561,7 +581,7 @@ class Fuzzer:
             if p.check is not None:
                 got = p.check(result, err)
                 if got:
-                    self.fail(got[0], got[1], p.trace)
+                    self.fail(got[0], got[1], p.trace, p.doc, p.n_full)
         if late and self.alive():
             # is the stream wedged (a frame that never ends), or was one answer slow?
             probe = self.request(PING, {})
@@ -751,7 +771,7 @@ class Fuzzer:
             want = " or ".join(f"version {v} text {_brief(t)!r}" for t, v in outcomes[:4])
             have = f"version {got.get('version')} text {_brief(got.get('text'))!r}" if isinstance(got, dict) else repr(got)
             self.fail("divergences", f"{doc.uri}: server has {have}; client has {want}{_first_diff(got, outcomes[0][0])}",
-                      doc.trace)
+                      doc=doc)
             if isinstance(got, dict) and isinstance(got.get("text"), str) and _is_int(got.get("version")):
                 doc.set(got["text"], got["version"])  # go on from the server's state
             else:
@@ -1174,6 +1194,89 @@ class Fuzzer:
                     {"id": {"nested": 1}}, {}, None, {"id": 2**63}]))
         self.ping()
 
+    # ---------------------------------------------------------------- shrinking
+
+    async def shrink_failures(self, budget_s: float = 60.0) -> None:
+        """Cuts the messages of each kept divergence / bad range down to a minimal sequence that still
+        fails (delta debugging on one fresh server, each try on a document of its own)."""
+        todo = [f for f in self.failures if f.get("_full") and f["check"] in ("divergences", "bad_ranges")
+                and (f["_full"][0] or {}).get("method") == "textDocument/didOpen"]
+        if not todo:
+            return
+        self.client = FuzzClient(self.cmd, cwd=str(REPO), stderr=self.log)
+        await self.client.start()
+        try:
+            await self.client.initialize(self.options)
+            await self.client.wait_ready(max(60.0, self.timeout))
+            for f in todo:
+                got = await self._ddmin(f["_full"], f["check"], time.monotonic() + budget_s)
+                f["minimal"] = [_brief(m) for m in got] if got is not None else "does not fail on its own"
+        except (ConnectionError, TimeoutError, RuntimeError, asyncio.TimeoutError) as e:
+            for f in todo:
+                f.setdefault("minimal", f"shrinking stopped: {e!r}")
+        finally:
+            await self.client.stop()
+
+    async def _ddmin(self, msgs: list, check: str, deadline: float) -> list | None:
+        head, rest = msgs[:1], msgs[1:]
+        if not await self._fails(head + rest, check):
+            return None
+        n = 2
+        while len(rest) >= 1 and time.monotonic() < deadline:
+            size = max(1, -(-len(rest) // n))
+            for i in range(0, len(rest), size):
+                cand = rest[:i] + rest[i + size :]
+                if await self._fails(head + cand, check):
+                    rest, n = cand, max(n - 1, 2)
+                    break
+            else:
+                if size == 1:
+                    break
+                n = min(2 * n, len(rest))
+        return head + rest
+
+    async def _fails(self, msgs: list, check: str) -> bool:
+        """Replays `msgs` on a document of its own; True when `check` fails again."""
+        self.ids += 1
+        first = msgs[0]["params"]["textDocument"]["uri"]
+        uri = (f"untitled:Shrink-{self.ids}" if first.startswith("untitled:")
+               else f"file:///fuzz/shrink/{self.ids}/" + first.rsplit("/", 1)[-1])
+        states: list | None = None  # the (text, version) outcomes so far; None: not open
+        c = self.client
+        for m in msgs:
+            m = json.loads(json.dumps(m).replace(json.dumps(first)[1:-1], json.dumps(uri)[1:-1]))
+            method, params = m.get("method"), m.get("params")
+            if "id" not in m:
+                if method == "textDocument/didOpen":
+                    td = params["textDocument"]
+                    states = [(norm(td["text"]), td["version"])]
+                elif method == "textDocument/didChange" and states is not None:
+                    ch, v = params.get("contentChanges"), params["textDocument"].get("version")
+                    states = list(dict.fromkeys(o for t, ver in states for o in (
+                        edit_outcomes(t, ver, ch, v) if isinstance(ch, list) else [(t, ver), (t, v)])))[:32]
+                elif method == "textDocument/didClose":
+                    states = None
+                c._write(m)
+                continue
+            m["id"] = f"shrink-{self.ids}-{m['id']}"
+            fut = c.expect(m["id"])
+            c._write(m)
+            try:
+                answer = await asyncio.wait_for(fut, self.timeout)
+            except LspError:
+                continue
+            if check == "bad_ranges" and method in ("textDocument/inlineCompletion", "textDocument/completion") \
+                    and states and isinstance(params, dict):
+                pos = params.get("position")
+                if all(check_answer(method, answer, RefText(t), resolve(RefText(t), pos)[0]) for t, _ in states):
+                    return True
+        if check != "divergences":
+            return False
+        got = await asyncio.wait_for(c.request(DOC_TEXT, {"textDocument": {"uri": uri}}), self.timeout)
+        if states is None:
+            return got is not None
+        return not isinstance(got, dict) or norm(got.get("text") or "") not in {t for t, _ in states}
+
     # ---------------------------------------------------------------- run
 
     async def run(self) -> dict:
@@ -1205,6 +1308,8 @@ class Fuzzer:
         await self.stop()
         self.check_output()
         watch.cancel()
+        if self.shrink:
+            await self.shrink_failures()
         if self.log:
             self.log.close()
         return self.report(time.monotonic() - t0)
@@ -1218,8 +1323,16 @@ class Fuzzer:
             "error_codes": {str(k): v for k, v in sorted(self.error_codes.items(), key=lambda kv: str(kv[0]))},
             "stray_responses": self.stray,
             **{c: self.failed[c] for c in CHECKS},
-            "classes": self.counts, "failures": self.failures,
+            "classes": self.counts,
+            "failures": [{k: v for k, v in f.items() if k != "_full"} for f in self.failures],
         }
+
+
+def _doc_text(msg: dict):
+    """The text a didOpen carries (for deciding what is too big to keep)."""
+    params = msg.get("params") if isinstance(msg, dict) else None
+    td = params.get("textDocument") if isinstance(params, dict) else None
+    return td.get("text", "") if isinstance(td, dict) else ""
 
 
 def _inline_params(uri: str, line, char) -> dict:
@@ -1272,6 +1385,8 @@ def add_fuzz_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--options", default=None, help="extra initializationOptions as JSON")
     p.add_argument("--server-log", default=None, help="write the server's stderr here")
     p.add_argument("--server-cmd", default=None, help="run this server command instead of dlm-lsp serve")
+    p.add_argument("--no-shrink", dest="shrink", action="store_false",
+                   help="keep failing documents' whole message sequences (default: cut them to a minimal one)")
 
 
 def run_fuzz(args: argparse.Namespace) -> int:
@@ -1282,7 +1397,7 @@ def run_fuzz(args: argparse.Namespace) -> int:
         return 2
     fz = Fuzzer(args.n, args.seed, model=args.model, timeout=args.timeout, max_doc_bytes=args.max_doc_bytes,
                 options=json.loads(args.options) if args.options else None, classes=classes, log_path=args.server_log,
-                server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None)
+                server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None, shrink=args.shrink)
     rep = asyncio.run(fz.run())
     print = _say
     print(f"fuzz seed {rep['seed']}, {rep['n']} steps, {rep['elapsed_s']} s, {rep['launches']} launches, "
@@ -1293,6 +1408,10 @@ def run_fuzz(args: argparse.Namespace) -> int:
     print("  ".join(f"{c} {rep[c]}" for c in CHECKS))
     for f in rep["failures"]:
         print(f"FAIL {f['check']} [{f['class']} step {f['step']}]: {f['detail']}")
+        if isinstance(f.get("minimal"), list):
+            print(f"  minimal repro, {len(f['minimal'])} messages:")
+            for m in f["minimal"]:
+                print("   ", json.dumps(m, ensure_ascii=True)[:300])
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(rep, indent=1, ensure_ascii=True) + "\n")

@@ -11,7 +11,7 @@ Reported (and written with --json): requests sent, answered (any response, Reque
 included), fills (non-empty answers), cancelled (RequestCancelled answers), errors (other error
 responses, plus the server's own `errors` counter), lost (unanswered when the run ends, after a
 grace of --grace-s), late (answered later than --late-ms), p50/p95/max latency of all answers, the
-server's RSS (VmRSS from /proc/<pid>/status) sampled every second and its growth from the end of
+server's RSS (VmRSS from /proc/<pid>/status, its child processes included) sampled every second and its growth from the end of
 warm-up (--warmup-s) to the end, in percent. Exit status 1 when lost > 0 or late > 0.
 """
 from __future__ import annotations
@@ -39,6 +39,26 @@ def rss_kb(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def tree_rss_kb(pid: int) -> int | None:
+    """VmRSS of a process and all its descendants in kB (an engine in a child process counts too)."""
+    total, todo, seen = None, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        kb = rss_kb(p)
+        if kb is None:
+            continue
+        total = (total or 0) + kb
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 def default_sources(most: int = 8, max_bytes: int = 40_000) -> list[Path]:
@@ -106,7 +126,7 @@ class Soak:
     async def _sample_rss(self, pid: int) -> None:
         t0 = time.monotonic()
         while True:
-            kb = rss_kb(pid)
+            kb = tree_rss_kb(pid)
             if kb is not None:
                 self.rss.append((round(time.monotonic() - t0, 1), kb))
             await asyncio.sleep(1.0)

@@ -155,6 +155,16 @@ async def test_catches_each_defect(defect, classes, n, check):
     assert f["messages"] and f["detail"]  # a repro: the messages that led there
 
 
+async def test_failures_shrink_to_a_minimal_repro():
+    rep = await Fuzzer(6, seed=1, server_cmd=REFERENCE + ["--defect", "lf_only"], classes=["line_breaks"],
+                       max_doc_bytes=20_000, timeout=2, shrink=True).run()
+    shrunk = [f for f in rep["failures"] if isinstance(f.get("minimal"), list)]
+    assert shrunk, summary(rep)
+    for f in shrunk:
+        assert f["minimal"][0]["method"] == "textDocument/didOpen"
+        assert 2 <= len(f["minimal"]) <= min(5, len(f["messages"]))
+
+
 def test_cli_writes_the_report_and_fails_on_a_defect(tmp_path, capsys):
     p = argparse.ArgumentParser()
     add_fuzz_args(p)

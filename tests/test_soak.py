@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dlm_lsp.soak import Soak, add_soak_args, rss_kb, run_soak
+from dlm_lsp.soak import Soak, add_soak_args, rss_kb, run_soak, tree_rss_kb
 from tests.lsp_helpers import REPO, scripted
 
 REFERENCE = [sys.executable, str(REPO / "tests" / "lsp_reference_server.py")]
@@ -54,6 +54,7 @@ def test_soak_cli(tmp_path):
 
 def test_rss_of_this_process():
     assert rss_kb(os.getpid()) > 1000 and rss_kb(2**22 + 7) is None
+    assert tree_rss_kb(os.getpid()) >= rss_kb(os.getpid())
 
 
 async def test_soak_default_model():
