@@ -525,8 +525,11 @@ def run_eval(args: argparse.Namespace) -> int:
             return 2
         dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms,
                               options=decode)
-        dlm.min_confidence = (InitializationOptions().min_confidence if args.min_confidence is None
-                              else args.min_confidence)
+        # the server's gate: the user's minConfidence (here --min-confidence), else the model's own
+        default_gate = InitializationOptions().min_confidence
+        dlm.min_confidence = (args.min_confidence if args.min_confidence is not None
+                              else default_gate if default_gate is not None
+                              else dlm.service.serving.get("min_confidence", 0.0))
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
         ar = None
         if args.ar_model:

@@ -77,6 +77,8 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
     fill = engine.run_now(job)
     check = postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
     gate = InitializationOptions().min_confidence if min_confidence is None else min_confidence
+    if gate is None:  # the model's own gate, as the server applies it
+        gate = getattr(engine, "serving", {}).get("min_confidence", 0.0)
     fin = postprocess.finish(req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate)
     latency = (time.monotonic() - arrival) * 1000
     idx = doc.index()

@@ -31,8 +31,9 @@ class InitializationOptions:
     max_fill_tokens: int = 64  # upper bound on mask slots for any hole
     languages: list[str] = field(default_factory=lambda: list(DEFAULT_LANGUAGES))
     # show a fill only when the engine's confidence in it (geometric mean of its tokens' probabilities
-    # when committed) is at least this; 0 shows every fill that passes post-processing
-    min_confidence: float = 0.0
+    # when committed) is at least this; 0 shows every fill that passes post-processing; None: the
+    # model's own gate (serving.json in its folder, chosen from its accepted-vs-shown curve), else 0
+    min_confidence: float | None = None
     # torch CPU threads of the engine; None: DLM_THREADS, else the cores free for it (engine.service.cpu_threads)
     threads: int | None = None
     # where the engine runs: "shared" (the user's engine daemon, one model in memory for every editor
@@ -64,7 +65,7 @@ _CHECKS = {
     "postprocess": lambda v: isinstance(v, bool),
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
     "engine": lambda v: v is None or v in ("inproc", "shared"),
-    "min_confidence": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+    "min_confidence": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
 }
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
 

@@ -256,7 +256,7 @@ class DlmServer(LanguageServer):
             check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
                      if tree is not None and self.options.postprocess else None)
             fin = postprocess.finish(req, fill.text, check, filters=self.options.postprocess,
-                                     confidence=fill.confidence, min_confidence=self.options.min_confidence)
+                                     confidence=fill.confidence, min_confidence=self.fill_gate())
             latency = (time.monotonic() - arrival) * 1000
             self.stats.last_latency_ms = round(latency, 1)
             log.debug(
@@ -296,6 +296,14 @@ class DlmServer(LanguageServer):
                 outcome = "cancelled"  # the client got RequestCancelled, whatever became of the work
             with self.stats._lock:
                 setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+
+    def fill_gate(self) -> float:
+        """The confidence gate on shown fills: the user's minConfidence, else the model's own
+        (serving.json, reported by the engine as `gate`), else 0."""
+        if self.options.min_confidence is not None:
+            return self.options.min_confidence
+        gate = self.engine_info.get("gate")
+        return float(gate) if isinstance(gate, (int, float)) else 0.0
 
     def _range_result(self, doc, offset: int, text: str, replace_len: int):
         idx = doc.index(self.encoding)

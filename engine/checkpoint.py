@@ -54,6 +54,26 @@ def resolve_model_path(name: str | os.PathLike | None) -> Path:
     raise CheckpointError(f"model {name!r} is neither a local folder nor in the local Hugging Face cache")
 
 
+SERVING_FILE = "serving.json"  # per-model serving defaults written by the project (today: the fill gate)
+
+
+def serving_defaults(folder: Path) -> dict:
+    """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
+    [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve). Missing, unreadable
+    or out-of-range values give {} (the server's own defaults), never an error."""
+    path = Path(folder) / SERVING_FILE
+    try:
+        if not path.is_file() or path.stat().st_size > 64 * 1024:
+            return {}
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    gate = raw.get("min_confidence") if isinstance(raw, dict) else None
+    if isinstance(gate, (int, float)) and not isinstance(gate, bool) and 0.0 <= gate <= 1.0:
+        return {"min_confidence": float(gate)}
+    return {}
+
+
 # A real header is a few kB per thousand tensors; safetensors itself stops at the same 100 MB.
 HEADER_LIMIT = 100 * 1024 * 1024
 # weights are floats; the loader casts them to the device's dtype (integer or bool tensors would be

@@ -29,7 +29,7 @@ import torch
 from engine import sampler
 from engine.api import EngineError, Fill, FillJob
 from engine.cache import BatchContext
-from engine.checkpoint import load_checkpoint
+from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
 
 log = logging.getLogger("dlm.engine")
 
@@ -117,6 +117,7 @@ class EngineService:
         self.message: str | None = None
         self.device: torch.device | None = None
         self.model = self.tok = self.cfg = None
+        self.serving: dict = {}  # the model's serving defaults (checkpoint.serving_defaults)
         self._inbox: queue.Queue = queue.Queue()
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -142,7 +143,8 @@ class EngineService:
         if self.on_state is not None:
             try:
                 self.on_state(state, {"model": str(self.model_name or "default"), "device": str(self.device or self.device_name),
-                                      "message": message, "threads": self.threads})
+                                      "message": message, "threads": self.threads,
+                                      "gate": self.serving.get("min_confidence")})
             except Exception:  # a broken callback must not kill the engine
                 log.exception("on_state callback failed")
 
@@ -175,6 +177,7 @@ class EngineService:
             self.device = pick_device(self.device_name)
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             self.model, self.tok, self.cfg = load_checkpoint(self.model_name, self.device, dtype)
+            self.serving = serving_defaults(resolve_model_path(self.model_name))
         except Exception as e:  # noqa: BLE001 - any load failure becomes the 'error' state
             log.error("could not load model %s: %s", self.model_name or "default", e)
             self._set_state("error", f"could not load model: {e}")

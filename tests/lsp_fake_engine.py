@@ -8,6 +8,9 @@ The server passes its `model` option to the engine factory, so a test picks the 
   text      the fill text, URL-quoted (default "x = 1")
   fail      1: every job raises EngineError
   echo      N > 0: the fill is the last N characters of the job's prefix (checks what the server sent)
+  confidence  the fill's confidence (default 1)
+  gate      the model's own confidence gate, reported with the state as a real engine reports
+            serving.json's min_confidence (default: none)
   hang      N > 0: the Nth job never finishes (the engine thread blocks, ignoring cancel and
             deadline, until close): what a step stuck forever looks like to the server
 Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
@@ -25,7 +28,8 @@ from engine.api import EngineError, Fill
 
 
 def parse_script(model: str | None) -> dict:
-    params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0"}
+    params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0",
+              "confidence": "1", "gate": ""}
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
         k, _, v = part.partition("=")
@@ -46,7 +50,8 @@ class ScriptedEngine:
     def _set(self, state, message=None):
         self.state = state
         if self.on_state:
-            self.on_state(state, {"model": str(self.model_name), "device": "cpu", "message": message})
+            self.on_state(state, {"model": str(self.model_name), "device": "cpu", "message": message,
+                                  "gate": float(self.p["gate"]) if self.p["gate"] else None})
 
     def start(self):
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -92,5 +97,5 @@ class ScriptedEngine:
             n = int(self.p["echo"])
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
             fut.set_result(Fill(text=text, tokens=len(text) // 3, steps=steps, slots=job.max_tokens,
-                                cancelled=cancelled, deadline_hit=hit, queue_ms=(started - job.submitted_at) * 1000,
+                                cancelled=cancelled, deadline_hit=hit, confidence=float(self.p["confidence"]), queue_ms=(started - job.submitted_at) * 1000,
                                 compute_ms=(time.monotonic() - started) * 1000))

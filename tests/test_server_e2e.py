@@ -234,6 +234,31 @@ async def test_engine_errors_answer_empty():
         assert s["errors"] == 1
 
 
+async def test_the_models_own_gate_applies_unless_the_user_sets_min_confidence():
+    low = scripted(text="total += x", confidence=0.3, gate=0.5)
+    async with lsp_server(FAKE_SERVER, {"model": low}) as c:
+        open_doc(c, URI, SRC)
+        assert await inline(c, URI, LINE, COL) == []  # 0.3 < the model's 0.5
+    async with lsp_server(FAKE_SERVER, {"model": low, "minConfidence": 0.2}) as c:
+        open_doc(c, URI, SRC)
+        assert [i["insertText"] for i in await inline(c, URI, LINE, COL)] == ["total += x"]
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="total += x", confidence=0.8, gate=0.5)}) as c:
+        open_doc(c, URI, SRC)
+        assert [i["insertText"] for i in await inline(c, URI, LINE, COL)] == ["total += x"]
+
+
+def test_serving_defaults_are_read_and_checked(tmp_path):
+    from engine.checkpoint import serving_defaults
+
+    assert serving_defaults(tmp_path) == {}
+    (tmp_path / "serving.json").write_text('{"min_confidence": 0.4, "chosen_by": "curve"}')
+    assert serving_defaults(tmp_path) == {"min_confidence": 0.4}
+    for bad in ('{"min_confidence": 1.5}', '{"min_confidence": true}', "[0.4]", "not json"):
+        (tmp_path / "serving.json").write_text(bad)
+        assert serving_defaults(tmp_path) == {}
+    assert serving_defaults(REPO / "models" / "default")["min_confidence"] > 0  # the shipped model has one
+
+
 async def test_bad_options_warn_and_fall_back():
     async with lsp_server(FAKE_SERVER, {"model": scripted(), "budgetMs": -3, "languages": "python", "maxFillTokens": 0}) as c:
         msgs = []
