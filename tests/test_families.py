@@ -203,3 +203,64 @@ def test_load_checkpoint_serves_a_family_from_the_local_hf_cache(folders, tmp_pa
 
     [m] = scan()
     assert (m.repo_id, m.family) == ("Dream-org/Dream-Tiny", "dream") and "mask 151666" in m.detail
+
+
+def test_models_command_lists_families_and_cached_checkpoints(folders, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from dlm_lsp.cli import main
+
+    for repo, name in (("GSAI-ML--LLaDA-Tiny", "llada"), ("Qwen--Qwen-AR", "open-dcoder")):
+        snap = tmp_path / f"models--{repo}" / "snapshots" / "s1"
+        shutil.copytree(folders[name], snap)
+    (tmp_path / "models--Qwen--Qwen-AR" / "snapshots" / "s1" / "tokenizer_config.json").write_text("{}")
+    assert main(["models", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(f.name in out for f in FAMILIES)
+    assert "GSAI-ML/LLaDA-Tiny" in out and "llada" in out and "mask 126336" in out
+    # a Qwen2 checkpoint whose only mask evidence is gone is listed as unsupported, with the reason
+    assert "Qwen/Qwen-AR" in out and "unsupported" in out
+
+
+def test_seven_billion_shapes_build_on_the_meta_device():
+    """The load path's first half at real size: Dream-7B's config (Qwen2.5-7B shapes) becomes a
+    model on the meta device with the expected parameter count, no memory used."""
+    from engine.families.registry import FAMILIES as F
+    from engine.families.specials import TokenFiles
+    from engine.model import Transformer
+
+    dream = next(f for f in F if f.name == "dream")
+    cfg = dict(architectures=["DreamModel"], model_type="Dream", hidden_size=3584, intermediate_size=18944,
+               num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+               max_position_embeddings=131072, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+               hidden_act="silu", mask_token_id=151666, eos_token_id=151643, pad_token_id=151643)
+    mc = dream.engine_config(cfg, TokenFiles(cfg, {}, {}, None))
+    with torch.device("meta"):
+        m = Transformer(mc)
+    assert m.num_params() == 7_615_616_512  # Qwen2.5-7B: 7.61B
+    assert m.head_weight.is_meta and mc.kv_heads == 4 and mc.max_seq_len == 16384
+
+
+@torch.no_grad()
+def test_dream_padded_batch_equals_the_pairwise_mask_reference(folders):
+    """Dream batches left-padded rows with the pairwise mask valid[q] & valid[k] and positions
+    cumsum(valid) - 1; the engine batches right-padded rows with key_valid. Valid positions agree."""
+    ref = reference_model(SPECS["dream"], seed=list(SPECS).index("dream"))
+    m = _engine(folders["dream"], torch.float64)
+    rows = [_ids(14, seed=1)[0], _ids(9, seed=2)[0]]
+    L = 14
+    ids = torch.full((2, L), 151643)
+    valid = torch.zeros(2, L, dtype=torch.bool)
+    for i, r in enumerate(rows):  # left padding, as Dream's batches
+        ids[i, L - len(r):], valid[i, L - len(r):] = r, True
+    pair = valid[:, None, :, None] & valid[:, None, None, :]
+    mask = torch.zeros(2, 1, L, L, dtype=torch.float64).masked_fill(~pair, torch.finfo(torch.float64).min)
+    pos = (valid.long().cumsum(-1) - 1).clamp_min(0)
+    want = ref(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    r_ids = torch.full((2, L), 151643)
+    r_valid = torch.zeros(2, L, dtype=torch.bool)
+    for i, r in enumerate(rows):  # the engine's right padding
+        r_ids[i, : len(r)], r_valid[i, : len(r)] = r, True
+    got = m(r_ids, key_valid=r_valid)
+    for i, r in enumerate(rows):
+        assert (got[i, : len(r)] - want[i, L - len(r):]).abs().max().item() <= 1e-10
