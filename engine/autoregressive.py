@@ -56,7 +56,7 @@ def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple
     t0 = time.perf_counter()
     h, kvs = model.hidden(torch.tensor([prompt], device=dev), return_kv=True)  # (1, Lp, D)
     dtype = kvs[0][0].dtype
-    shape = (1, cfg.n_heads, total, cfg.head_dim)
+    shape = (1, cfg.kv_heads, total, cfg.head_dim)  # K/V heads: fewer than query heads with GQA
     cache = [(torch.empty(shape, dtype=dtype, device=dev), torch.empty(shape, dtype=dtype, device=dev)) for _ in kvs]
     for (ck, cv), (k, v) in zip(cache, kvs):
         ck[:, :, :Lp], cv[:, :, :Lp] = k, v
