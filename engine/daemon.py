@@ -190,17 +190,18 @@ class EngineDaemon:
             self._shutdown()
 
     def _shutdown(self) -> None:
-        with self._lock:
-            clients = list(self._clients)
-        for c in clients:
-            if c.channel is not None:
-                c.channel.flush_and_close(timeout=1.0)
+        # the socket goes first: a window that reconnects at once must not land in a dead backlog
         if self._listener is not None:
             try:
                 self._unlink_own_socket()
                 self._listener.close()
             except OSError:
                 pass
+        with self._lock:
+            clients = list(self._clients)
+        for c in clients:
+            if c.channel is not None:
+                c.channel.flush_and_close(timeout=1.0)
         if self.service is not None:
             self.service.close()
 
@@ -218,6 +219,7 @@ class EngineDaemon:
     def _exit_now(self) -> None:
         self.stop()
         try:
+            self._unlink_own_socket()
             self._listener.close()  # wakes accept()
         except OSError:
             pass

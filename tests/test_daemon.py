@@ -351,8 +351,10 @@ def test_windows_racing_to_start_the_engine_end_with_one_and_it_exits_when_idle(
         assert len(pids) == 1 and sum(w.started_daemons for w in windows) == 1
         st = windows[0].status()
         assert st["loads"] == 1 and len(st["windows"]) == 3
-        fills = [w.submit(FillJob(prefix=PREFIX, max_tokens=4)) for w in windows]
-        assert all(isinstance(f.result(TIMEOUT), Fill) for f in fills)
+        fills = [w.submit(long_job(200)) for w in windows]  # together: one worker batches them
+        assert all(f.result(TIMEOUT).steps == 200 for f in fills)
+        st = windows[0].status()
+        assert st["stats"]["jobs"] == 3 and st["stats"]["max_batch_seen"] >= 2 and st["stats"]["batched_steps"] > 0
     finally:
         for w in windows:
             w.close()
@@ -378,3 +380,73 @@ def test_engine_status_command_reports_the_running_daemon(model, runtime):
     none = subprocess.run([sys.executable, "-m", "dlm_lsp", "engine", "--status"], capture_output=True, text=True,
                           cwd=str(REPO), timeout=TIMEOUT, env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime / "empty")))
     assert none.returncode == 1 and "no engine running" in none.stdout
+
+
+async def test_latest_wins_across_the_socket(model, runtime):
+    from dlm_lsp.scheduler import Scheduler, Superseded
+
+    slow = start_slow_daemon(model, step_ms=50)
+    r = RemoteEngine(model, "cpu")
+    try:
+        r.start()
+        assert await asyncio.to_thread(r.wait_ready, TIMEOUT)
+        sched = Scheduler(r.submit)
+        old = sched.begin(URI, 1, 60_000)
+        run_old = asyncio.ensure_future(sched.run(old, long_job(200)))
+        await asyncio.to_thread(wait_for, lambda: r.status()["stats"]["forwards"] >= 1, TIMEOUT, "the job to run")
+        new = sched.begin(URI, 2, 60_000)  # the user typed on: the older request is superseded
+        with pytest.raises(Superseded):
+            await run_old
+        fill = await sched.run(new, FillJob(prefix=PREFIX, max_tokens=4))
+        assert not fill.cancelled and fill.steps >= 1
+
+        def old_cancelled():
+            st = r.status()
+            return st if st["stats"]["cancelled_jobs"] == 1 else None
+
+        st = await asyncio.to_thread(wait_for, old_cancelled, TIMEOUT, "the superseded job to be cancelled")
+        assert st["stats"]["jobs"] == 2 and st["stats"]["cancelled_steps"] < 200
+    finally:
+        r.close()
+        slow.kill()
+        slow.wait(TIMEOUT)
+
+
+def test_the_default_engine_is_the_shared_one_and_inproc_is_an_option(monkeypatch):
+    from dlm_lsp.options import parse_options
+    from dlm_lsp.server import default_engine_factory
+
+    monkeypatch.delenv("DLM_ENGINE", raising=False)
+    assert isinstance(default_engine_factory(None, "cpu", None), RemoteEngine)  # not started: no daemon
+    monkeypatch.setenv("DLM_ENGINE", "inproc")
+    assert type(default_engine_factory(None, "cpu", None)).__name__ == "EngineService"
+    assert isinstance(default_engine_factory(None, "cpu", None, engine="shared"), RemoteEngine)  # the option wins
+    opts, warnings = parse_options({"engine": "inproc"})
+    assert opts.engine == "inproc" and not warnings
+    opts, warnings = parse_options({"engine": "gpu-farm"})
+    assert opts.engine is None and "engine" in warnings[0]
+
+
+def test_a_thin_serve_imports_no_torch():
+    code = ("import sys; from dlm_lsp import cli; cli.build_parser('serve'); import dlm_lsp.server, engine.remote; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=TIMEOUT)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_model_that_does_not_load_is_an_error_for_the_window_and_the_daemon_leaves(runtime, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    r = RemoteEngine(str(broken), "cpu")
+    try:
+        r.start()
+        assert not r.wait_ready(TIMEOUT)
+        assert r.state == "error" and "could not load" in r.message and r.started_daemons == 1
+        with pytest.raises(EngineError, match="could not load"):
+            r.submit(FillJob(prefix=PREFIX)).result(TIMEOUT)
+        pid = r.daemon_pid
+        wait_for(lambda: _gone(pid), what="the failed daemon to exit")
+        assert r.state == "error" and r.connections == 1  # not restarted in a loop
+    finally:
+        r.close()
