@@ -1056,14 +1056,23 @@ class Fuzzer:
             self.request(*self.rng.choice(reqs))
         r = self.rng.random()
         if r < 0.3:
-            bad = self.rng.choice([{}, {"x": 1}, 5, "text", [None], [{"text": None}], [{"range": {"start": 5}, "text": "q"}],
-                                   [{"range": None, "text": 3}]])
+            bad = self.deal("bad changes", [{}, {"x": 1}, 5, "text", [None], [{"text": None}], [{"text": 5}],
+                                            [{"text": True}], [{"text": ["a"]}], [{"range": {"start": 5}, "text": "q"}],
+                                            [{"range": None, "text": 3}], [{"text": "ok"}, {"text": None}]])
             self.notify("textDocument/didChange", {"textDocument": {"uri": u, "version": doc.top + 1}, "contentChanges": bad}, doc)
             doc.top += 1
             await self.sync(doc, [(doc.text, doc.version), (doc.text, doc.top)])
         elif r < 0.5:
-            self.notify("textDocument/didOpen", {"textDocument": {"uri": f"file:///fuzz/bad/{self.rng.randrange(99)}.py",
-                                                                  "languageId": None, "version": "1", "text": 5}})
+            uri = f"file:///fuzz/bad/{self.rng.randrange(99)}.py"
+            td = self.deal("bad opens", [{"languageId": None, "version": "1", "text": 5}, {"text": None},
+                                         {"text": 5}, {"version": None}, {"languageId": 7}, {"text": ["x"]}])
+            self.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                                  "text": "x", **td}})
+            if self.doc_text:  # an ill-typed didOpen opens nothing
+                self.request(DOC_TEXT, {"textDocument": {"uri": uri}},
+                             check=lambda res, e, td=td: ("divergences", f"didOpen with {td} opened {_brief(res)}")
+                             if res is not None else None)
+            self.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
         elif r < 0.6:
             self.notify("textDocument/didClose", self.rng.choice([{}, {"textDocument": []}, None]))
         elif r < 0.7:
