@@ -222,13 +222,17 @@ class AutoregressiveFiller(Filler):
     def __init__(self, model: str, device: str = "cpu", threads: int | None = None, heal: bool = True):
         import torch
 
-        from engine.checkpoint import load_checkpoint
+        from engine.base_models import is_causal_lm, load_causal_lm
+        from engine.checkpoint import load_checkpoint, resolve_model_path
 
         super().__init__()
         self.heal = heal  # token healing, as the diffusion engine does it (DecodeOptions.heal)
         if threads:
             torch.set_num_threads(threads)
-        self.model, self.tok, self.cfg = load_checkpoint(model, device=device)
+        # a plain Llama (SmolLM2 from `dlm-lsp base-model`) is a causal LM without FIM tokens: prefix-only
+        folder = resolve_model_path(model)
+        load = load_causal_lm if is_causal_lm(folder) else load_checkpoint
+        self.model, self.tok, self.cfg = load(folder, device=device)
         if self.cfg.attention != "causal":
             raise SystemExit(f"--ar-model {model}: attention is {self.cfg.attention!r}, expected 'causal' "
                              "(train it with --objective ar)")
@@ -258,8 +262,8 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
     from engine.autoregressive import fim_prompt, greedy_decode
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
-    if None in (tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE)):
-        raise ValueError("the AR checkpoint's tokenizer has no FIM tokens")
+    # without FIM tokens (a plain causal LM such as SmolLM2) the prompt is the prefix alone
+    fim = None not in (tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE))
     cfg = model.cfg
     # never past the twin's training window (the diffusion canvas is cut to its own the same way)
     context_tokens = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
@@ -268,7 +272,7 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
     if h:
         p_ids, max_tokens = p_ids[: -h.k], max_tokens + 1
     room = max(0, context_tokens - max_tokens - 3)
-    s_keep = min(len(s_ids), room // 3)
+    s_keep = min(len(s_ids), room // 3) if fim else 0
     p_keep = min(len(p_ids), room - s_keep)
     prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
     ids = greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id),

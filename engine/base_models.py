@@ -373,6 +373,90 @@ def _write_json(path: Path, d: dict) -> None:
     _write(path, lambda p: p.write_text(json.dumps(d, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"))
 
 
+# ---------------------------------------------------------------- as the engine's causal LM
+
+def is_causal_lm(folder) -> bool:
+    """True for a plain (autoregressive) Llama checkpoint folder: LlamaForCausalLM / model_type llama."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(cfg, dict) and cfg.get("model_type") == "llama" and "LlamaForCausalLM" in (cfg.get("architectures") or [])
+
+
+def causal_lm_config(folder: Path):
+    """engine ModelConfig of a plain Llama folder: causal attention, no logit shift, special ids from
+    its files. It has no mask token (it is not a diffusion model): mask_token_id is its pad id, which
+    only the AR path (engine/autoregressive.py) may see."""
+    from engine.config import ModelConfig
+    from engine.families.layouts import shape_fields
+    from engine.families.loader import read_config
+    from engine.families.specials import TokenFiles
+
+    cfg = read_config(folder)
+    fields = shape_fields("qwen3", cfg)  # HF Llama keys are Qwen3's; the differences are set below
+    bias = bool(cfg.get("attention_bias", False))
+    fields.update(qk_norm=False, qkv_bias=bias, out_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)))
+    files = TokenFiles.read(folder, cfg)
+    eos, _ = files.find("eos")
+    if eos is None:
+        raise BaseModelError(f"{folder}: no end-of-text token in config.json eos_token_id or the tokenizer files")
+    pad = files.find("pad")[0]
+    pad = eos if pad is None else pad
+    return ModelConfig(**fields, attention="causal", logits_shift=False, mask_token_id=pad, pad_token_id=pad,
+                       eos_token_id=eos, bos_token_id=files.find("bos")[0], model_type="llama",
+                       family="llama-causal").validate()
+
+
+def load_causal_lm(folder, device="cpu", dtype=None):
+    """Returns (model in eval mode, tokenizer, config) for a plain Llama folder (SmolLM2 from
+    `prepare`, or an HF cache snapshot) as the engine's causal LM: the AR baseline
+    (engine/autoregressive.py, `dlm-lsp eval --ar-model`). Safetensors only, headers checked."""
+    import torch
+    from safetensors import safe_open
+
+    from engine.checkpoint import CheckpointError, check_safetensors
+    from engine.families.layouts import rename
+    from engine.families.loader import weight_files
+    from engine.model import Transformer, rope_tables
+    from engine.tokenizer import TextTokenizer
+
+    folder = Path(folder)
+    try:
+        cfg = causal_lm_config(folder)
+    except (BaseModelError, ValueError) as e:
+        raise CheckpointError(str(e)) from e
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"no tokenizer.json in {folder}")
+    dtype = dtype or torch.float32
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    sd = {}
+    for path in weight_files(folder):
+        check_safetensors(path)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                try:
+                    target = rename("qwen3", name)
+                except KeyError:
+                    raise CheckpointError(f"{path}: tensor {name!r} is not part of a Llama model") from None
+                if target is None or (target == "output.weight" and cfg.tie_embeddings):
+                    continue
+                t = f.get_tensor(name)
+                if want.get(target) != tuple(t.shape):
+                    raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, the config implies "
+                                          f"{want.get(target)}")
+                sd[target] = t.to(device=device, dtype=dtype)
+    missing = sorted(set(want) - set(sd))
+    if missing:
+        raise CheckpointError(f"{folder}: Llama checkpoint lacks {', '.join(missing[:4])}")
+    model.load_state_dict(sd, assign=True, strict=True)
+    cos, sin = rope_tables(cfg)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval(), TextTokenizer.load(folder), cfg
+
+
 # ---------------------------------------------------------------- the command
 
 def _stamp(spec: BaseModelSpec, source: str) -> dict:

