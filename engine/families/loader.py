@@ -1,18 +1,21 @@
 """Loads a family checkpoint: meta-device model, safetensors shard by shard, names mapped once.
 
-The model is built on the meta device (no memory), then each shard is memory-mapped
-(`safe_open`), each tensor renamed, cast to the target dtype and moved to the target device one at
-a time, so host memory holds at most the converted weights plus one tensor in flight. Headers are
-checked (engine/checkpoint.py `check_safetensors`) before safetensors parses them; nothing is
-unpickled, no remote code runs, nothing is downloaded.
+The model is built on the meta device (no memory). Each shard's header is checked against the file
+(engine/checkpoint.py `check_safetensors`: offsets inside the file, byte counts matching shapes,
+float dtypes only); then each tensor is renamed, allocated in the target dtype on the target device
+and filled from the file in chunks through one 32 MB scratch buffer. Host memory holds the
+converted weights plus that buffer (on CUDA, the buffer only): a memory-mapped read (safetensors
+`safe_open`) kept the mapped pages of the whole file resident until it closed (1.6x the fp32 bytes
+of a 0.5B model; docs/MODELS.md has the measurement). Nothing is unpickled, no remote code runs, nothing is
+downloaded.
 """
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from engine.config import ConfigError
 from engine.families.layouts import rename
@@ -91,15 +94,9 @@ def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype |
     want = {k: v.shape for k, v in model.state_dict().items()}
     sd: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
-        check_safetensors(path)
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    _take(fam, cfg, f, name, want, sd, device, dtype, path)
-        except CheckpointError:
-            raise
-        except Exception as e:  # noqa: BLE001 - whatever safetensors finds, the message names the file
-            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        header = check_safetensors(path)
+        for name, shape, fill in read_tensors(path, header):
+            _take(fam, cfg, name, shape, fill, want, sd, device, dtype, path)
     if cfg.tie_embeddings:
         sd.pop("output.weight", None)  # a tied checkpoint may still store its head; transformers ignores it
     missing = sorted(set(want) - set(sd))
@@ -112,7 +109,42 @@ def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype |
     return model.eval(), tok, cfg
 
 
-def _take(fam: Family, cfg, f, name: str, want: dict, sd: dict, device, dtype, path: Path) -> None:
+FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+CHUNK_BYTES = 32 * 2**20  # one read's size: the scratch memory a load needs beyond the weights
+
+
+def read_tensors(path: Path, header: dict):
+    """Yields (name, shape, fill) for each tensor of a checked safetensors file, in file order;
+    fill(out) copies the tensor into `out` (any dtype and device, same number of elements) through
+    one scratch buffer of CHUNK_BYTES, so no tensor is ever held twice in host memory."""
+    from engine.checkpoint import CheckpointError
+
+    entries = sorted(((n, t) for n, t in header.items() if n != "__metadata__"), key=lambda x: x[1]["data_offsets"][0])
+    scratch = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        base = 8 + n
+        for name, t in entries:
+            file_dtype = FILE_DTYPES[t["dtype"]]
+            size = file_dtype.itemsize
+            begin = t["data_offsets"][0]
+
+            def fill(out: torch.Tensor, begin=begin, file_dtype=file_dtype, size=size, name=name) -> None:
+                flat, per = out.view(-1), CHUNK_BYTES // size
+                for e0 in range(0, flat.numel(), per):
+                    count = min(per, flat.numel() - e0)
+                    buf = scratch[: count * size]
+                    f.seek(base + begin + e0 * size)
+                    if f.readinto(memoryview(buf.numpy())) != count * size:
+                        raise CheckpointError(f"{path} is truncated inside tensor {name!r}")
+                    flat[e0 : e0 + count].copy_(buf.view(file_dtype))
+
+            yield name, tuple(t["shape"]), fill
+
+
+def _take(fam: Family, cfg, name: str, shape: tuple, fill, want: dict, sd: dict, device, dtype, path: Path) -> None:
     """Reads one tensor, renamed and converted, into sd (shape-checked against the model)."""
     from engine.checkpoint import CheckpointError
 
@@ -128,8 +160,8 @@ def _take(fam: Family, cfg, f, name: str, want: dict, sd: dict, device, dtype, p
             return
         raise CheckpointError(f"{path}: tensor {name!r} ({target}) does not fit the config (biases or norms "
                               "the config does not declare)")
-    t = f.get_tensor(name)
-    if tuple(t.shape) != tuple(want[target]):
-        raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, the config implies "
-                              f"{tuple(want[target])}")
-    sd[target] = t.to(device=device, dtype=dtype)
+    if shape != tuple(want[target]):
+        raise CheckpointError(f"{path}: tensor {name!r} has shape {shape}, the config implies {tuple(want[target])}")
+    out = torch.empty(shape, dtype=dtype, device=device)
+    fill(out)
+    sd[target] = out
