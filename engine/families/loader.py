@@ -19,7 +19,7 @@ import torch
 
 from engine.config import ConfigError
 from engine.families.layouts import rename
-from engine.families.registry import Family, FamilyError, detect
+from engine.families.registry import Family, detect
 from engine.families.specials import TokenFiles
 from engine.model import Transformer, rope_tables
 from engine.tokenizer import TextTokenizer
