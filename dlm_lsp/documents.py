@@ -325,6 +325,46 @@ def longest_line(idx: LineIndex, first: int, last: int) -> int:
     return max(inner, end - starts[last])
 
 
+def require_sync_types(converter) -> None:
+    """Makes a cattrs converter refuse text-sync params of the wrong JSON types instead of coercing
+    them (it turns {"text": null} into the text "None", 5 into "5", a version "1" into 1): such a
+    didOpen / didChange is malformed and ignored whole (logged by the protocol layer)."""
+    from lsprotocol import types
+
+    def is_int(v) -> bool:
+        return type(v) is int  # not bool, not "1"
+
+    def position(p) -> bool:
+        return isinstance(p, dict) and is_int(p.get("line")) and is_int(p.get("character"))
+
+    def change(o) -> str | None:
+        if not isinstance(o, dict) or not isinstance(o.get("text"), str):
+            return "text is not a string"
+        rng = o.get("range", {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}})
+        if not (isinstance(rng, dict) and position(rng.get("start")) and position(rng.get("end"))):
+            return "range is not two positions of integers"
+        return None
+
+    def item(o) -> str | None:
+        ok = isinstance(o, dict) and all(isinstance(o.get(k), str) for k in ("uri", "languageId", "text"))
+        return None if ok and is_int(o.get("version")) else "uri, languageId, version or text of the wrong type"
+
+    def versioned(o) -> str | None:
+        ok = isinstance(o, dict) and isinstance(o.get("uri"), str) and is_int(o.get("version"))
+        return None if ok else "uri or version of the wrong type"
+
+    checks = ((types.TextDocumentContentChangePartial, change), (types.TextDocumentContentChangeWholeDocument, change),
+              (types.TextDocumentItem, item), (types.VersionedTextDocumentIdentifier, versioned))
+    for cls, check in checks:
+        def hook(obj, t, base=converter.get_structure_hook(cls), check=check, name=cls.__name__):
+            problem = check(obj)
+            if problem:
+                raise TypeError(f"{name}: {problem}")
+            return base(obj, t)
+
+        converter.register_structure_hook(cls, hook)
+
+
 class DocumentStore:
     """Open documents by URI (normalized by `uri_key`; a document keeps the URI it was opened with)."""
 

@@ -26,7 +26,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from dlm_lsp import context, postprocess
-from dlm_lsp.documents import DocumentStore
+from dlm_lsp.documents import DocumentStore, require_sync_types
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
 from dlm_lsp.protocol import DlmProtocol, run_stdio
@@ -400,6 +400,7 @@ def make_server(engine_factory=None) -> DlmServer:
     # the one copy, so pygls's go and the handlers above get the params as the client sent them.
     for method in (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_DID_CLOSE):
         server.protocol.fm.builtin_features.pop(method, None)
+    require_sync_types(server.protocol._converter)  # {"text": null} must not become the text "None"
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):

@@ -504,3 +504,20 @@ async def test_a_big_document_is_announced_once_and_stays_exact():
         await asyncio.sleep(0.1)
         shown = [p for _, m, p in c.notifications if m == "window/showMessage" and "too big" in p["message"]]
         assert len(shown) == 1 and "big.py" in shown[0]["message"]
+
+
+async def test_ill_typed_sync_params_are_ignored_over_stdio():
+    # cattrs alone would make {"text": null} the text "None" and a version "3" the version 3
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="y")}) as c:
+        uri = "file:///tmp/dlm-docs/typed.py"
+        open_doc(c, uri, "abc")
+        for changes in ([{"text": None}], [{"text": 5}], [{"text": "x"}, {"text": None}],
+                        [{"range": {"start": {"line": "0", "character": 0}, "end": {"line": 0, "character": 0}}, "text": "q"}]):
+            c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": 2}, "contentChanges": changes})
+        c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": "3"}, "contentChanges": [{"text": "v"}]})
+        assert await _text_of(c, uri) == {"uri": uri, "version": 1, "text": "abc"}
+        c.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///tmp/dlm-docs/bad.py", "languageId": None,
+                                                           "version": "1", "text": 5}})
+        assert await _text_of(c, "file:///tmp/dlm-docs/bad.py") is None
+        _change(c, uri, 2, (0, 3), (0, 3), "d")  # and well-typed ones still apply
+        assert await _text_of(c, uri) == {"uri": uri, "version": 2, "text": "abcd"}
