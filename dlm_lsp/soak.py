@@ -12,13 +12,16 @@ included), fills (non-empty answers), cancelled (RequestCancelled answers), erro
 responses, plus the server's own `errors` counter), lost (unanswered when the run ends, after a
 grace of --grace-s), late (answered later than --late-ms), p50/p95/max latency of all answers, the
 server's RSS (VmRSS from /proc/<pid>/status, its child processes included) sampled every second and its growth from the end of
-warm-up (--warmup-s) to the end, in percent. Exit status 1 when lost > 0 or late > 0.
+warm-up (--warmup-s) to the end, in percent. The engine runs inside the server (DLM_ENGINE=inproc),
+so that RSS is the model's too; with --engine shared the daemon's RSS is reported beside it.
+Exit status 1 when lost > 0 or late > 0.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import time
@@ -61,6 +64,23 @@ def tree_rss_kb(pid: int) -> int | None:
     return total
 
 
+def engine_daemons() -> list[int]:
+    """Pids of this user's shared engine daemons (`dlm-lsp engine`), which no server parents."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith((b"dlm_lsp", b"dlm-lsp")) for a in argv) and b"engine" in argv:
+            out.append(int(d.name))
+    return out
+
+
 def default_sources(most: int = 8, max_bytes: int = 40_000) -> list[Path]:
     """The files to type: examples/, then the first held-out stdlib files (never trained on)."""
     files = sorted((REPO / "examples").glob("*.py"))
@@ -78,7 +98,8 @@ class Soak:
     def __init__(self, seconds: float, cps: float = 20.0, docs: int = 5, cancel_rate: float = 1.0,
                  model: str | None = None, sources: list[Path] | None = None, warmup_s: float | None = None,
                  late_ms: float = 2000.0, grace_s: float = 5.0, seed: int = 0, budget_ms: int | None = None,
-                 server_cmd: list[str] | None = None, log_path: str | None = None, options: dict | None = None):
+                 server_cmd: list[str] | None = None, log_path: str | None = None, options: dict | None = None,
+                 engine: str = "inproc"):
         self.seconds, self.cps, self.n_docs, self.cancel_rate = seconds, cps, docs, cancel_rate
         self.model, self.late_ms, self.grace_s = model, late_ms, grace_s
         self.warmup_s = warmup_s if warmup_s is not None else min(60.0, seconds * 0.2)
@@ -94,10 +115,12 @@ class Soak:
         self.texts = [t for t in texts if t.strip()] or ["def f(x):\n    return x + 1\n"]
         self.records: list[dict] = []
         self.rss: list[tuple[float, int]] = []
+        self.engine = engine  # "inproc": the model lives in the server process; "shared": in a daemon
+        self.engine_rss: list[tuple[float, int]] = []
 
     async def run(self) -> dict:
         log = open(self.log_path, "wb") if self.log_path else None
-        client = FuzzClient(self.cmd, cwd=str(REPO), stderr=log)
+        client = FuzzClient(self.cmd, cwd=str(REPO), stderr=log, env={**os.environ, "DLM_ENGINE": self.engine})
         await client.start()
         try:
             await client.initialize(self.options)
@@ -126,9 +149,13 @@ class Soak:
     async def _sample_rss(self, pid: int) -> None:
         t0 = time.monotonic()
         while True:
-            kb = tree_rss_kb(pid)
+            kb, t = tree_rss_kb(pid), round(time.monotonic() - t0, 1)
             if kb is not None:
-                self.rss.append((round(time.monotonic() - t0, 1), kb))
+                self.rss.append((t, kb))
+            if self.engine == "shared":
+                daemon = [rss_kb(p) or 0 for p in engine_daemons()]
+                if daemon:
+                    self.engine_rss.append((t, sum(daemon)))
             await asyncio.sleep(1.0)
 
     async def _type(self, client: FuzzClient) -> None:
@@ -203,6 +230,9 @@ class Soak:
         late = sum(1 for x in lat if x > self.late_ms)
         warm = [kb for t, kb in self.rss if t >= self.warmup_s]
         growth = round((warm[-1] - warm[0]) / warm[0] * 100, 1) if len(warm) >= 2 else None
+        ewarm = [kb for t, kb in self.engine_rss if t >= self.warmup_s]
+        engine = {"engine_rss_end_mb": round(ewarm[-1] / 1024, 1),
+                  "engine_rss_growth_pct": round((ewarm[-1] - ewarm[0]) / ewarm[0] * 100, 1)} if len(ewarm) >= 2 else {}
         server_errors = int(stats.get("errors") or 0)
         return {
             "ok": lost == 0 and late == 0 and exited is None,
@@ -217,9 +247,9 @@ class Soak:
             "rss_warm_mb": round(warm[0] / 1024, 1) if warm else None,
             "rss_end_mb": round(self.rss[-1][1] / 1024, 1) if self.rss else None,
             "rss_max_mb": round(max(kb for _, kb in self.rss) / 1024, 1) if self.rss else None,
-            "rss_growth_pct": growth, "warmup_s": self.warmup_s,
+            "rss_growth_pct": growth, "warmup_s": self.warmup_s, "engine": self.engine, **engine,
             "engine_jobs": stats.get("engineJobs"), "typed_through": stats.get("typedThrough"),
-            "rss_kb": self.rss,
+            "rss_kb": self.rss, **({"engine_rss_kb": self.engine_rss} if self.engine_rss else {}),
         }
 
 
@@ -242,6 +272,9 @@ def add_soak_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-s", type=float, default=5.0, help="how long unanswered requests may still answer after typing ends")
     p.add_argument("--budget-ms", type=int, default=None, help="server budget per fill (default 300)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", choices=["inproc", "shared"], default="inproc",
+                   help="the engine in the server process (default: its RSS is the server's) or the shared daemon "
+                        "(its RSS reported apart)")
     p.add_argument("--server-log", default=None, help="write the server's stderr here")
     p.add_argument("--server-cmd", default=None, help="run this server command instead of dlm-lsp serve")
 
@@ -251,10 +284,10 @@ def run_soak(args: argparse.Namespace) -> int:
     soak = Soak(seconds, cps=args.cps, docs=args.docs, cancel_rate=args.cancel_rate, model=args.model,
                 sources=[Path(s) for s in args.sources] if args.sources else None, warmup_s=args.warmup_s,
                 late_ms=args.late_ms, grace_s=args.grace_s, seed=args.seed, budget_ms=args.budget_ms, log_path=args.server_log,
-                server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None)
+                server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None, engine=args.engine)
     rep = asyncio.run(soak.run())
     for k, v in rep.items():
-        if k != "rss_kb":
+        if k not in ("rss_kb", "engine_rss_kb"):
             print(f"{k:16} {v}")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
