@@ -214,6 +214,8 @@ class EngineDaemon:
         if state == "error":
             # the model failed to load, or steps kept sticking: the windows keep the error (as
             # in-process, a server restart retries) and the next window starts a fresh daemon
+            log.error("engine in the error state (%s): the daemon exits; its windows keep the error",
+                      self.info.get("message"))
             threading.Timer(2.0, self._exit_now).start()
 
     def _exit_now(self) -> None:
@@ -237,7 +239,8 @@ class EngineDaemon:
         why = wire.refusal(uid)
         if why is not None:
             log.warning("connection from pid %d refused: %s", pid, why)
-            self.counters["refused"] += 1
+            with self._lock:
+                self.counters["refused"] += 1
             try:
                 conn.settimeout(1.0)
                 conn.sendall(wire.encode({"op": "refused", "message": why}))
@@ -288,13 +291,15 @@ class EngineDaemon:
             log.info("stop asked by pid %d", c.pid)
             self._exit_now()
         else:
-            self.counters["bad_messages"] += 1
+            with self._lock:
+                self.counters["bad_messages"] += 1
             c.channel.send({"op": "error", "id": m.get("id"), "message": f"unknown op {op!r}"})
 
     def _submit(self, c: _Client, m: dict) -> None:
         jid = m.get("id")
         if not isinstance(jid, int):
-            self.counters["bad_messages"] += 1
+            with self._lock:
+                self.counters["bad_messages"] += 1
             return
         try:
             job = wire.job_from_message(m.get("job"))

@@ -268,7 +268,7 @@ class RemoteEngine:
             self._chan = None
             sent = [jid for jid, e in self._jobs.items() if e[2]]
             lost = [self._jobs.pop(jid) for jid in sent]
-        if not self._closed.is_set():
+        if not self._closed.is_set() and self.state != "error":
             log.warning("the shared engine (pid %s) went away with %d job(s) in flight", self.daemon_pid, len(lost))
         err = EngineError("engine died: the shared engine process ended while this job ran; a new one is starting")
         for _, fut, _ in lost:
