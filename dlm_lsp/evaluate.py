@@ -275,6 +275,8 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
     s_keep = min(len(s_ids), room // 3) if fim else 0
     p_keep = min(len(p_ids), room - s_keep)
     prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
+    if not prompt:  # prefix-only at the top of a file (or all of it re-typed): start a document
+        prompt = [cfg.bos_token_id if cfg.bos_token_id is not None else cfg.eos_token_id]
     ids = greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id),
                         heal=(h.first, h.then) if h else None).ids
     return ids, h.text if h else ""

@@ -388,6 +388,7 @@ def test_eval_ar_filler_runs_the_folder_prefix_only(converted):
                 break
             want.append(nxt)
     assert got == want
+    assert len(fim_greedy(ar.model, ar.tok, "", "x = 1\n", max_tokens=4)[0]) <= 4  # top of a file: [bos] prompt
     a = CODE.index("return self.total")
     sample = ar(Hole("line", "tiny:code.py", CODE, a, a + len("return self.total")))
     assert sample.tokens > 0
