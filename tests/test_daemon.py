@@ -26,7 +26,7 @@ from engine import daemon as engine_daemon
 from engine import wire
 from engine.api import DecodeOptions, EngineError, Fill, FillJob
 from engine.remote import RemoteEngine
-from tests.lsp_helpers import REAL_SERVER, inline, insert, open_doc
+from tests.lsp_helpers import REAL_SERVER, inline, inline_params, insert, open_doc
 from tests.tiny import make_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -450,3 +450,32 @@ def test_a_model_that_does_not_load_is_an_error_for_the_window_and_the_daemon_le
         assert r.state == "error" and r.connections == 1  # not restarted in a loop
     finally:
         r.close()
+
+
+async def test_a_serve_whose_engine_is_killed_mid_request_answers_it_with_an_error(model, runtime, tmp_path):
+    slow = start_slow_daemon(model, step_ms=500)
+    env = dict(os.environ, DLM_ENGINE="shared")
+    log = open(tmp_path / "serve.log", "wb")
+    c = LspClient(REAL_SERVER, env=env, cwd=str(REPO), stderr=log)
+    try:
+        await c.start()
+        await c.initialize({"model": model, "device": "cpu", "postprocess": False, "budgetMs": 60000})
+        await c.wait_ready(TIMEOUT)
+        open_doc(c, URI, SRC)
+        _, answer = c.send_request("textDocument/inlineCompletion", inline_params(URI, 6, 8))
+
+        def running():
+            st = engine_daemon.ask_all("status")
+            return st and st[0]["stats"]["forwards"] >= 1
+
+        await asyncio.to_thread(wait_for, running, TIMEOUT, "the fill to run")
+        slow.kill()
+        res = await asyncio.wait_for(answer, TIMEOUT)  # answered, not left hanging
+        assert res["items"] == []
+        stats = await c.request("dlm/stats", {}, timeout=TIMEOUT)
+        assert stats["errors"] == 1
+    finally:
+        await c.stop()
+        log.close()
+        slow.kill()
+        slow.wait(TIMEOUT)
