@@ -140,9 +140,22 @@ def hf_config(spec: Spec, dtype=torch.float64):
     return cfg
 
 
+_MODELS: dict = {}  # the few most recent reference models (each holds a 152k-row vocabulary)
+
+
 def reference_model(spec: Spec, seed: int = 0, dtype=torch.float64):
     """The transformers model with seeded unit-scale weights (fp32 values, so every dtype holds them
-    exactly): projections ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1), biases ~ N(0, 0.1)."""
+    exactly): projections ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1), biases ~ N(0, 0.1). Built once per
+    (family, seed, dtype) in a test session; callers must not modify it."""
+    key = (spec.family, seed, dtype)
+    if key not in _MODELS:
+        while len(_MODELS) >= 4:
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[key] = _build_reference(spec, seed, dtype)
+    return _MODELS[key]
+
+
+def _build_reference(spec: Spec, seed: int, dtype):
     import transformers
 
     cfg = hf_config(spec)
