@@ -37,6 +37,7 @@ import random
 import re
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -418,6 +419,7 @@ class Pending:
     method: str
     doc: RefDoc | None = None
     n_full: int | None = None  # len(doc.full) when it was sent
+    limit: float | None = None  # seconds it may take (None: the fuzzer's --timeout)
 
 
 URIS = [f"file:///fuzz/src/m{i}.py" for i in range(12)] + [
@@ -559,7 +561,7 @@ class Fuzzer:
         late = False
         for p in todo:
             # the time this process itself was too busy to read answers does not count against the server
-            left = p.sent + self.timeout + self.stalled_since(p.sent) - time.monotonic()
+            left = p.sent + (p.limit or self.timeout) + self.stalled_since(p.sent) - time.monotonic()
             try:
                 result, err = await asyncio.wait_for(asyncio.shield(p.fut), max(0.0, left)), None
             except asyncio.TimeoutError:
@@ -619,8 +621,8 @@ class Fuzzer:
     async def launch(self) -> None:
         """Starts the server; checks a request before initialize, then initializes."""
         self.launches += 1
-        if self.log_path and self.log is None:
-            self.log = open(self.log_path, "wb")
+        if self.log is None:  # the server's stderr, read back for its tracebacks
+            self.log = open(self.log_path, "w+b") if self.log_path else tempfile.TemporaryFile()
         self.client = FuzzClient(self.cmd, cwd=str(REPO), stderr=self.log)
         await self.client.start()
         self.docs.clear()
@@ -629,7 +631,9 @@ class Fuzzer:
         cls, self.cls = self.cls, "lifecycle"
         early = "file:///fuzz/before-init.py"
         self.notify("textDocument/didOpen", {"textDocument": {"uri": early, "languageId": "python", "version": 1, "text": "x"}})
-        self.request("textDocument/inlineCompletion", _inline_params(early, 0, 1), check=_expect_code(-32002, "before initialize"))
+        p = self.request("textDocument/inlineCompletion", _inline_params(early, 0, 1),
+                         check=_expect_code(-32002, "before initialize"))
+        p.limit = max(60.0, self.timeout)  # the process is still starting (imports take seconds on a busy machine)
         await self.settle()
         init = self.request("initialize", {"processId": None, "rootUri": None, "initializationOptions": self.options,
                                            "capabilities": {"general": {"positionEncodings": ["utf-16"]},
@@ -1319,9 +1323,9 @@ class Fuzzer:
         watch.cancel()
         if self.shrink:
             await self.shrink_failures()
-        if self.log:
-            self.log.close()
-        return self.report(time.monotonic() - t0)
+        exceptions = server_exceptions(self.log)
+        self.log.close()
+        return {**self.report(time.monotonic() - t0), "server_exceptions": exceptions}
 
     def report(self, elapsed: float) -> dict:
         return {
@@ -1335,6 +1339,23 @@ class Fuzzer:
             "classes": self.counts,
             "failures": [{k: v for k, v in f.items() if k != "_full"} for f in self.failures],
         }
+
+
+def server_exceptions(log, most: int = 10) -> dict[str, int]:
+    """The exceptions in the server's stderr (last line of each traceback, numbers left out), by count.
+    Not a check: a request answered empty after an exception is answered; but worth a look."""
+    log.flush()
+    log.seek(0)
+    found: collections.Counter = collections.Counter()
+    in_tb = False
+    for raw in log:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if line.startswith("Traceback (most recent call last)"):
+            in_tb = True
+        elif in_tb and line and not line.startswith((" ", "\t")):
+            found[re.sub(r"\d+", "N", line)[:160]] += 1
+            in_tb = False
+    return dict(found.most_common(most))
 
 
 def _doc_text(msg: dict):
@@ -1415,6 +1436,8 @@ def run_fuzz(args: argparse.Namespace) -> int:
     for c, v in rep["classes"].items():
         print(f"{c:24} {v['steps']:6} {v['messages']:9} {v['requests']:9} {v['failures']:9}")
     print("  ".join(f"{c} {rep[c]}" for c in CHECKS))
+    for e, k in rep["server_exceptions"].items():
+        print(f"server exception x{k}: {e}")
     for f in rep["failures"]:
         print(f"FAIL {f['check']} [{f['class']} step {f['step']}]: {f['detail']}")
         if isinstance(f.get("minimal"), list):

@@ -24,10 +24,11 @@ import json
 import os
 import random
 import shlex
+import tempfile
 import time
 from pathlib import Path
 
-from dlm_lsp.fuzz import REPO, FuzzClient, server_command, utf16_len
+from dlm_lsp.fuzz import REPO, FuzzClient, server_command, server_exceptions, utf16_len
 from dlm_lsp.replay import LspError, _percentile
 
 CANCELLED = -32800
@@ -117,9 +118,10 @@ class Soak:
         self.rss: list[tuple[float, int]] = []
         self.engine = engine  # "inproc": the model lives in the server process; "shared": in a daemon
         self.engine_rss: list[tuple[float, int]] = []
+        self.exceptions: dict[str, int] = {}
 
     async def run(self) -> dict:
-        log = open(self.log_path, "wb") if self.log_path else None
+        log = open(self.log_path, "w+b") if self.log_path else tempfile.TemporaryFile()
         client = FuzzClient(self.cmd, cwd=str(REPO), stderr=log, env={**os.environ, "DLM_ENGINE": self.engine})
         await client.start()
         try:
@@ -142,8 +144,8 @@ class Soak:
                     pass
         finally:
             await client.stop()
-            if log:
-                log.close()
+            self.exceptions = server_exceptions(log)
+            log.close()
         return self.report(status, stats, typed_s, exited)
 
     async def _sample_rss(self, pid: int) -> None:
@@ -249,6 +251,7 @@ class Soak:
             "rss_max_mb": round(max(kb for _, kb in self.rss) / 1024, 1) if self.rss else None,
             "rss_growth_pct": growth, "warmup_s": self.warmup_s, "engine": self.engine, **engine,
             "engine_jobs": stats.get("engineJobs"), "typed_through": stats.get("typedThrough"),
+            "server_exceptions": self.exceptions,
             "rss_kb": self.rss, **({"engine_rss_kb": self.engine_rss} if self.engine_rss else {}),
         }
 
