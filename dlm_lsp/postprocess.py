@@ -29,6 +29,7 @@ from functools import lru_cache
 from typing import Callable
 
 from dlm_lsp.context import CLOSERS, MATCH, FillRequest, LexState, count_closed, indent_width, lex_events, lex_state
+from dlm_lsp.documents import parse_source
 
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 _END_MARKERS = ("<|endoftext|>", "<|eos|>", "</s>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -533,16 +534,17 @@ class SyntaxCheck:
 
     def __init__(self, text: str, tree, parser, offset: int, region_limit: int = REGION_MAX_BYTES):
         self.parser, self.tree, self.calls = parser, tree, 0
-        src_before = text[:offset].encode("utf-8")
+        # the bytes the document's tree was parsed from (lone CR as LF, lone surrogates as U+FFFD)
+        src_before = parse_source(text[:offset])
         cursor = len(src_before)
-        self.src = src_before + text[offset:].encode("utf-8")
+        self.src = src_before + parse_source(text[offset:])
         self.cursor = cursor
         self.text_from_cursor = text[offset:]
         probe = cursor
         line_end = text.find("\n", offset)
         if not text[text.rfind("\n", 0, offset) + 1 : len(text) if line_end == -1 else line_end].strip():
             # a blank line after a body lies outside its node: probe at the last code before it
-            probe = max(0, len(text[:offset].rstrip().encode("utf-8")) - 1)
+            probe = max(0, len(parse_source(text[:offset].rstrip())) - 1)
         self.region = check_region(tree.root_node, self.src, cursor, probe, region_limit) if region_limit > 0 else None
         self._whole: _Source | None = None
         self._local: _Source | None = None
@@ -558,7 +560,7 @@ class SyntaxCheck:
 
     def __call__(self, fill: str, replace_len: int = 0) -> bool:
         self.calls += 1
-        replaced = len(self.text_from_cursor[:replace_len].encode("utf-8"))
+        replaced = len(parse_source(self.text_from_cursor[:replace_len]))
         fb = fill.encode("utf-8")
         v = self.whole() if self._local is None else self._local
         start = v.cursor

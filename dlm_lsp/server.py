@@ -214,6 +214,7 @@ class DlmServer(LanguageServer):
     async def _fill(self, uri: str, position: types.Position, holder: dict):
         arrival = time.monotonic()
         doc = self.documents.get(uri)
+        key = self.documents.key(uri)  # one job queue and typing-through memory for all spellings of a URI
         if doc is None:
             log.info("completion asked for a document that is not open: %s", uri)
             return None
@@ -221,17 +222,17 @@ class DlmServer(LanguageServer):
             return None
         idx = doc.index(self.encoding)
         offset = idx.offset(position.line, position.character)
-        inflight = self.scheduler.inflight(uri)
+        inflight = self.scheduler.inflight(key)
         spare = inflight if inflight is not None and inflight.typed_along(doc.text, offset) else None
-        ticket = self.scheduler.begin(uri, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
+        ticket = self.scheduler.begin(key, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
         holder["ticket"] = ticket
         outcome = "empty"
         try:
-            hit = self.typing.rest(uri, doc.text, offset)
+            hit = self.typing.rest(key, doc.text, offset)
             if hit is None and spare is not None:
                 # the user is typing along a job in flight: its fill, once kept, may serve this cursor
                 await self.scheduler.wait_for(ticket, spare)
-                hit = self.typing.rest(uri, doc.text, offset)
+                hit = self.typing.rest(key, doc.text, offset)
             if hit is not None:
                 self.stats.typed_through += 1
                 outcome = "answered"
@@ -269,7 +270,7 @@ class DlmServer(LanguageServer):
             if fill.cancelled:
                 outcome = "cancelled"
                 return None
-            self.typing.remember(uri, ticket.text, offset, fin.text, fin.replace_len)
+            self.typing.remember(key, ticket.text, offset, fin.text, fin.replace_len)
             if stale:  # its version is gone; the fill stays for the request typing along it
                 self.stats.typed_along += 1
                 outcome = "stale"
@@ -375,17 +376,19 @@ def make_server(engine_factory=None) -> DlmServer:
         job (unless the edit only typed along it)."""
         uri = params.text_document.uri
         doc = ls.documents.change(uri, params.text_document.version, params.content_changes, ls.encoding)
-        inflight = ls.scheduler.inflight(uri)
+        key = ls.documents.key(uri)
+        inflight = ls.scheduler.inflight(key)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
-        ls.scheduler.cancel_document(uri, spare=inflight if typing_along else None)
+        ls.scheduler.cancel_document(key, spare=inflight if typing_along else None)
         tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams):
         """Forgets a closed document."""
         uri = params.text_document.uri
-        ls.scheduler.cancel_document(uri)
-        ls.typing.forget(uri)
+        key = ls.documents.key(uri)
+        ls.scheduler.cancel_document(key)
+        ls.typing.forget(key)
         ls.documents.close(uri)
 
     def tell_no_tree(ls: DlmServer) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +42,10 @@ class TextTokenizer:
         return cls(Tokenizer.from_file(str(p)))
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids if text else []
+        return self.tok.encode(_no_lone_surrogates(text), add_special_tokens=False).ids if text else []
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids for e in self.tok.encode_batch([_no_lone_surrogates(t) for t in texts], add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
@@ -105,6 +106,15 @@ class TextTokenizer:
 
     def save(self, folder: str | Path) -> None:
         self.tok.save(str(Path(folder) / "tokenizer.json"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_lone_surrogates(text: str) -> str:
+    """`text` with each lone surrogate (an editor may send one; a str holds no valid pairs) as U+FFFD:
+    `tokenizers` takes only valid Unicode. One character for one, so offsets do not move."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def train_bpe(texts, vocab_size: int = 8192) -> TextTokenizer:

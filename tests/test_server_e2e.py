@@ -199,6 +199,26 @@ async def test_typing_through_needs_no_engine():
         assert s["typedThrough"] == 2 and s["engineJobs"] == 2
 
 
+async def test_two_spellings_of_one_uri_share_the_typing_through_memory():
+    spelled = "file:///tmp/dlm-e2e/%61.py"  # %61 is "a": the same document as URI
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="sum(items)")}) as c:
+        open_doc(c, URI, "def f(items):\n    return \n")
+        assert (await inline(c, URI, 1, 11))[0]["insertText"] == "sum(items)"
+        insert(c, spelled, 2, 1, 11, "s")
+        assert (await inline(c, spelled, 1, 12))[0]["insertText"] == "um(items)"
+        s = await stats(c)
+        assert s["typedThrough"] == 1 and s["engineJobs"] == 1
+
+
+async def test_a_document_with_a_lone_surrogate_still_gets_checked_fills():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(text="s += x")}) as c:
+        open_doc(c, URI, SRC.replace("import os", "import os  # \ud800 \r"))
+        items = await inline(c, URI, LINE, COL)
+        assert [i["insertText"] for i in items] == ["s += x"]  # the syntax check ran on the region
+        s = await stats(c)
+        assert s["errors"] == 0
+
+
 async def test_debounce_drops_requests_superseded_while_waiting():
     async with lsp_server(FAKE_SERVER, {"model": scripted(), "debounceMs": 300}) as c:
         open_doc(c, URI, SRC)

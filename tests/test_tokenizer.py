@@ -73,3 +73,11 @@ def test_nothing_to_heal(tok):
              and sum(t.startswith(tok.token_text(i)) for t in _texts(tok, range(tok.vocab_size))) == 1]
     assert alone and tok.heal([alone[0]]) is None
     assert tok.token_id(PAD) in specials
+
+
+def test_lone_surrogates_are_encoded_as_the_replacement_character():
+    from pathlib import Path
+
+    tok = TextTokenizer.load(Path(__file__).resolve().parent.parent / "models" / "default")
+    assert tok.encode("x = '\ud800'") == tok.encode("x = '\ufffd'")
+    assert tok.encode_batch(["\udfff", "ok"]) == [tok.encode("\ufffd"), tok.encode("ok")]
