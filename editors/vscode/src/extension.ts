@@ -10,7 +10,7 @@ import {
 } from 'vscode-languageclient/node';
 import { COMMANDS, CommandName } from './commands';
 import { LaunchError, resolveLaunch } from './launch';
-import { documentSelector, serverOptions } from './settings';
+import { documentSelector, extraInitOptions, serverOptions } from './settings';
 import { ClientState, EngineStatus, statusView } from './status';
 
 let client: LanguageClient | undefined;
@@ -31,7 +31,9 @@ function showStatus(s: EngineStatus | ClientState = lastStatus): void {
 
 async function start(): Promise<void> {
   const cfg = config();
-  const dirs = (vscode.workspace.workspaceFolders ?? []).filter((f) => f.uri.scheme === 'file').map((f) => f.uri.fsPath);
+  // In Restricted Mode a workspace's .venv is not searched: it would run a program the folder ships.
+  const folders = vscode.workspace.isTrusted ? vscode.workspace.workspaceFolders ?? [] : [];
+  const dirs = folders.filter((f) => f.uri.scheme === 'file').map((f) => f.uri.fsPath);
   let launch;
   try {
     launch = resolveLaunch(
@@ -58,7 +60,7 @@ async function start(): Promise<void> {
   const options = serverOptions((key) => cfg.get(key));
   const clientOptions: LanguageClientOptions = {
     documentSelector: documentSelector(options.languages),
-    initializationOptions: options,
+    initializationOptions: { ...options, ...extraInitOptions(process.env.DLM_LSP_INIT_OPTIONS) },
     outputChannel: log,
     middleware: {
       // Returning without calling next() sends no request, so "off" costs the server nothing.
@@ -75,7 +77,11 @@ async function start(): Promise<void> {
     { command: launch.command, args: launch.args, transport: TransportKind.stdio },
     clientOptions,
   );
-  c.onNotification('dlm/status', (params: EngineStatus) => showStatus(params));
+  c.onNotification('dlm/status', (params: EngineStatus) => {
+    const wasReady = typeof lastStatus !== 'string' && lastStatus.state === 'ready';
+    showStatus(params);
+    if (params.state === 'ready' && !wasReady) askAgain(clientOptions.documentSelector as vscode.DocumentSelector);
+  });
   c.onDidChangeState((e) => {
     if (e.newState === State.Starting) showStatus('starting');
     else if (e.newState === State.Stopped) showStatus('stopped');
@@ -89,6 +95,14 @@ async function start(): Promise<void> {
     showStatus('stopped');
     void vscode.window.showErrorMessage(`dlm-lsp failed to start: ${e instanceof Error ? e.message : e}. See "DLM: Show Log".`);
   }
+}
+
+/** Asks for ghost text at the cursor once the model is ready: requests made while it loaded were
+ * answered empty, and VS Code would not ask again before the next keystroke. */
+function askAgain(selector: vscode.DocumentSelector): void {
+  const editor = vscode.window.activeTextEditor;
+  if (!enabled() || !editor || !vscode.languages.match(selector, editor.document)) return;
+  void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
 }
 
 async function stop(): Promise<void> {
@@ -136,6 +150,7 @@ export function activate(context: vscode.ExtensionContext): void {
   context.subscriptions.push(
     log,
     statusItem,
+    vscode.workspace.onDidGrantWorkspaceTrust(() => restart()), // the workspace's .venv may now be used
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (!e.affectsConfiguration('dlm')) return;
       // The launch command and the document selector are fixed for a client's lifetime; the server

@@ -47,3 +47,16 @@ export function documentSelector(languages: string[]): { scheme: string; languag
   if (languages.includes('*')) return schemes.map((scheme) => ({ scheme }));
   return languages.flatMap((language) => schemes.map((scheme) => ({ scheme, language })));
 }
+
+/** Gives the extra initialization options in `raw` (the DLM_LSP_INIT_OPTIONS environment variable,
+ * a JSON object): a hook for tests and debugging that reaches options VS Code has no setting for,
+ * such as the server's `postprocess` test switch. Anything but a JSON object gives nothing. */
+export function extraInitOptions(raw: string | undefined): Record<string, unknown> {
+  if (!raw) return {};
+  try {
+    const value: unknown = JSON.parse(raw);
+    return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
+  } catch {
+    return {};
+  }
+}

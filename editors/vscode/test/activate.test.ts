@@ -23,6 +23,8 @@ const vscode = new Proxy(
     },
     workspace: {
       workspaceFolders: undefined,
+      isTrusted: true,
+      onDidGrantWorkspaceTrust: () => disposable,
       getConfiguration: () => ({ get: (k: string, d: unknown) => settings[k] ?? d, inspect: () => undefined, update: async () => {} }),
       onDidChangeConfiguration: () => disposable,
     },

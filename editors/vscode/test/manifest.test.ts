@@ -5,12 +5,12 @@ import * as path from 'node:path';
 import { test } from 'node:test';
 import { COMMANDS } from '../src/commands';
 import { LaunchError, resolveLaunch } from '../src/launch';
-import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, LIBRARY_SETTINGS, SERVER_SETTINGS, serverOptions } from '../src/settings';
+import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, extraInitOptions, LIBRARY_SETTINGS, SERVER_SETTINGS, serverOptions } from '../src/settings';
 import { statusView } from '../src/status';
 
 const root = path.resolve(__dirname, '../..');
 const manifest = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8'));
-const properties: Record<string, { default: unknown }> = manifest.contributes.configuration.properties;
+const properties: Record<string, { default: unknown; scope?: string }> = manifest.contributes.configuration.properties;
 
 test('every setting the code reads is contributed, and nothing else', () => {
   const expected = [...SERVER_SETTINGS, ...CLIENT_SETTINGS, ...LIBRARY_SETTINGS].map((k) => `dlm.${k}`);
@@ -64,4 +64,21 @@ test('status bar shows state and last latency', () => {
   const error = statusView({ ...ready, state: 'error', message: 'no such folder' }, true);
   assert.ok(error.error && /no such folder/.test(error.tooltip));
   assert.ok(statusView('missing', true).error);
+});
+
+test('server command settings work from User settings in a remote window (code-server) too', () => {
+  // VS Code drops machine and machine-overridable settings from local User settings in a remote
+  // window, and code-server's window is always remote: those scopes made dlm.server.* look ignored.
+  for (const key of CLIENT_SETTINGS.filter((k) => k.startsWith('server.'))) {
+    assert.equal(properties[`dlm.${key}`].scope, 'window', key);
+  }
+  // ...and a workspace that is not trusted cannot choose the program that runs.
+  const untrusted = manifest.capabilities.untrustedWorkspaces;
+  assert.equal(untrusted.supported, 'limited');
+  assert.deepEqual([...untrusted.restrictedConfigurations].sort(), ['dlm.server.args', 'dlm.server.path', 'dlm.server.pythonPath']);
+});
+
+test('DLM_LSP_INIT_OPTIONS adds options only when it is a JSON object', () => {
+  assert.deepEqual(extraInitOptions('{"postprocess": false}'), { postprocess: false });
+  for (const raw of [undefined, '', 'nonsense', '[1]', 'null', '3']) assert.deepEqual(extraInitOptions(raw), {}, String(raw));
 });

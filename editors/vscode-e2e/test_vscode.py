@@ -1,0 +1,277 @@
+"""The extension inside a real VS Code (code-server 4.139.1 = VS Code 1.139.1) in headless
+Chromium, against the real server on the tiny editor-test model. The tests share one window and
+run in file order, each leaving the editor as the next one expects.
+
+Run by editors/run-tests.sh (after editors/setup.sh vscode and `vsce package`); alone:
+  .cache/editors/playwright/bin/python -m pytest -v editors/vscode-e2e
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from conftest import ARTIFACTS
+from vscode import EXAMPLE, EXTENSION_ID, REPO, VSCode, wait_for
+
+VSIX = REPO / "editors/vscode/dist/dlm-lsp.vsix"
+VERSION = json.loads((REPO / "editors/vscode/package.json").read_text())["version"]
+FIRST_FILL_S = 90  # cold: code-server, Python + torch imports, model load, all on a busy 2-core machine
+FILL_S = 30
+READY = re.compile(r"DLM (ready|\d+ ms)")
+facts: dict = {}  # what one test found and a later one needs (the tests share one window)
+
+
+@pytest.fixture(scope="module")
+def vs():
+    v = VSCode(ARTIFACTS)
+    facts["install"] = v.cli("--install-extension", str(VSIX), "--force") if VSIX.exists() else None
+    try:
+        v.start()
+        yield v
+    finally:
+        v.close()
+        (ARTIFACTS / "timings.json").write_text(json.dumps({k: facts[k] for k in facts if k.endswith("_s")}, indent=2))
+
+
+def needs(*keys):
+    for k in keys:
+        if k not in facts:
+            pytest.fail(f"an earlier test did not get as far as {k!r}")
+
+
+def new_ghost(vs: VSCode, after: float, timeout: float = FILL_S) -> tuple[str, dict]:
+    """Waits for ghost text shown after `after` (a time), and gives it with the fill it came from."""
+    def shown():
+        for h in vs.history():
+            if h["t"] > after and h["ghost"]:
+                return h
+        return None
+
+    h = wait_for(shown, timeout, "ghost text")
+    time.sleep(0.2)  # the ghost text may be drawn in pieces
+    ghost = vs.ghost() or h["ghost"]
+    fills = [f for f in vs.fills() if f["items"]]
+    assert fills, "ghost text shown, but the server sent no fill"
+    return ghost, fills[-1]
+
+
+def typed_part(doc: str, item: dict, cursor: tuple[int, int]) -> str:
+    """The part of a fill's insertText the document already has (range start up to the cursor)."""
+    start = item["range"]["start"]
+    assert start["line"] == cursor[0], (item, cursor)
+    return doc.split("\n")[cursor[0]][start["character"]:cursor[1]]
+
+
+def apply(doc: str, item: dict) -> str:
+    lines = doc.split("\n")
+    r = item["range"]
+    offset = lambda p: sum(len(l) + 1 for l in lines[: p["line"]]) + p["character"]  # noqa: E731
+    return doc[: offset(r["start"])] + item["insertText"] + doc[offset(r["end"]):]
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_vsix_installs(vs):
+    r = facts["install"]
+    assert r is not None, f"{VSIX} missing: build it with `npm run package` in editors/vscode"
+    assert r.returncode == 0, r.stdout + r.stderr
+    listed = vs.cli("--list-extensions", "--show-versions")
+    assert f"{EXTENSION_ID}@{VERSION}" in listed.stdout.split(), listed.stdout + listed.stderr
+
+
+def test_server_settings_are_user_settings(vs):
+    """The Settings UI's User tab lists dlm.server.path (with machine-overridable it did not)."""
+    vs.page.keyboard.press("Control+Comma")
+    vs.page.locator(".settings-editor").wait_for(state="visible")
+    time.sleep(1)  # the search box takes the focus once the editor is built
+    vs.page.keyboard.type("dlm.server")
+    user_tab = vs.page.locator(".settings-editor .settings-tabs-widget .action-label", has_text="User").first
+    user_tab.click()
+    found = vs.page.locator(".settings-editor .setting-item-contents", has_text="Server: Path")
+    found.first.wait_for(state="visible", timeout=20_000)
+    assert "dlm-lsp executable" in found.first.inner_text()
+    vs.page.keyboard.press("Control+w")  # closes the settings editor
+
+
+def test_opening_python_file_starts_server(vs):
+    """Status bar: starting/loading while the server starts, then ready; a user types at once."""
+    t_open = time.time()
+    vs.page.locator(".explorer-folders-view .monaco-list-row", has_text="example.py").first.click()
+    vs.page.locator(".monaco-editor .view-lines").first.wait_for(state="visible")
+    vs.go_to(7, 9)  # the empty loop body
+    vs.page.keyboard.type("s")  # typed while the server loads: answered empty, asked again once ready
+    facts["open_t"] = t_open
+    facts["typed_t"] = time.time()
+    wait_for(lambda: READY.search(vs.status()), FIRST_FILL_S, "the status bar to say DLM ready")
+    facts["ready_s"] = round(time.time() - t_open, 1)
+    shown = [h["status"] for h in vs.history() if h["status"]]
+    assert any("loading" in s or "starting" in s for s in shown), shown
+    assert any("loading" in s for s in shown), f"never showed DLM: loading: {shown}"
+    assert vs.sent("initialize"), "the extension never started the server"
+    options = vs.sent("initialize")[0]["params"]["initializationOptions"]
+    assert options["model"] == vs.model and options["postprocess"] is False, options
+
+
+def test_progress_while_loading(vs):
+    """The server's $/progress shows in the status bar (window progress) while the model loads."""
+    needs("ready_s")
+    init = vs.sent("initialize")[-1]["params"]
+    assert init["capabilities"]["window"]["workDoneProgress"] is True
+    progress = [m["params"]["value"] for m in vs.sent("$/progress")]
+    assert [p["kind"] for p in progress][:1] == ["begin"] and progress[-1]["kind"] == "end", progress
+    shown = [h["progress"] for h in vs.history() if h["progress"]]
+    assert any("dlm-lsp" in p and "loading model" in p for p in shown), shown
+
+
+def test_ghost_text_from_server(vs):
+    """The ghost text is exactly what the server sent (less what is already typed)."""
+    needs("typed_t")
+    ghost, fill = new_ghost(vs, facts["typed_t"], FIRST_FILL_S)
+    t_first = next(h["t"] for h in vs.history() if h["ghost"])
+    facts["cold_start_to_first_ghost_s"] = round(t_first - facts["open_t"], 1)
+    item = fill["items"][0]
+    doc = EXAMPLE.replace("\n        \n", "\n        s\n")
+    cursor = (6, 9)
+    assert fill["params"]["position"] == {"line": 6, "character": 9}
+    expected = item["insertText"][len(typed_part(doc, item, cursor)):]
+    assert ghost == expected, (ghost, item)
+    vs.page.screenshot(path=str(ARTIFACTS / "ghost-text.png"))
+    facts["ghost"] = (doc, item)
+
+
+def test_tab_inserts_exactly_it(vs):
+    needs("ghost")
+    doc, item = facts["ghost"]
+    vs.page.keyboard.press("Tab")
+    wait_for(lambda: not vs.ghost(), 5, "the ghost text to go once accepted")
+    vs.page.keyboard.press("Control+s")
+    want = apply(doc, item)
+    wait_for(lambda: vs.example.read_text() == want, 10, f"example.py to be saved as {want!r}")
+    facts["doc"] = want
+
+
+def test_escape_dismisses(vs):
+    needs("doc")
+    vs.page.keyboard.press("End")
+    t = time.time()
+    vs.page.keyboard.press("Enter")  # a new line in the loop body: a new fill
+    new_ghost(vs, t)
+    vs.page.keyboard.press("Escape")
+    wait_for(lambda: not vs.ghost(), 3, "Escape to remove the ghost text")
+    time.sleep(1.0)
+    assert not vs.ghost(), "the ghost text came back without typing"
+
+
+def test_typing_something_else_removes_it(vs):
+    needs("doc")
+    t = time.time()
+    vs.page.keyboard.type("q")
+    old, fill = new_ghost(vs, t)
+    n_fills = len(vs.fills())
+    other = "z" if not old.startswith("z") else "y"
+    t_key = time.time()
+    vs.page.keyboard.type(other)
+    wait_for(lambda: len(vs.fills()) > n_fills, FILL_S, "a new fill for the new text")
+    time.sleep(0.3)
+    after = [h["ghost"] for h in vs.history() if h["t"] > t_key]
+    assert after and after[0] != old, f"the old ghost text {old!r} stayed after typing {other!r}: {after}"
+    now = vs.ghost()
+    newest = vs.fills()[-1]
+    assert not now or newest["items"], "a ghost text shown that the newest fill does not have"
+
+
+def test_status_shows_last_latency(vs):
+    needs("doc")
+    statuses = [m["params"] for m in vs.sent("dlm/status")]
+    last = statuses[-1]["lastLatencyMs"]
+    assert last is not None
+    want = f"DLM {round(last)} ms"
+    wait_for(lambda: want in vs.status(), 5, f"the status bar to say {want!r} (it says {vs.status()!r})")
+
+
+def test_setting_change_applies_without_reload(vs):
+    """dlm.debounceMs 1200 makes the server wait that long before each fill; 0 undoes it. Both
+    take effect in the running window and server (no reload, no restart)."""
+    needs("doc")
+    n_init = len(vs.sent("initialize"))
+
+    def latencies(since: int) -> list[float]:
+        """Request-to-answer times (s) of the fills after the first `since` ones, from the recording."""
+        msgs = vs.lsp()
+        asked = {m["msg"]["id"]: m["t"] for m in msgs if m["msg"].get("method") == "textDocument/inlineCompletion"}
+        done = [m["t"] - asked[m["msg"]["id"]] for m in msgs
+                if m["dir"] == "out" and "method" not in m["msg"] and m["msg"].get("id") in asked]
+        return done[since:]
+
+    def pushed() -> dict:
+        sent = vs.sent("workspace/didChangeConfiguration")
+        return sent[-1]["params"]["settings"]["dlm"] if sent else {}
+
+    vs.set_setting("dlm.debounceMs", 1200)
+    wait_for(lambda: pushed().get("debounceMs") == 1200, 10, "didChangeConfiguration with debounceMs 1200")
+    vs.focus_editor()
+    n = len(latencies(0))
+    t = time.time()
+    vs.page.keyboard.type("w")
+    new_ghost(vs, t)
+    slow = latencies(n)
+    assert slow and min(slow) >= 1.2, f"fills answered in {slow} s, under the 1.2 s debounce"
+    vs.set_setting("dlm.debounceMs", 0)
+    wait_for(lambda: pushed().get("debounceMs") == 0, 10, "didChangeConfiguration with debounceMs 0")
+    vs.focus_editor()
+    n = len(latencies(0))
+    t = time.time()
+    vs.page.keyboard.type("w")
+    new_ghost(vs, t)
+    assert len(vs.sent("initialize")) == n_init, "the server was restarted for a setting it takes live"
+
+
+def test_show_log_command(vs):
+    needs("ready_s")
+    vs.palette("DLM: Show Log")
+    output = vs.page.locator(".part.panel .output-view, .part.panel [id='workbench.panel.output']").first
+    output.wait_for(state="visible", timeout=20_000)
+    wait_for(lambda: "starting" in vs.page.locator(".part.panel").inner_text(), 20, "the dlm-lsp log in the Output panel")
+
+
+def test_toggle_command(vs):
+    needs("ready_s")
+    vs.focus_editor()
+    vs.palette("DLM: Toggle Completions")
+    wait_for(lambda: "(off)" in vs.status(), 10, "the status bar to say (off)")
+    assert vs.read_settings().get("dlm.enable") is False
+    n = len(vs.sent("textDocument/inlineCompletion"))
+    vs.focus_editor()
+    vs.page.keyboard.type("e")
+    time.sleep(2)
+    assert len(vs.sent("textDocument/inlineCompletion")) == n, "asked the server while off"
+    assert not vs.ghost()
+    vs.palette("DLM: Toggle Completions")
+    wait_for(lambda: "(off)" not in vs.status(), 10, "the status bar to lose (off)")
+    assert vs.read_settings().get("dlm.enable") is True
+
+
+def test_restart_command(vs):
+    needs("ready_s")
+    n_init = len(vs.sent("initialize"))
+    vs.palette("DLM: Restart Server")
+    wait_for(lambda: len(vs.sent("initialize")) > n_init, 30, "a new server process")
+    assert vs.sent("shutdown") and vs.sent("exit"), "the old server was not shut down"
+    wait_for(lambda: READY.search(vs.status()), FIRST_FILL_S, "the restarted server to be ready")
+    vs.focus_editor()
+    t = time.time()
+    vs.page.keyboard.type("r")
+    new_ghost(vs, t, FIRST_FILL_S)
+
+
+def test_missing_server_names_the_setting(vs):
+    needs("ready_s")
+    vs.set_setting("dlm.server.path", "/nonexistent/dlm-lsp")
+    toast = wait_for(lambda: [n for n in vs.notifications() if "dlm.server.path" in n], 30,
+                     "a notification that names dlm.server.path")
+    assert "/nonexistent/dlm-lsp" in toast[0]
+    wait_for(lambda: "server not found" in vs.status(), 10, "the status bar to say server not found")
