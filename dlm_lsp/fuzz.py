@@ -23,6 +23,10 @@ fuzzer asks the server which one it took (`dlm/documentText`) and adopts it, or,
 request, closes and reopens the document to know its state again.
 Hostile framing is always followed by `fuzz/ping` requests that must be answered, so the fuzzer
 knows the stream is in step again (where the framing may swallow the next message, the second one).
+A failing document's messages are cut down to a minimal sequence that still fails (`shrink`: delta
+debugging, replayed on a fresh server). Time this process spends stalled (building a 10 MB reference
+text) does not count against an answer's limit. The server's tracebacks are counted by exception
+in the report (`server_exceptions`), not as failures: an answer after an exception is an answer.
 """
 from __future__ import annotations
 
