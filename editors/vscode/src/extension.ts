@@ -85,7 +85,9 @@ async function start(): Promise<void> {
   c.onDidChangeState((e) => {
     if (e.newState === State.Starting) showStatus('starting');
     else if (e.newState === State.Stopped) showStatus('stopped');
-    else if (typeof lastStatus === 'string') showStatus('running');
+    // Running, but the engine has not reported yet: the server is still importing torch, which
+    // takes seconds; keep the spinner rather than a ready-looking item.
+    else if (typeof lastStatus === 'string') showStatus('starting');
   });
   client = c;
   try {

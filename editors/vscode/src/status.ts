@@ -10,7 +10,7 @@ export interface EngineStatus {
 }
 
 /** States known only to the client: the server is not running or has not reported yet. */
-export type ClientState = 'starting' | 'running' | 'stopped' | 'missing';
+export type ClientState = 'starting' | 'stopped' | 'missing';
 
 export interface StatusView {
   text: string;
@@ -19,8 +19,7 @@ export interface StatusView {
 }
 
 const CLIENT_VIEWS: Record<ClientState, [string, string]> = {
-  starting: ['$(loading~spin) DLM: starting', 'Starting dlm-lsp.'],
-  running: ['$(sparkle) DLM', 'dlm-lsp is running; no engine status yet.'],
+  starting: ['$(loading~spin) DLM: starting', 'Starting dlm-lsp: the server loads Python, torch and then the model.'],
   stopped: ['$(debug-stop) DLM: stopped', 'dlm-lsp is not running. Run "DLM: Restart Server".'],
   missing: ['$(error) DLM: server not found', 'dlm-lsp was not found. See "DLM: Show Log".'],
 };
