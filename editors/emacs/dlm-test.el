@@ -77,7 +77,7 @@
       ("lsp-mode"
        (require 'lsp-mode)
        (dlm-test-out "# lsp-mode %s (inline completion: %s)" (dlm-test-version 'lsp-mode)
-                     (if (locate-library "lsp-inline-completion") "yes" "no: lsp-inline-completion.el came after 9.0.0"))
+                     (if (locate-library "lsp-inline-completion") "yes" "no: lsp-inline-completion.el came after 9.0.0, in Nov 2024"))
        (setq lsp-session-file (expand-file-name "lsp-session" dir)
              lsp-enabled-clients '(dlm-lsp)   ; no other Python server is tried (none is installed)
              lsp-auto-guess-root nil
