@@ -484,6 +484,7 @@ class Fuzzer:
         self.decks: dict[str, list] = {}
         self.stalls: list[tuple[float, float]] = []
         self.last_tick = time.monotonic()
+        self.ranges_checked = 0  # fill ranges the answers carried
         self.stray = 0  # responses nobody waited for (parse errors with id null, late answers, batches)
 
     # ---------------------------------------------------------------- bookkeeping
@@ -817,6 +818,7 @@ class Fuzzer:
         def check(result, err):
             if err is not None:
                 return None
+            self.ranges_checked += len(_ranges(method, result)[0])
             problem = check_answer(method, result, ref, resolve(ref, pos)[0])
             if problem is None:
                 return None
@@ -1336,7 +1338,7 @@ class Fuzzer:
             "ok": not any(self.failed.values()), "seed": self.seed, "n": self.n, "model": self.model or "default",
             "server": self.cmd, "timeout_s": self.timeout, "max_doc_bytes": self.max_doc_bytes,
             "elapsed_s": round(elapsed, 1), "launches": self.launches,
-            "document_text": bool(self.doc_text), "answered": self.answered,
+            "document_text": bool(self.doc_text), "answered": self.answered, "ranges_checked": self.ranges_checked,
             "error_codes": {str(k): v for k, v in sorted(self.error_codes.items(), key=lambda kv: str(kv[0]))},
             "stray_responses": self.stray,
             **{c: self.failed[c] for c in CHECKS},
@@ -1435,7 +1437,7 @@ def run_fuzz(args: argparse.Namespace) -> int:
     rep = asyncio.run(fz.run())
     print = _say
     print(f"fuzz seed {rep['seed']}, {rep['n']} steps, {rep['elapsed_s']} s, {rep['launches']} launches, "
-          f"{rep['answered']} answers, documentText {'yes' if rep['document_text'] else 'no'}")
+          f"{rep['answered']} answers, {rep['ranges_checked']} fill ranges, documentText {'yes' if rep['document_text'] else 'no'}")
     print(f"{'class':24} {'steps':>6} {'messages':>9} {'requests':>9} {'failures':>9}")
     for c, v in rep["classes"].items():
         print(f"{c:24} {v['steps']:6} {v['messages']:9} {v['requests']:9} {v['failures']:9}")

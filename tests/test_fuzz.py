@@ -185,4 +185,5 @@ async def test_fuzz_the_real_server():
     rep = await Fuzzer(300, seed=0, model=SCRIPTED, max_doc_bytes=50_000, timeout=5).run()
     assert rep["document_text"], "the server does not answer dlm/documentText"
     assert rep["ok"], summary(rep)
+    assert rep["ranges_checked"] > 100  # fills came back, so the range checks ran
     assert time.monotonic() - t0 < 60
