@@ -5,9 +5,10 @@ Usage: lsp_tee.py LOG -- COMMAND [ARGS...]
 The VS Code end-to-end tests point `dlm.server.path` at this script, so they can check what the
 server really sent (a fill's text and range, $/progress, dlm/status) against what VS Code shows,
 whatever VS Code's own log levels are. Lines: {"t": seconds since start, "dir": "in"|"out", "msg": {...}}
-("in": editor to server). Stdlib only.
+("in": editor to server), "pid": this process's id (tells apart the servers of one log). Stdlib only.
 """
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -46,7 +47,8 @@ def main() -> int:
     def pump(src, dst, direction):
         for raw, msg in frames(src):
             with lock:
-                log.write(json.dumps({"t": round(time.monotonic() - t0, 3), "dir": direction, "msg": msg}) + "\n")
+                log.write(json.dumps({"t": round(time.monotonic() - t0, 3), "pid": os.getpid(), "dir": direction,
+                                     "msg": msg}) + "\n")
                 log.flush()
             try:
                 dst.write(raw)

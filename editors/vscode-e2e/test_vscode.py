@@ -275,3 +275,32 @@ def test_missing_server_names_the_setting(vs):
                      "a notification that names dlm.server.path")
     assert "/nonexistent/dlm-lsp" in toast[0]
     wait_for(lambda: "server not found" in vs.status(), 10, "the status bar to say server not found")
+
+
+def test_project_folder_starts_server_before_a_file_opens(vs):
+    """A folder with a pyproject.toml activates the extension at once: the model loads while the user
+    is still finding a file (activationEvents: workspaceContains)."""
+    needs("ready_s")
+    from vscode import HERE
+
+    vs.set_setting("dlm.server.path", str(HERE / "lsp_tee.py"))  # undo the previous test
+    project = vs.root / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+    (project / "demo.py").write_text(EXAMPLE)
+    t = time.time()
+    vs.page.goto(vs.page.url.split("?")[0] + f"?folder={project}")
+    vs.page.wait_for_selector(".monaco-workbench .part.statusbar")
+    def started():
+        return [m["pid"] for m in vs.lsp() if m["msg"].get("method") == "initialize" and
+                m["msg"]["params"]["rootUri"].endswith("/project")]
+
+    pid = wait_for(started, FIRST_FILL_S, "a server for the project folder, with no file open")[0]
+    assert vs.page.locator(".editor-instance .monaco-editor").count() == 0, "a file was open"
+
+    def ready():
+        statuses = [m["msg"] for m in vs.lsp() if m["pid"] == pid and m["msg"].get("method") == "dlm/status"]
+        return statuses and statuses[-1]["params"]["state"] == "ready"
+
+    wait_for(ready, FIRST_FILL_S, "the model to be ready")
+    facts["project_folder_to_ready_s"] = round(time.time() - t, 1)

@@ -255,8 +255,8 @@ class VSCode:
     def fills(self) -> list[dict]:
         """The inline completion exchanges of the newest server process: [{t, params, items}]."""
         msgs = self.lsp()
-        starts = [i for i, m in enumerate(msgs) if m["dir"] == "in" and m["msg"].get("method") == "initialize"]
-        msgs = msgs[starts[-1]:] if starts else msgs
+        starts = [m["pid"] for m in msgs if m["dir"] == "in" and m["msg"].get("method") == "initialize"]
+        msgs = [m for m in msgs if m["pid"] == starts[-1]] if starts else msgs
         asked = {m["msg"]["id"]: m for m in msgs if m["dir"] == "in" and m["msg"].get("method") == "textDocument/inlineCompletion"}
         out = []
         for m in msgs:

@@ -30,6 +30,8 @@ test('contributed commands are exactly the registered ones', () => {
 
 test('activates on every default language; main points at the build', () => {
   for (const lang of DEFAULT_LANGUAGES) assert.ok(manifest.activationEvents.includes(`onLanguage:${lang}`), lang);
+  // ...and when a folder of such a project opens, so the model loads before the first file does
+  assert.ok(manifest.activationEvents.includes('workspaceContains:pyproject.toml'));
   assert.ok(existsSync(path.join(root, manifest.main)), `${manifest.main} missing: run npm run build`);
 });
 
