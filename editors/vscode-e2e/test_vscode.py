@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import ARTIFACTS
-from vscode import EXAMPLE, EXTENSION_ID, REPO, VSCode, wait_for
+from vscode import EXAMPLE, EXTENSION_ID, HERE, REPO, VSCode, wait_for
 
 VSIX = REPO / "editors/vscode/dist/dlm-lsp.vsix"
 VERSION = json.loads((REPO / "editors/vscode/package.json").read_text())["version"]
@@ -281,8 +281,6 @@ def test_project_folder_starts_server_before_a_file_opens(vs):
     """A folder with a pyproject.toml activates the extension at once: the model loads while the user
     is still finding a file (activationEvents: workspaceContains)."""
     needs("ready_s")
-    from vscode import HERE
-
     vs.set_setting("dlm.server.path", str(HERE / "lsp_tee.py"))  # undo the previous test
     project = vs.root / "project"
     project.mkdir()
