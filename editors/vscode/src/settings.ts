@@ -8,7 +8,7 @@ export interface ServerOptions {
   debounceMs: number;
   maxFillTokens: number;
   languages: string[];
-  minConfidence: number;
+  minConfidence: number | null; // null: the model's own gate (serving.json)
 }
 
 // The languages the server parses with tree-sitter. The server's own default adds "*" (every other
@@ -37,7 +37,7 @@ export function serverOptions(get: (key: string) => unknown): ServerOptions {
     debounceMs: (get('debounceMs') as number) ?? 0,
     maxFillTokens: (get('maxFillTokens') as number) ?? 64,
     languages: (get('languages') as string[]) ?? DEFAULT_LANGUAGES,
-    minConfidence: (get('minConfidence') as number) ?? 0,
+    minConfidence: typeof get('minConfidence') === 'number' ? (get('minConfidence') as number) : null,
   };
 }
 
