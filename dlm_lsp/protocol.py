@@ -311,6 +311,11 @@ class DlmProtocol(LanguageServerProtocol):
 
     def _handle_notification(self, method_name: str, params) -> None:
         if method_name == types.CANCEL_REQUEST:
+            # only an id a request can have (a number or a string) names a request to cancel
+            req_id = getattr(params, "id", None)
+            if isinstance(req_id, bool) or not isinstance(req_id, (int, str)):
+                log.debug("ignored $/cancelRequest with id %r", req_id)
+                return
             super()._handle_notification(method_name, params)
             return
         try:

@@ -328,6 +328,23 @@ async def test_notifications_are_never_answered_nor_shown():
         assert not [m for _, m, _ in c.notifications if m == "window/showMessage"]
 
 
+async def test_a_cancel_for_an_id_no_request_can_have_is_ignored_quietly(tmp_path):
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        c = RawClient(FAKE_SERVER, cwd=str(REPO), stderr=log)
+        await c.start()
+        try:
+            await c.initialize({"model": scripted()})
+            await c.wait_ready(30)
+            for bad in ({"nested": 1}, [1, 2], True, None, 1.5):
+                before = await c.probe(frame({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": bad}}))
+                assert responses(before) == [], bad
+        finally:
+            await c.stop()
+    text = log_path.read_text(errors="replace")
+    assert "Traceback" not in text and "unhashable" not in text, text[-2000:]
+
+
 async def test_nested_request_like_objects_are_params_not_messages():
     nested = {"jsonrpc": "2.0", "id": 777, "method": "textDocument/completion", "params": 1}
     async with server() as c:
