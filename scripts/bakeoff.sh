@@ -2,7 +2,8 @@
 # The default-model v2 bake-off (docs/MODEL.md, "v2"): every candidate gets the same CPU-hours
 # (--clock cpu counts this process's CPU time, so jobs that share the cores stay comparable), one
 # thread each, side by side, on the corpus of `dlm-lsp corpus`. Each call starts the candidates that
-# have no checkpoint yet and resumes the others from runs/<name>/last, optimizer state included, so
+# have no checkpoint yet and resumes the others from runs/<name>/last (or, on a fresh clone, from the
+# committed models/bakeoff/<name>), optimizer state included, so
 # the warmup-stable-decay schedule planned over HOURS continues across sessions without re-warm-up.
 #
 #     bash scripts/bakeoff.sh [candidate ...]     # default: every candidate below
@@ -28,7 +29,9 @@ for name in "${names[@]}"; do
   out=runs/$name
   mkdir -p "$out"
   resume=()
-  [ -f "$out/last/optimizer.safetensors" ] && resume=(--resume "$out/last")
+  if [ -f "$out/last/optimizer.safetensors" ]; then resume=(--resume "$out/last")
+  elif [ -f "models/bakeoff/$name/optimizer.safetensors" ]; then resume=(--resume "models/bakeoff/$name")  # a fresh clone
+  fi
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 setsid nohup nice -n 10 $DLM train --corpus runs/corpus --out "$out" "${resume[@]}" \
     --minutes "$MINUTES" --total-hours "$HOURS" --clock cpu --threads 1 --val-examples 192 --no-progress $args \
