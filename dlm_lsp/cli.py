@@ -50,6 +50,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="what --minutes / --total-hours count: wall time, or this process's CPU time (shared machine)")
     p.add_argument("--ar-loss", choices=["all", "middle"], default=d.ar_loss,
                    help="AR twin: loss on every token of the FIM document, or on the middle only")
+    p.add_argument("--anneal-steps", type=int, default=d.anneal_steps,
+                   help="adapting a causal (AR) checkpoint with --objective diffusion: steps of causal-to-full attention annealing")
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument("--objective", choices=["diffusion", "ar"], default=d.objective)
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall-clock budget")

@@ -200,8 +200,11 @@ class Transformer(nn.Module):
         ctx_valid: torch.Tensor | None = None,  # (B, Lc)
         return_kv: bool = False,
         ctx_pos: torch.Tensor | None = None,  # (B, Lc) the context's absolute positions (block_causal)
+        attn_mask: torch.Tensor | None = None,  # (B, 1, L, L) True = attend: replaces the topology's mask
     ):
-        """Returns pre-norm hidden states (B, L, D), plus this call's per-layer K/V if return_kv."""
+        """Returns pre-norm hidden states (B, L, D), plus this call's per-layer K/V if return_kv.
+        `attn_mask` (training only, no context) overrides the attention topology, e.g. the random
+        causal-to-full mask of AR-to-diffusion adaptation (engine/train.py `anneal_mask`)."""
         B, L = ids.shape
         Lc = 0 if ctx is None else (ctx[0][2] if len(ctx[0]) == 3 else ctx[0][0].shape[2])
         if pos is None:
@@ -210,11 +213,14 @@ class Transformer(nn.Module):
             raise ValueError(f"position {int(pos.max())} exceeds max_seq_len {self.cfg.max_seq_len}")
         cos = self.rope_cos[pos].unsqueeze(1).to(self.tok_embeddings.weight.dtype)  # (B, 1, L, Dh)
         sin = self.rope_sin[pos].unsqueeze(1).to(self.tok_embeddings.weight.dtype)
-        mask = self._mask(B, L, ids.device, key_valid, ctx_valid, Lc, pos, ctx_pos)
+        if attn_mask is not None and ctx is not None:
+            raise ValueError("attn_mask overrides the topology of a whole sequence: no cached context")
+        mask = self._mask(B, L, ids.device, key_valid, ctx_valid, Lc, pos, ctx_pos) if attn_mask is None else attn_mask
+        causal = self.causal and attn_mask is None
         x = self.tok_embeddings(ids)
         kvs = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, mask, None if ctx is None else ctx[i], self.causal)
+            x, kv = layer(x, cos, sin, mask, None if ctx is None else ctx[i], causal)
             if return_kv:
                 kvs.append(kv)
         return (x, kvs) if return_kv else x

@@ -56,6 +56,10 @@ class TrainArgs:
     decay_share: float = 0.2  # last share of total_hours spent decaying the LR linearly to 10%
     clock: str = "wall"  # "cpu": hours are this process's CPU time (every thread), fair on a shared machine
     ar_loss: str = "all"  # AR twin: loss on every token of the FIM document ("middle": the middle only)
+    # AR-to-diffusion adaptation (recipe (b)): resuming a causal checkpoint with objective "diffusion"
+    # keeps its head's one-position logit shift and anneals attention from causal to full over this
+    # many steps (DiffuLLaMA: a random share of the future keys, rising linearly from 0 to 1)
+    anneal_steps: int = 1000
     tokenizer_mb: float = 40.0  # text sample the tokenizer is trained on (whole files, spread over the corpus)
     vocab: int = 8192
     dim: int = 192
@@ -172,11 +176,34 @@ def batch_stream(data: Batches, n: int, workers: int, seed: int, pin: bool = Fal
     yield from loader
 
 
-def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast) -> torch.Tensor:
-    """Weighted cross-entropy on target positions only: the LM head runs on those rows alone."""
+def anneal_mask(valid: torch.Tensor, ratio: float, gen: torch.Generator | None = None) -> torch.Tensor:
+    """(B, 1, L, L) attention mask of AR-to-diffusion adaptation (DiffuLLaMA's attention annealing):
+    a query sees every earlier key and itself, plus each later key with probability `ratio`; batch
+    padding is never seen."""
+    B, L = valid.shape
+    causal = torch.ones(L, L, dtype=torch.bool, device=valid.device).tril()
+    future = torch.rand(B, 1, L, L, generator=gen, device=valid.device) < ratio
+    return (causal | future) & valid[:, None, None, :] | torch.eye(L, dtype=torch.bool, device=valid.device)
+
+
+def shift_targets(tgt: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shifted logits (`logits_shift`): the output at position i predicts token i+1, so each target
+    moves one position to the left (a target at position 0 has no predictor and is dropped)."""
+    t, ww = torch.full_like(tgt, -1), torch.zeros_like(w)
+    t[:, :-1], ww[:, :-1] = tgt[:, 1:], w[:, 1:]
+    return t, ww
+
+
+def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, attn_ratio: float = 1.0) -> torch.Tensor:
+    """Weighted cross-entropy on target positions only: the LM head runs on those rows alone.
+    Shifted models read each target one position to the left; `attn_ratio` < 1 (a bidirectional
+    model being adapted from a causal one) trains under `anneal_mask`."""
     ids, tgt, valid, w = (b[k].to(device) for k in ("ids", "targets", "key_valid", "weights"))
+    if model.cfg.logits_shift and model.cfg.attention != "causal":
+        tgt, w = shift_targets(tgt, w)
+    mask = anneal_mask(valid, attn_ratio) if attn_ratio < 1.0 and not model.causal else None
     with autocast():
-        h = model.hidden(ids, key_valid=valid)  # (B, L, D)
+        h = model.hidden(ids, key_valid=valid, attn_mask=mask)  # (B, L, D)
     sel = tgt >= 0
     logits = model.logits(h[sel].float() if h.dtype != torch.float32 else h[sel])  # (N, V)
     ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
@@ -303,7 +330,7 @@ def train(args: TrainArgs) -> Path:
     held_texts = [t for t in (f.read() for f in held_files) if t]
     print(f"corpus: {len(texts)} train files ({sum(map(len, texts)) / 1e6:.1f} MB), {len(held_texts)} held out", flush=True)
 
-    prior_hours, prior_tokens, step0 = 0.0, 0, 0
+    prior_hours, prior_tokens, step0, anneal_from = 0.0, 0, 0, None
     if args.resume:
         model, tok, cfg = load_checkpoint(args.resume, device="cpu")
         if args.seq_len > (cfg.context_len or 0):  # longer windows from now on: fills may use them
@@ -313,6 +340,13 @@ def train(args: TrainArgs) -> Path:
         if st.exists():
             s = json.loads(st.read_text())
             prior_hours, prior_tokens, step0 = s.get("hours", 0.0), s.get("tokens", 0), s.get("step", 0)
+        anneal_from = s.get("anneal_from") if st.exists() else None
+        if cfg.attention == "causal" and args.objective == "diffusion":  # recipe (b): adapt an AR model
+            cfg.attention, cfg.logits_shift, anneal_from = "bidirectional", True, step0
+            print(f"adapting a causal checkpoint to diffusion: logit shift, attention annealed over {args.anneal_steps} steps",
+                  flush=True)
+        elif args.objective == "ar" and cfg.attention != "causal":
+            raise SystemExit(f"--objective {args.objective} cannot resume a {cfg.attention} checkpoint")
         prev_log = Path(args.resume) / "train_log.jsonl"
         if prev_log.exists() and prev_log.resolve() != (out / "train_log.jsonl").resolve():
             shutil.copy(prev_log, out / "train_log.jsonl")
@@ -396,6 +430,8 @@ def train(args: TrainArgs) -> Path:
         log.write(json.dumps(rec) + "\n")
         log.flush()
         state = {"step": step, "hours": hours_now(), "tokens": tokens, "val_loss": vl, "args": asdict(args)}
+        if anneal_from is not None:
+            state["anneal_from"] = anneal_from
         ema_model = Transformer(cfg)
         ema_model.load_state_dict({k: v.cpu() for k, v in ema.items()})
         save_checkpoint(out / "last", ema_model, tok, state)
@@ -433,7 +469,8 @@ def train(args: TrainArgs) -> Path:
         for g in opt.param_groups:
             g["lr"] = lr
         b = next(batches)
-        loss = loss_on(model, b, device, autocast)
+        ratio = 1.0 if anneal_from is None else min(1.0, (step - anneal_from) / max(1, args.anneal_steps))
+        loss = loss_on(model, b, device, autocast, attn_ratio=ratio)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

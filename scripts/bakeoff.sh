@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HOURS=${HOURS:-3.5}       # CPU-hours per candidate, planned once
 MINUTES=${MINUTES:-600}   # wall-clock cap of this segment
+NICE=${NICE:-10}          # 0 when the trainings should not yield to the session's other work
 DLM=.venv/bin/dlm-lsp
 [ -f runs/corpus/corpus.json ] || $DLM corpus --out runs/corpus
 
@@ -21,7 +22,13 @@ declare -A RECIPE=(
   # the AR twin at equal compute: FIM documents, loss on every token; its checkpoints are also the
   # first phase of recipe (b), AR first and then adapted to diffusion
   [v2-ar]="--objective ar"
+  # (b) AR first, then adapted to diffusion: v2-ar's checkpoint at 0.99 CPU-hours (step 1,766, the one
+  # committed in 2e32686) resumed with the diffusion objective of v2a, the AR head's logit shift kept
+  # and attention annealed from causal to full over 1,000 steps; the same 3.5 CPU-hours in all
+  [v2b]="--holes 4 --anneal-steps 1000"
 )
+# where a candidate with no checkpoint of its own starts from (its first phase)
+declare -A START=([v2b]=models/bakeoff/v2-ar)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${!RECIPE[@]}")
 for name in "${names[@]}"; do
@@ -31,9 +38,10 @@ for name in "${names[@]}"; do
   resume=()
   if [ -f "$out/last/optimizer.safetensors" ]; then resume=(--resume "$out/last")
   elif [ -f "models/bakeoff/$name/optimizer.safetensors" ]; then resume=(--resume "models/bakeoff/$name")  # a fresh clone
+  elif [ -n "${START[$name]:-}" ]; then resume=(--resume "${START[$name]}")
   fi
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=1 setsid nohup nice -n 10 $DLM train --corpus runs/corpus --out "$out" "${resume[@]}" \
+  OMP_NUM_THREADS=1 setsid nohup nice -n "$NICE" $DLM train --corpus runs/corpus --out "$out" "${resume[@]}" \
     --minutes "$MINUTES" --total-hours "$HOURS" --clock cpu --threads 1 --val-examples 192 --no-progress $args \
     >> "$out/stdout.log" 2>&1 &
   echo "$name: pid $! (${resume[*]:-fresh}), log $out/stdout.log"

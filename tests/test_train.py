@@ -233,3 +233,76 @@ def test_train_on_a_built_corpus_uses_its_sides(tmp_path):
     train(TrainArgs(out=str(out), corpus=str(folder), max_steps=2, **TINY))
     split = json.loads((out / "split.json").read_text())
     assert split["train"] == ["p:p/a.py"] and split["heldout"] == ["p:p/b.py"]
+
+
+# ----------------------------------------------------------------------------- recipe (b): AR -> diffusion
+
+
+def test_anneal_mask_goes_from_causal_to_full():
+    from engine.train import anneal_mask
+
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    valid[1, 4:] = False  # batch padding
+    g = torch.Generator().manual_seed(0)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    m0 = anneal_mask(valid, 0.0, g)
+    assert torch.equal(m0[0, 0], causal)
+    assert not m0[1, 0, :4, 4:].any() and torch.equal(m0[1, 0, 4:, 4:], torch.eye(2, dtype=torch.bool))
+    m1 = anneal_mask(valid, 1.0, g)
+    assert m1[0, 0].all() and not m1[1, 0, :4, 4:].any()
+    half = anneal_mask(torch.ones(1, 64, dtype=torch.bool), 0.5, g)[0, 0]
+    future = half.triu(1).sum().item() / (64 * 63 / 2)
+    assert 0.4 < future < 0.6 and half[torch.ones(64, 64, dtype=torch.bool).tril()].all()
+
+
+def test_shifted_loss_reads_each_target_one_position_to_the_left():
+    from engine.train import shift_targets
+
+    tgt = torch.tensor([[5, -1, 7, -1, 9]])
+    w = torch.tensor([[1.0, 0.0, 2.0, 0.0, 3.0]])
+    t, ww = shift_targets(tgt, w)
+    assert t.tolist() == [[-1, 7, -1, 9, -1]] and ww.tolist() == [[0.0, 2.0, 0.0, 3.0, 0.0]]
+
+
+def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path):
+    from engine.train import OPTIMIZER_FILE, anneal_mask
+
+    ar = tmp_path / "ar"
+    train(TrainArgs(out=str(ar), objective="ar", max_steps=3, total_hours=100.0, **TINY))
+    ad = tmp_path / "adapted"
+    train(TrainArgs(out=str(ad), resume=str(ar / "last"), objective="diffusion", anneal_steps=4, max_steps=6,
+                    total_hours=100.0, holes=2, **TINY))
+    cfg = json.loads((ad / "last" / "config.json").read_text())
+    assert cfg["attention"] == "bidirectional" and cfg["logits_shift"] is True
+    state = json.loads((ad / "last" / "training_state.json").read_text())
+    assert state["anneal_from"] == 3 and state["step"] == 9  # annealing counted from the AR phase's last step
+    assert (ad / "last" / OPTIMIZER_FILE).exists()
+    # a later segment continues the same annealing (fully open by now) instead of starting it again
+    again = tmp_path / "again"
+    train(TrainArgs(out=str(again), resume=str(ad / "last"), objective="diffusion", anneal_steps=4, max_steps=2,
+                    total_hours=100.0, holes=2, **TINY))
+    assert json.loads((again / "last" / "training_state.json").read_text())["anneal_from"] == 3
+    model, tok, mcfg = load_checkpoint(ad / "last")
+    assert mcfg.logits_shift and mcfg.attention == "bidirectional"
+    # the override really changes the attention: a causal mask gives other states than full attention
+    ids = torch.randint(10, 400, (1, 12))
+    with torch.no_grad():
+        full = model.hidden(ids)
+        causal = model.hidden(ids, attn_mask=anneal_mask(torch.ones(1, 12, dtype=torch.bool), 0.0))
+        opened = model.hidden(ids, attn_mask=anneal_mask(torch.ones(1, 12, dtype=torch.bool), 1.0))
+    assert torch.allclose(full, opened, atol=1e-5) and not torch.allclose(full, causal, atol=1e-3)
+    # and the engine fills with it (the logit shift read from config.json): the cached fast path
+    # equals the oracle token for token
+    from engine.api import DecodeOptions
+    from engine.sampler import Canvas, fill, reference_fill
+
+    model.eval()
+    prefix, suffix = tok.encode("def f(x):\n    return"), tok.encode("\n\ndef g():\n    pass\n")
+    for opts in (DecodeOptions(heal=False), DecodeOptions(heal=False, threshold=0.0, window=0, pad_left=False)):
+        got = fill(model, Canvas.build(prefix, suffix, 6, mcfg, opts)).ids
+        assert got == reference_fill(model, prefix, suffix, 6, opts)
+
+
+def test_resuming_a_diffusion_checkpoint_as_ar_is_refused(run, tmp_path):
+    with pytest.raises(SystemExit, match="cannot resume"):
+        train(TrainArgs(out=str(tmp_path / "x"), resume=str(run / "last"), objective="ar", max_steps=1, **TINY))
