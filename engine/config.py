@@ -12,6 +12,7 @@ class ConfigError(ValueError):
 
 
 ATTENTIONS = ("bidirectional", "causal", "block_causal")
+CANVASES = (None, "reorder")
 
 
 @dataclass
@@ -41,13 +42,18 @@ class ModelConfig:
     attention: str = "bidirectional"
     block_size: int = 0  # block_causal only
     logits_shift: bool = False  # True: the logit at i-1 predicts token i (Dream-style)
+    # canvas layout: None, the slots in place between prefix and suffix; "reorder" (recipe (c),
+    # engine/reorder.py): causal attention in physical order [prefix][suffix][committed slots][masks],
+    # each row at its logical position, the logit at a masked slot predicting that slot's own token
+    canvas: str | None = None
     mask_token_id: int = 2
     pad_token_id: int = 0
     eos_token_id: int = 1
     bos_token_id: int | None = 3
     model_type: str = "dlm-lsp"
     family: str = "dlm-lsp"  # engine/families name of the adapter that read the checkpoint
-    expand_token_id: int | None = None  # DreamOn: a predicted expand becomes two masks (not decoded yet)
+    expand_token_id: int | None = None  # DreamOn: a predicted expand becomes two masks (engine/families/dreamon.py)
+    sub_block_size: int = 0  # Fast-dLLM v2: a block's sub-blocks are decoded left to right (engine/families/blocks.py)
 
     @property
     def head_dim(self) -> int:
@@ -64,6 +70,10 @@ class ModelConfig:
             raise ConfigError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.kv_heads}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention must be one of {', '.join(map(repr, ATTENTIONS))}, got {self.attention!r}")
+        if self.canvas not in CANVASES:
+            raise ConfigError(f"canvas must be one of {', '.join(map(repr, CANVASES))}, got {self.canvas!r}")
+        if self.canvas == "reorder" and (self.attention != "causal" or self.logits_shift):
+            raise ConfigError("canvas 'reorder' needs attention 'causal' and no logits_shift")
         if (self.attention == "block_causal") != (self.block_size > 0):
             raise ConfigError(f"block_size {self.block_size} goes with attention 'block_causal' only (got {self.attention!r})")
         for name in ("mask_token_id", "pad_token_id", "eos_token_id"):

@@ -109,6 +109,32 @@ def heal_logits(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def copy_tables(context: list[int], special: tuple) -> tuple[list[int], dict[int, list[int]]]:
+    """The context copy boost's tables (DecodeOptions.copy_*): the distinct ids of the canvas's
+    prefix + suffix, and for each id the ids that follow it there (special ids left out)."""
+    succ: dict[int, set[int]] = {}
+    for a, b in zip(context, context[1:]):
+        if a not in special and b not in special:
+            succ.setdefault(a, set()).add(b)
+    return sorted(set(context) - set(special)), {a: sorted(v) for a, v in succ.items()}
+
+
+def copy_bias(left: list[int | None], uni: list[int], succ: dict[int, list[int]], vocab: int,
+              opts: DecodeOptions, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """(M, V) logit bias of the context copy boost for M slots whose left neighbours hold `left`
+    (None: still masked): `copy_unigram` on every context id, `copy_bigram` on the ids that follow
+    the left neighbour's id in the context."""
+    bias = torch.zeros(len(left), vocab, dtype=dtype, device=device)
+    if opts.copy_unigram and uni:
+        bias[:, uni] += opts.copy_unigram
+    if opts.copy_bigram:
+        for r, a in enumerate(left):
+            nxt = succ.get(a) if a is not None else None
+            if nxt:
+                bias[r, nxt] += opts.copy_bigram
+    return bias
+
+
 def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
     """Fill tokens without padding, cut at the first end-of-text."""
     out = []
@@ -175,6 +201,7 @@ class Canvas:
     heal_slot: int = 0
     heal_then: dict = field(default_factory=dict)  # piece id at slot 0 -> (ids) slot 1 may then take
     heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
+    copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
@@ -184,6 +211,10 @@ class Canvas:
         healing (the caller removed the healed tail from the prefix): `heal`, the ids slot 0 may
         take; `heal_then`, for those that are a shorter piece of the tail, the ids slot 1 may then
         take. Slot 1 waits for slot 0 while any piece is possible."""
+        if cls is Canvas and cfg.canvas == "reorder":  # recipe (c)'s layout: its own forward (engine/reorder.py)
+            from engine.reorder import ReorderCanvas
+
+            return ReorderCanvas.build(prefix, suffix, n, cfg, opts, context_tokens, device, heal, heal_then)
         check_options(opts)
         if n < 1:
             raise ValueError("a fill needs at least one mask slot")
@@ -221,6 +252,8 @@ class Canvas:
             if not whole:
                 raise ValueError("heal: no id re-types the whole tail")
             c.heal_whole = ids_t(whole)
+        if opts.copy_bigram or opts.copy_unigram:
+            c.copy = copy_tables(prefix + suffix, (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id))
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         elif opts.selection == "timesteps":
@@ -267,6 +300,13 @@ class Canvas:
         whole tail (slot 1 is committed in the same step, unrestricted)."""
         return self.heal_whole if final and self.heal_slot == 0 else self.heal
 
+    def copy_bias(self, slot_idx: torch.Tensor) -> torch.Tensor:
+        """(M, V) context copy bias for these slots, from the tokens left of them right now."""
+        ids = self.ids.tolist()
+        left = [None if (p := self.start + j - 1) < 0 or ids[p] == self.cfg.mask_token_id else ids[p]
+                for j in slot_idx.tolist()]
+        return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device)
+
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
         forward (which slots to run) and the commit."""
@@ -308,6 +348,10 @@ class Canvas:
 def forward(model, canvases: list[Canvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
     """Hidden states for a batch: one full forward for the canvases that need one, one cached step
     for the rest. Returns per canvas (hidden (R, D), their positions (R,)), in order."""
+    if canvases and canvases[0].cfg.canvas == "reorder":  # causal, masks last: engine/reorder.py
+        from engine import reorder
+
+        return reorder.forward(model, canvases, batch_ctx)
     full = [c for c in canvases if c.needs_full()]
     cached = [c for c in canvases if not c.needs_full()]
     hs: dict[int, Rows] = {}
@@ -337,13 +381,20 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
     want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
     h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
-    if o.temperature > 0:
-        logits = model.logits(h).float() / o.temperature  # (M, V)
+    if o.temperature > 0 or c.copy is not None:  # full logit rows (sampling, or the copy boost)
+        logits = model.logits(h).float()  # (M, V)
+        if c.copy is not None:
+            logits += c.copy_bias(slot_idx)
+        if o.temperature > 0:
+            logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
         if c.heal_open:  # the healed slot (the first row) only among its candidates
             logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
         probs = logits.softmax(-1)
-        pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
+        if o.temperature > 0:
+            pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
+        else:
+            pred = probs.argmax(-1)
         top2 = probs.topk(2, dim=-1).values
         max_p, top2_p = probs.gather(1, pred[:, None]).flatten(), top2[:, 1]
         ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
@@ -487,8 +538,19 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             "timesteps": lambda: timestep_schedule(n, opts.steps or n)}.get(opts.selection, list)()
     shift = 1 if cfg.logits_shift else 0
     steps = 0
+    groups: list[list[int]] = []  # slots committed at each step (the reorder layout's cache order)
     while masked:
-        logits = model(torch.tensor([seq]))[0].double()  # (L, V)
+        if cfg.canvas == "reorder":  # the whole reordered row, recomputed, its logits in logical order
+            from engine.reorder import reference_logits
+
+            logits = reference_logits(model, seq, s, n, groups).double()
+        else:
+            logits = model(torch.tensor([seq]))[0].double()  # (L, V)
+        if c.copy is not None:  # the context copy boost, from each masked slot's left neighbour now
+            left = [None if s + j - 1 < 0 or seq[s + j - 1] == cfg.mask_token_id else seq[s + j - 1] for j in masked]
+            bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64)
+            for r, j in enumerate(masked):
+                logits[s + j - shift] += bias[r]
         logits[:, cfg.mask_token_id] = float("-inf")
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if h_slot is not None:  # the healed slot: only its candidates (a last step at slot 0: whole ones)
@@ -545,6 +607,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     h_slot, h_ids = 1, set(then[tok])
                 else:
                     h_slot = None
+        groups.append(sorted(x[0] for x in chosen))
         steps += 1
     return trim_fill(seq[s : s + n], cfg.pad_token_id, cfg.eos_token_id)
 
