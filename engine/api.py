@@ -48,6 +48,12 @@ class DecodeOptions:
     # removed and slot 0 re-types them, restricted to tokens whose text starts with them
     # (engine.tokenizer.TextTokenizer.heal); the fill's text leaves the re-typed part out.
     heal: bool = True
+    # context copy boost, a cache LM over the canvas's own prefix and suffix (`copy_bias` in
+    # engine/sampler.py): a predicted slot's logits gain `copy_bigram` nats for each token that follows
+    # its left neighbour's token somewhere in that context, and `copy_unigram` for every token that
+    # occurs in it. 0: off.
+    copy_bigram: float = 0.0
+    copy_unigram: float = 0.0
     seed: int = 0
 
 
