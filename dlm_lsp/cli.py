@@ -55,7 +55,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anneal-steps", type=int, default=d.anneal_steps,
                    help="adapting a causal (AR) checkpoint with --objective diffusion: steps of causal-to-full attention annealing")
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
-    p.add_argument("--objective", choices=["diffusion", "ar"], default=d.objective)
+    p.add_argument("--objective", choices=["diffusion", "ar", "reorder"], default=d.objective,
+                   help="reorder: causal diffusion with observed tokens first, masks last (recipe (c), engine/reorder.py)")
+    p.add_argument("--reorder-ar", type=float, default=d.reorder_ar,
+                   help="--objective reorder: weight of the auxiliary next-token loss on observed rows (0: off)")
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall-clock budget")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--batch", type=int, default=d.batch)

@@ -67,6 +67,9 @@ class FillJob:
     deadline: float | None = None
     options: DecodeOptions = field(default_factory=DecodeOptions)
     context_tokens: int = 512  # prefix + slots + suffix are cut to fit this many tokens
+    # a document's key: where the model's layout makes it exact (canvas "reorder"), the engine reuses
+    # the K/V of the last request of this session up to the first changed context token
+    session: str | None = None
     job_id: int = field(default_factory=lambda: next(_ids))
     submitted_at: float = field(default_factory=time.monotonic)
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)

@@ -341,6 +341,9 @@ class SessionCache:
         self.stats["rows_reused"] += k
         return k, kv
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def store(self, key: str, ids: torch.Tensor, pos: torch.Tensor, kv) -> None:
         self._entries[key] = (ids.clone(), pos.clone(), [(k.clone(), v.clone()) for k, v in kv])
         self._entries.move_to_end(key)

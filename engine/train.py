@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine import corpus
+from engine import corpus, reorder
 from engine.checkpoint import load_checkpoint, save_checkpoint
 from engine.config import ModelConfig
 from engine.model import Transformer
@@ -38,7 +38,8 @@ class TrainArgs:
     resume: str | None = None
     sources: list[str] = field(default_factory=list)
     corpus: str | None = None  # a folder built by `dlm-lsp corpus` (its train side; held-out for validation)
-    objective: str = "diffusion"  # "diffusion" or "ar" (FIM-format causal twin)
+    objective: str = "diffusion"  # "diffusion", "ar" (FIM-format causal twin) or "reorder" (recipe (c), engine/reorder.py)
+    reorder_ar: float = 0.0  # reorder: weight of the auxiliary next-token loss on observed rows (0: off)
     minutes: float = 10.0
     max_steps: int | None = None
     # defaults: the shipped default model's recipe on this 2-core CPU (docs/MODEL.md); batch 16 x 512
@@ -117,7 +118,7 @@ class Batches:
         self.rng = random.Random(seed)
         self.ids = _special_ids(tok)
         self.stream = array.array("i")  # int32: a list of Python ints would take ~36 bytes a token
-        if args.objective == "diffusion":
+        if args.objective in ("diffusion", "reorder"):
             for i in range(0, len(texts), 512):
                 for ids in tok.encode_batch(texts[i : i + 512]):
                     self.stream.extend(ids)
@@ -131,6 +132,13 @@ class Batches:
             if a.objective == "ar":
                 ex = fim_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok, a.seq_len, self.ids,
                                  self.rng, loss=a.ar_loss)
+            elif a.objective == "reorder":  # causal, observed rows first, masks last (engine/reorder.py)
+                if self.rng.random() < a.infill_share:
+                    ex = reorder.infill_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok,
+                                                a.seq_len, self.ids, self.rng, holes=a.holes, ordered=a.infill_ordered,
+                                                ar_weight=a.reorder_ar)
+                else:
+                    ex = reorder.window_example(self.stream, a.seq_len, self.ids, self.rng, ar_weight=a.reorder_ar)
             elif self.rng.random() < a.infill_share:
                 text = self.rng.choices(self.texts, cum_weights=self.cum_weights)[0]
                 if a.holes > 1:
@@ -144,7 +152,8 @@ class Batches:
                 return ex
 
     def batch(self, n: int):
-        return collate([self.example() for _ in range(n)], self.ids.pad)
+        return (reorder.collate_reorder if self.args.objective == "reorder" else collate)(
+            [self.example() for _ in range(n)], self.ids.pad)
 
 
 class _BatchSource(torch.utils.data.IterableDataset):
@@ -203,7 +212,8 @@ def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, at
         tgt, w = shift_targets(tgt, w)
     mask = anneal_mask(valid, attn_ratio) if attn_ratio < 1.0 and not model.causal else None
     with autocast():
-        h = model.hidden(ids, key_valid=valid, attn_mask=mask)  # (B, L, D)
+        pos = b["pos"].to(device) if "pos" in b else None  # the reorder layout's logical positions
+        h = model.hidden(ids, pos=pos, key_valid=valid, attn_mask=mask)  # (B, L, D)
     sel = tgt >= 0
     logits = model.logits(h[sel].float() if h.dtype != torch.float32 else h[sel])  # (N, V)
     ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
@@ -341,7 +351,12 @@ def train(args: TrainArgs) -> Path:
             s = json.loads(st.read_text())
             prior_hours, prior_tokens, step0 = s.get("hours", 0.0), s.get("tokens", 0), s.get("step", 0)
         anneal_from = s.get("anneal_from") if st.exists() else None
-        if cfg.attention == "causal" and args.objective == "diffusion":  # recipe (b): adapt an AR model
+        if args.objective == "reorder" or cfg.canvas == "reorder":  # recipe (c): causal, reordered canvases
+            if cfg.attention != "causal" or cfg.logits_shift or args.objective != "reorder":
+                raise SystemExit(f"--objective {args.objective} cannot resume a {cfg.attention} checkpoint "
+                                 f"with canvas {cfg.canvas!r}")
+            cfg.canvas = "reorder"  # an AR checkpoint (the twin) starts recipe (c) with its weights unchanged
+        elif cfg.attention == "causal" and args.objective == "diffusion":  # recipe (b): adapt an AR model
             cfg.attention, cfg.logits_shift, anneal_from = "bidirectional", True, step0
             print(f"adapting a causal checkpoint to diffusion: logit shift, attention annealed over {args.anneal_steps} steps",
                   flush=True)
@@ -356,7 +371,8 @@ def train(args: TrainArgs) -> Path:
         cfg = ModelConfig(
             vocab_size=tok.vocab_size, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
             ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len), context_len=args.seq_len,
-            attention="causal" if args.objective == "ar" else "bidirectional",
+            attention="causal" if args.objective in ("ar", "reorder") else "bidirectional",
+            canvas="reorder" if args.objective == "reorder" else None,
             mask_token_id=tok.token_id(MASK), pad_token_id=tok.token_id(PAD),
             eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS),
         ).validate()
@@ -385,7 +401,7 @@ def train(args: TrainArgs) -> Path:
     data = Batches(texts, tok, args, seed=args.seed + step0)
     batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
-    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle"})  # server-shaped: one hole a window
+    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle", "reorder_ar": 0.0})  # server-shaped: one hole a window
     val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
     val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
 

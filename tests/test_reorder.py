@@ -1,0 +1,372 @@
+"""Recipe (c), causal diffusion with reordering (engine/reorder.py): the training layout, the exact
+cached decode against the full-recompute oracle, the engine's semantics on it (deadline, cancel,
+healing, batching), per-keystroke reuse, and a smoke training run the engine then serves."""
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import pytest
+import torch
+
+from engine import reorder, sampler
+from engine.api import DecodeOptions, FillJob
+from engine.cache import BatchContext
+from engine.config import ConfigError, ModelConfig
+from engine.objective import SpecialIds
+from engine.sampler import Canvas, fill, reference_fill
+from tests.engine_models import peaked_model
+
+PAD = 249  # a token the peaked seed-0 model predicts often: padding and early ends happen on the oracle's path
+
+
+def _io(seed: int, n_prefix: int = 13, n_suffix: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(4, 300, (n_prefix,), generator=g).tolist(),
+            torch.randint(4, 300, (n_suffix,), generator=g).tolist())
+
+
+def _reorder_model(seed: int = 0):
+    m = peaked_model(causal=True, seed=seed, pad=PAD)
+    m.cfg.canvas = "reorder"
+    m.cfg.validate()
+    return m
+
+
+@pytest.fixture(scope="module")
+def models():
+    # seed 1's fills also depend on the order of a step's commits in the cache (seed 0's do not)
+    return {seed: _reorder_model(seed) for seed in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models[0]
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_config_canvas_needs_causal_unshifted_attention():
+    assert ModelConfig.from_dict({"attention": "causal", "canvas": "reorder"}).canvas == "reorder"
+    assert ModelConfig.from_dict({}).canvas is None
+    for bad in ({"canvas": "reorder"}, {"attention": "causal", "canvas": "reorder", "logits_shift": True},
+                {"attention": "causal", "canvas": "sideways"}):
+        with pytest.raises(ConfigError, match="canvas"):
+            ModelConfig.from_dict(bad)
+
+
+# ---------------------------------------------------------------- the objective
+
+IDS = SpecialIds(mask=2, pad=0, eos=1)
+
+
+def _logical(ex):
+    """The example put back in logical order, with every masked row's target in place."""
+    seq = [None] * len(ex.ids)
+    for i, t, p in zip(ex.ids, ex.targets, ex.pos):
+        seq[p] = t if i == IDS.mask else i
+    return seq
+
+
+def test_window_example_puts_unmasked_rows_first_at_their_positions():
+    stream = list(range(10, 210))
+    for seed in range(20):
+        ex = reorder.window_example(stream, 64, IDS, random.Random(seed))
+        assert sorted(ex.pos) == list(range(64))
+        masked = [i == IDS.mask for i in ex.ids]
+        k = masked.index(True)
+        assert not any(masked[:k]) and all(masked[k:])  # observed first, masks last
+        assert ex.pos[:k] == sorted(ex.pos[:k]) and ex.pos[k:] == sorted(ex.pos[k:])  # logical order in each
+        seq = _logical(ex)
+        assert seq == stream[seq[0] - 10 : seq[0] - 10 + 64]  # the window, contiguous
+        assert all((t >= 0) == m for t, m in zip(ex.targets, masked))  # loss on masked rows only, no shift
+        w = {round(x, 9) for x, m in zip(ex.weight, masked) if m}
+        assert len(w) == 1  # 1 / (t * L) on every masked row
+
+
+@pytest.mark.parametrize("holes", [1, 4])
+def test_infill_example_layout(holes):
+    from tests.tiny import CORPUS
+
+    from engine.tokenizer import EOS, MASK, PAD as PAD_T, train_bpe
+
+    tok = train_bpe(CORPUS, 300)
+    ids = SpecialIds(mask=tok.token_id(MASK), pad=tok.token_id(PAD_T), eos=tok.token_id(EOS))
+    text = "".join(CORPUS[:8]) * 3
+    seen_revealed = 0
+    for seed in range(30):
+        ex = reorder.infill_example(text, tok, 128, ids, random.Random(seed), holes=holes, ordered=0.5)
+        if ex is None:
+            continue
+        L = len(ex.ids)
+        assert L <= 128 and sorted(ex.pos) == list(range(L))
+        masked = [i == ids.mask for i in ex.ids]
+        k = masked.index(True)
+        assert not any(masked[:k]) and all(masked[k:]) and ex.pos[k:] == sorted(ex.pos[k:])
+        assert all((t >= 0) == m for t, m in zip(ex.targets, masked))
+        slots = {p for p, m in zip(ex.pos, masked) if m}
+        # the observed rows: clean text first (logical order), then the revealed slots (logical order)
+        clean = [r for r in range(k) if ex.weight[r] == 0.0]
+        revealed = [r for r in range(k) if ex.weight[r] != 0.0]
+        assert clean == list(range(len(clean))) and ex.pos[: len(clean)] == sorted(ex.pos[: len(clean)])
+        assert revealed == list(range(len(clean), k)) and ex.pos[len(clean) : k] == sorted(ex.pos[len(clean) : k])
+        seen_revealed += bool(revealed)
+        if holes == 1:  # [prefix][suffix]: the canvas's slots are one gap in the clean rows' positions
+            cp = ex.pos[: len(clean)]
+            gaps = [b - a for a, b in zip(cp, cp[1:]) if b - a > 1]
+            canvas = sorted(slots | {ex.pos[r] for r in revealed})
+            assert canvas == list(range(canvas[0], canvas[-1] + 1))
+            assert len(gaps) <= 1 and (not gaps or gaps[0] == len(canvas) + 1)
+        seq = _logical(ex)
+        assert tok.decode([t for t in seq if t != ids.pad]) in text  # the logical text is the source's
+    assert seen_revealed
+
+
+def test_auxiliary_next_token_targets_never_see_their_answer():
+    ids, tgt = [5, 6, 2, 7, 8, 9, 2, 2, 10], [-1, -1, 11, -1, -1, -1, 12, 13, -1]
+    groups = [0, 0, 2, 0, 1, 1, 2, 2, 0]
+    ex = reorder.layout(ids, tgt, [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0], groups, mask_id=2, ar_weight=0.6)
+    assert ex.pos == [0, 1, 3, 8, 4, 5, 2, 6, 7]
+    phys = {p: r for r, p in enumerate(ex.pos)}
+    ar = {ex.pos[r]: (t, w) for r, (i, t, w) in enumerate(zip(ex.ids, ex.targets, ex.weight)) if i != 2 and t >= 0}
+    # 0->1, 3->4 (4 is a later row), 4->5; never 8 (no successor) nor 5->6 (a mask); 1->2 is a mask
+    assert sorted(ar) == [0, 3, 4]
+    assert all(t == ids[p + 1] and phys[p + 1] > phys[p] for p, (t, _) in ar.items())
+    assert abs(sum(w for _, w in ar.values()) - 0.6) < 1e-9
+    assert [t for i, t in zip(ex.ids, ex.targets) if i == 2] == [11, 12, 13]  # the masks keep their own targets
+    off = reorder.layout(ids, tgt, [0.0] * 9, groups, mask_id=2)
+    assert all(t < 0 for i, t in zip(off.ids, off.targets) if i != 2)
+
+
+def test_collate_carries_logical_positions():
+    a = reorder.layout([5, 2, 6], [-1, 7, -1], [0, 1, 0], [0, 2, 0], 2)
+    b = reorder.layout([5, 2], [-1, 8], [0, 1], [0, 2], 2)
+    batch = reorder.collate_reorder([a, b], pad_id=0)
+    assert batch["pos"].tolist() == [[0, 2, 1], [0, 1, 0]]
+    assert batch["ids"].tolist() == [[5, 6, 2], [5, 2, 0]] and batch["key_valid"][1].tolist() == [True, True, False]
+
+
+def test_the_layout_matters(model):
+    """Guards the objective and the decode: the same rows at physical instead of logical positions, or
+    in logical instead of physical order, give other logits at the masked slots."""
+    prefix, suffix = _io(3)
+    n = 5
+    ctx = prefix + suffix
+    ids = torch.tensor([ctx + [model.cfg.mask_token_id] * n])
+    logical = torch.tensor([list(range(13)) + list(range(13 + n, 13 + n + 6)) + list(range(13, 13 + n))])
+    right = model(ids, pos=logical)[0, -n:]
+    assert not torch.allclose(right, model(ids)[0, -n:], atol=1e-3)  # positions 0..L-1 in physical order
+    in_place = torch.tensor([prefix + [model.cfg.mask_token_id] * n + suffix])
+    assert not torch.allclose(right, model(in_place)[0, 13 : 13 + n], atol=1e-3)  # slots in place, causal
+    assert torch.allclose(right, reorder.reference_logits(model, in_place[0].tolist(), 13, n, [])[13 : 13 + n])
+
+
+# ---------------------------------------------------------------- decoding: cached == oracle
+
+CASES = list(itertools.product(("threshold", "topk"), (False, True), (0, 3), (False, True)))
+
+
+@pytest.mark.parametrize("sel,cache,window,pad_left", CASES,
+                         ids=[f"{s}-{'cache' if c else 'nocache'}-w{w}{'-padleft' if p else ''}" for s, c, w, p in CASES])
+def test_cached_decode_matches_oracle(models, sel, cache, window, pad_left):
+    for model, (seed, n, pad_stop) in itertools.product(models.values(), ((0, 3, 0.9), (1, 7, 0.3), (2, 12, 0.9), (3, 9, 0.3))):
+        prefix, suffix = _io(seed)
+        o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, window=window, pad_left=pad_left)
+        want = reference_fill(model, prefix, suffix, n, o)
+        c = Canvas.build(prefix, suffix, n, model.cfg, o)
+        got = fill(model, c)
+        assert isinstance(c, reorder.ReorderCanvas)
+        assert got.ids == want, f"seed {seed}: cached {got.ids} != oracle {want} (steps {got.tokens_per_step})"
+        assert sum(got.tokens_per_step) == n and not got.cancelled and not got.deadline_hit
+
+
+def test_oracle_cases_commit_out_of_order_and_in_parallel(model):
+    """Guards the oracle test: fills commit several slots in a step, commit a slot right of a masked
+    one (so the cache order is not the logical order), and end early on padding."""
+    parallel = out_of_order = early = 0
+    for seed, n in itertools.product(range(4), (7, 12)):
+        prefix, suffix = _io(seed)
+        for o in (DecodeOptions(threshold=0.5, pad_left=False, window=0), DecodeOptions(threshold=0.5, pad_stop=0.3)):
+            c = Canvas.build(prefix, suffix, n, model.cfg, o)
+            r = fill(model, c)
+            parallel += max(r.tokens_per_step) > 1
+            early += len(r.ids) < n
+            out_of_order += c.cache_order != sorted(c.cache_order)
+    assert parallel and out_of_order and early
+
+
+def test_committed_slots_kv_are_exact(model):
+    """After some cached steps the canvas's cache equals the K/V of one full forward over the same
+    reordered rows (context, then the committed slots in cache order)."""
+    prefix, suffix = _io(5, n_prefix=20)
+    c = Canvas.build(prefix, suffix, 10, model.cfg, DecodeOptions(selection="topk", steps=5, pad_stop=2.0, pad_left=False))
+    for _ in range(3):
+        sampler.step(model, [c])
+    with torch.inference_mode():
+        sampler.forward(model, [c])  # the last step's commits join the cache
+    ctx_ids, ctx_pos = c.context_rows()
+    slots = torch.tensor(c.cache_order) + c.start
+    ids, pos = torch.cat([ctx_ids, c.ids[slots]]), torch.cat([ctx_pos, slots])
+    _, kvs = model.hidden(ids[None], pos=pos[None], return_kv=True)
+    assert c.ctx_len == ids.shape[0] and len(c.cache_order) == 6
+    for (kb, vb), (k, v) in zip(c.kv, kvs):
+        torch.testing.assert_close(kb[:, :, : c.ctx_len], k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(vb[:, :, : c.ctx_len], v, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_steps_forward_only_new_commits_and_masks(model):
+    prefix, suffix = _io(6, n_prefix=30, n_suffix=10)
+    seen = []
+    orig = model.hidden
+
+    def spy(ids, *a, **kw):
+        seen.append(ids.shape[1])
+        return orig(ids, *a, **kw)
+
+    c = Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(selection="topk", steps=4, pad_stop=2.0, window=0))
+    model.hidden = spy
+    try:
+        fill(model, c)
+    finally:
+        del model.hidden
+    assert seen[0] == 30 + 10 + 8  # the context and every mask, once
+    assert seen[1:] == [2 + 6, 2 + 4, 2 + 2]  # then 2 commits a step: the last step's, plus the masks left
+
+
+def test_empty_context_decodes_causally(model):
+    """No prefix and no suffix: the cached steps have an empty context and must still be causal."""
+    for o in (DecodeOptions(threshold=0.5, window=0), DecodeOptions(selection="topk", steps=3, pad_stop=2.0, window=2)):
+        assert fill(model, Canvas.build([], [], 6, model.cfg, o)).ids == reference_fill(model, [], [], 6, o)
+
+
+# ---------------------------------------------------------------- the engine's semantics
+
+
+def test_deadline_commits_everything_and_cancel_stops(model):
+    prefix, suffix = _io(7)
+    c = Canvas.build(prefix, suffix, 9, model.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    r = fill(model, c, deadline=time.monotonic() - 1)
+    assert r.steps == 1 and r.deadline_hit and r.tokens_per_step == [9] and not bool(c.masked.any())
+    assert r.ids == reference_fill(model, prefix, suffix, 9, DecodeOptions(steps=1, pad_stop=2.0))
+    c = Canvas.build(prefix, suffix, 9, model.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    r = fill(model, c, cancelled=lambda: c.steps >= 2)
+    assert r.cancelled and r.steps == 2 and int(c.masked.sum()) == 7
+    # a step budget: the last step commits every mask (the window is lifted for it)
+    r = fill(model, Canvas.build(prefix, suffix, 12, model.cfg, DecodeOptions(steps=2, threshold=0.99, window=3)))
+    assert r.steps <= 2 and sum(r.tokens_per_step) == 12
+    assert 0 < r.confidence <= 1
+
+
+def test_healing_restricts_slot_0(model):
+    cfg = model.cfg
+    for seed, window, cache in itertools.product((7, 9, 11), (0, 3), (False, True)):
+        prefix, suffix = _io(seed)
+        heal = [i for i in _io(seed + 1000, n_prefix=8)[0] if i not in (cfg.pad_token_id, cfg.eos_token_id)][:6]
+        free = reference_fill(model, prefix, suffix, 6, DecodeOptions(threshold=0.5))
+        then = {free[0]: _io(seed + 3000, n_prefix=6)[0]} if free and free[0] not in (PAD, cfg.eos_token_id) else {}
+        heal = sorted(set(heal) | set(then))
+        o = DecodeOptions(threshold=0.5, window=window, cache=cache)
+        want = reference_fill(model, prefix, suffix, 6, o, heal=heal, heal_then=then)
+        c = Canvas.build(prefix, suffix, 6, cfg, o, heal=heal, heal_then=then)
+        got = fill(model, c)
+        assert got.ids == want and got.ids[0] in heal and not c.heal_open
+        if got.ids[0] in then:
+            assert got.ids[1] in then[got.ids[0]]
+
+
+def test_batched_steps_equal_each_alone(model):
+    jobs = [(_io(60 + i, n_prefix=9 + 5 * i, n_suffix=2 * i), n) for i, n in enumerate((5, 8, 11))]
+    for o in (DecodeOptions(threshold=0.5, window=3), DecodeOptions(selection="topk", pad_stop=2.0, pad_left=False)):
+        alone = [fill(model, Canvas.build(p, s, n, model.cfg, o)).ids for (p, s), n in jobs]
+        canvases = [Canvas.build(p, s, n, model.cfg, o) for (p, s), n in jobs]
+        ctx = BatchContext()
+        while any(not c.done for c in canvases):
+            sampler.step(model, [c for c in canvases if not c.done], batch_ctx=ctx)
+        assert [c.fill_ids() for c in canvases] == alone
+
+
+# ---------------------------------------------------------------- per-keystroke reuse
+
+
+def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
+    """Typing one token at a time at the cursor (and once deleting two): with a session, each fill
+    reuses the context K/V up to its first changed row and equals the fill without reuse."""
+    prefix, suffix = _io(40, n_prefix=60, n_suffix=12)
+    typed = _io(41, n_prefix=8)[0]
+    sessions = reorder.SessionCache()
+    seqs = [prefix[: 40 + k] for k in range(6)] + [prefix[:43], prefix[:43] + typed[:3]]
+    o = DecodeOptions(threshold=0.5)
+    reused = []
+    for p in seqs:
+        c = Canvas.build(p, suffix, 8, model.cfg, o)
+        c.session, c.session_key = sessions, "doc"
+        got = fill(model, c)
+        assert got.ids == fill(model, Canvas.build(p, suffix, 8, model.cfg, o)).ids
+        assert got.ids == reference_fill(model, p, suffix, 8, o)
+        reused.append(c.reused)
+    # each keystroke reuses the unchanged prefix (the suffix moved: its positions follow the prefix)
+    assert reused == [0, 40, 41, 42, 43, 44, 43, 43]
+    other = Canvas.build(suffix, prefix, 8, model.cfg, o)
+    other.session, other.session_key = sessions, "other document"
+    fill(model, other)
+    assert other.reused == 0 and sessions.stats["hits"] == 7
+
+
+# ---------------------------------------------------------------- training, then serving
+
+
+def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
+    from engine.checkpoint import load_checkpoint
+    from engine.service import EngineService
+    from engine.train import TrainArgs, train
+    from tests.tiny import CORPUS, make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(tmp_path / "tiny")
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, text in enumerate(CORPUS[:4] * 3):
+        (src / f"m{i}.py").write_text(text * 8)
+    args = TrainArgs(out=str(tmp_path / "run"), objective="reorder", holes=4, max_files=10, max_steps=5, batch=2,
+                     sources=[str(src)], stdlib=False,
+                     seq_len=128, dim=32, n_layers=2, n_heads=2, ffn_dim=64, tokenizer=str(tiny), val_examples=16,
+                     progress=False, minutes=5, reorder_ar=0.5)
+    out = train(args)
+    _, _, cfg = load_checkpoint(out / "best")
+    assert cfg.canvas == "reorder" and cfg.attention == "causal"
+    svc = EngineService(str(out / "best"), device="cpu", threads=1)
+    svc.load()
+    assert isinstance(svc.cfg, ModelConfig) and svc.cfg.canvas == "reorder"
+    jobs = [FillJob(prefix="def add(a, b):\n    return", suffix="\n", max_tokens=8),
+            FillJob(prefix="import os\nimport", max_tokens=5, options=DecodeOptions(window=2))]
+    one = [svc.run_now(j) for j in jobs]
+    assert all(f.steps >= 1 and f.slots >= 5 for f in one)
+    # per-keystroke reuse through the service: a typed sequence with a session key fills as without
+    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x"
+    typed = [FillJob(prefix=text[: len(text) - 12 + k], suffix="\n", max_tokens=6) for k in range(12)]
+    plain = [svc.run_now(j).token_ids for j in typed]
+    keyed = [svc.run_now(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=6, session="doc")).token_ids for j in typed]
+    assert keyed == plain and svc._sessions.stats["hits"] >= 10
+    svc.start()  # the worker batches jobs submitted together
+    try:
+        futs = [svc.submit(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=j.max_tokens, options=j.options))
+                for j in jobs]
+        assert [f.result(timeout=60).token_ids for f in futs] == [f.token_ids for f in one]
+    finally:
+        svc.close()
+    # an AR checkpoint resumes into recipe (c) unchanged; a bidirectional one is refused
+    ar = train(TrainArgs(**{**args.__dict__, "out": str(tmp_path / "ar"), "objective": "ar", "max_steps": 1}))
+    again = train(TrainArgs(**{**args.__dict__, "out": str(tmp_path / "c"), "resume": str(ar / "last"), "max_steps": 1}))
+    assert load_checkpoint(again / "last")[2].canvas == "reorder"
+    with pytest.raises(SystemExit, match="canvas"):
+        train(TrainArgs(**{**args.__dict__, "out": str(tmp_path / "x"), "resume": str(tiny), "max_steps": 1}))
+
+
+def test_session_key_crosses_the_engine_socket():
+    from engine.wire import job_from_message, job_message
+
+    assert job_from_message(job_message(FillJob(prefix="x", session="file:///a.py"))).session == "file:///a.py"
+    assert job_from_message(job_message(FillJob(prefix="x"))).session is None
+    with pytest.raises(ValueError, match="session"):
+        job_from_message({"prefix": "x", "session": 3})
