@@ -246,6 +246,7 @@ class DlmServer(LanguageServer):
             t0 = time.perf_counter()
             req = context.build_request(doc, offset, self.options.max_fill_tokens)
             job = context.to_fill_job(req, ticket.deadline)
+            job.session = key  # the engine reuses this document's last context K/V where that is exact
             tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place
             context_ms = (time.perf_counter() - t0) * 1000
             fill = await self.scheduler.run(ticket, job)

@@ -30,6 +30,7 @@ from engine import sampler
 from engine.api import EngineError, Fill, FillJob
 from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
+from engine.reorder import ReorderCanvas, SessionCache
 
 log = logging.getLogger("dlm.engine")
 
@@ -130,6 +131,7 @@ class EngineService:
         self._jobs: list[_Active] = []  # the current worker's jobs in flight
         self._slowest_step_s = 0.0
         self._batch_ctx = BatchContext()
+        self._sessions = SessionCache()  # per document: the last context's K/V (reorder layout only)
         self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
         self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
                       "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
@@ -314,6 +316,8 @@ class EngineService:
                                           job.context_tokens, self.device, heal=heal and heal.first,
                                           heal_then=heal and heal.then)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
+            if job.session is not None and isinstance(canvas, ReorderCanvas):  # exact reuse across keystrokes
+                canvas.session, canvas.session_key = self._sessions, job.session
         except Exception as e:  # noqa: BLE001
             _resolve(fut, exc=e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
             with self._stats_lock:
@@ -367,6 +371,7 @@ class EngineService:
     def _release_memory(self, ctx: BatchContext) -> None:
         """After an out-of-memory failure: drop the batch's buffers and the allocator's cache."""
         ctx.clear()
+        self._sessions.clear()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
 
