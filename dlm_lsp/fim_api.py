@@ -17,7 +17,8 @@ prompt + suffix; default the server's --language), `deadline_ms` (the engine's b
 request's arrival; at the deadline it commits what it has), `postprocess` (false: the engine's text
 as it came, stop sequences still cut it: what a language server that post-processes itself asks
 for), `min_confidence` (the confidence gate; default the model's own, none when postprocess is
-false) and `seed`.
+false), `seed`, and `slots` (exactly this many mask slots instead of the hole kind's count, still
+within max_tokens: a language server that sized the hole itself sends it).
 
 `max_tokens` bounds the mask slots: a fill has as many slots as the hole kind gives (16 for the
 rest of a line, 64 for a block...) and never more than max_tokens; the hole kind is inferred from
@@ -79,6 +80,7 @@ class FimParams:
     postprocess: bool = True
     min_confidence: float | None = None
     seed: int = 0
+    slots: int | None = None  # exactly this many mask slots (a client that chose them itself), within max_tokens
 
 
 def _is_int(v) -> bool:
@@ -183,6 +185,11 @@ def parse_body(raw: bytes, flavour: str, limits: Limits, language: str = "python
         if not _is_int(v):
             bad("seed", "an integer")
         p.seed = v
+    v = body.get("slots")
+    if v is not None:
+        if not _is_int(v) or not 1 <= v <= MAX_SLOTS:
+            bad("slots", f"an integer from 1 to {MAX_SLOTS}")
+        p.slots = v
     return p
 
 
@@ -235,6 +242,8 @@ class FimPipeline:
         offset = min(len(join_pairs(p.prompt)), len(doc.text))  # a surrogate pair split by the cursor is one character
         cap = min(self.max_fill_tokens, p.max_tokens or MAX_SLOTS, MAX_SLOTS)
         req = context.build_request(doc, offset, cap, self.context_tokens)
+        if p.slots is not None:
+            req.mask_slots = min(p.slots, cap)
         options = DecodeOptions(temperature=p.temperature, seed=p.seed)
         job = context.to_fill_job(req, arrival + p.deadline_ms / 1000.0, self.context_tokens, options)
         tree = doc.tree if p.postprocess else None

@@ -3,7 +3,8 @@
 Keys are camelCase in JSON. A bad value never fails the server: the default is kept and a warning
 naming the key goes back to the editor (window/showMessage).
 
-`model` is machine-scoped: it is read from initializationOptions only. A repository can ship
+`model` and `engine` are machine-scoped: they are read from initializationOptions only (`engine` can
+name an HTTP endpoint the code is sent to). A repository can ship
 workspace settings (VS Code's .vscode/settings.json), and the editor forwards those through
 workspace/didChangeConfiguration, so a `model` arriving there that differs from the one the server
 started with is refused with a warning: opening a folder never makes the server load weights from a
@@ -12,6 +13,7 @@ path the folder chose. Changing the model is a user setting and a server restart
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 # languageIds parsed with a tree-sitter grammar; "*" in `languages` means every other language,
@@ -38,8 +40,10 @@ class InitializationOptions:
     threads: int | None = None
     # where the engine runs: "shared" (the user's engine daemon, one model in memory for every editor
     # window: engine/daemon.py) or "inproc" (inside this server); None: DLM_ENGINE, else "shared".
-    # Read when the engine starts.
-    engine: str | None = None
+    # Or a FIM HTTP endpoint (engine/http_engine.py): {"url", "api": "openai-fim" | "mercury",
+    # "apiKeyEnv": the environment variable holding its key, "model"} (a URL string is
+    # {"url": ..., "api": "openai-fim"}). Machine-scoped like `model`; read when the engine starts.
+    engine: str | dict | None = None
     # Test hook: false returns the engine's text with only padding dropped and one-line holes cut to
     # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
     # weak model; not meant for editors.
@@ -64,14 +68,46 @@ _CHECKS = {
     "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "postprocess": lambda v: isinstance(v, bool),
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
-    "engine": lambda v: v is None or v in ("inproc", "shared"),
+    "engine": lambda v: v is None or v in ("inproc", "shared") or isinstance(v, dict),
     "min_confidence": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
 }
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
 
 
 # set only by initializationOptions (see the module docstring)
-MACHINE_KEYS = ("model",)
+MACHINE_KEYS = ("model", "engine")  # `engine` can name a URL the code is sent to, and an environment variable
+
+ENGINE_APIS = ("openai-fim", "mercury")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def engine_endpoint(value) -> tuple[dict | None, str | None]:
+    """(the normalized {"url", "api", "apiKeyEnv", "model"} of an HTTP `engine` value, None) or
+    (None, what is wrong with it). A key itself is never taken from options: only the name of the
+    environment variable that holds it."""
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, dict):
+        return None, "must be \"shared\", \"inproc\", a URL or an object {url, api, apiKeyEnv, model}"
+    if any(k.lower() in ("apikey", "api_key", "key", "token") for k in value):
+        return None, ("takes no API key: put the key in an environment variable (or VS Code's secret storage) "
+                      "and name the variable in apiKeyEnv")
+    unknown = sorted(set(value) - {"url", "api", "apiKeyEnv", "model"})
+    if unknown:
+        return None, f"has unknown keys {unknown}; known: url, api, apiKeyEnv, model"
+    url = value.get("url")
+    if not isinstance(url, str) or not re.match(r"https?://[^/\s@]+(/\S*)?$", url.strip()):
+        return None, "needs url: an http:// or https:// URL with a host and no credentials"
+    api = value.get("api", "openai-fim")
+    if api not in ENGINE_APIS:
+        return None, f"api must be one of {list(ENGINE_APIS)}"
+    env = value.get("apiKeyEnv")
+    if env is not None and not (isinstance(env, str) and _ENV_NAME.fullmatch(env)):
+        return None, "apiKeyEnv must be the name of an environment variable"
+    model = value.get("model")
+    if model is not None and not (isinstance(model, str) and model.strip()):
+        return None, "model must be a non-empty string"
+    return {"url": url.strip(), "api": api, "apiKeyEnv": env, "model": model}, None
 
 
 def parse_options(raw, base: InitializationOptions | None = None,
@@ -97,6 +133,11 @@ def parse_options(raw, base: InitializationOptions | None = None,
             value = None
         if name == "model" and isinstance(value, str):
             value = value.strip()
+        if name == "engine" and value not in (None, "inproc", "shared"):
+            value, problem = engine_endpoint(value)
+            if problem:
+                warnings.append(f"dlm-lsp: option 'engine' {problem}; using {getattr(opts, name) or 'the default'!r}")
+                continue
         if from_settings and name in MACHINE_KEYS and value != getattr(opts, name):
             warnings.append(f"dlm-lsp: {key!r} cannot be changed through workspace settings (a repository can "
                             f"ship those); keeping {getattr(opts, name) or 'default'!r}. Set it in your user "

@@ -49,9 +49,15 @@ PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never
 def default_engine_factory(model, device, on_state, threads=None, engine=None):
     """The real engine: the user's shared engine daemon (engine/remote.py: this process never loads
     torch) or, with `engine` / DLM_ENGINE "inproc", an EngineService in this process (imported here
-    so importing the server never loads torch)."""
+    so importing the server never loads torch), or with an `engine` endpoint object a FIM HTTP
+    endpoint (engine/http_engine.py)."""
     import os
 
+    if isinstance(engine, dict):  # a FIM HTTP endpoint (dlm_lsp.options.engine_endpoint normalized it)
+        from engine.http_engine import HttpEngine
+
+        return HttpEngine(engine["url"], api=engine.get("api") or "openai-fim", api_key_env=engine.get("apiKeyEnv"),
+                          model=engine.get("model"), on_state=on_state)
     if (engine or os.environ.get("DLM_ENGINE") or "shared") == "shared":
         from engine.remote import RemoteEngine
 

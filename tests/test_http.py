@@ -1,7 +1,8 @@
 """`dlm-lsp http` (dlm_lsp/http_api.py, dlm_lsp/fim_api.py): the real app under uvicorn on a
 loopback port, driven over real sockets with httpx and raw sockets. The scripted engine
-(tests/lsp_fake_engine.py) gives exact timing: cancel on disconnect, deadlines, a stuck engine; a
-tiny checkpoint runs the real engine end to end."""
+(tests/lsp_fake_engine.py) gives exact timing: cancel on disconnect, deadlines, a stuck engine.
+`dlm-lsp http` as a process on a tiny checkpoint (the real engine) is tested in
+tests/test_http_engine.py, where the language server uses it as its engine."""
 from __future__ import annotations
 
 import json
@@ -15,12 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from dlm_lsp import fim_api
 from dlm_lsp.fim_api import ApiError, FimPipeline, Limits, parse_body
-from dlm_lsp.http_api import FimServer, bind, is_loopback
+from dlm_lsp.http_api import FimServer, is_loopback
 from engine.api import Fill
+from tests.http_helpers import ThreadServer
 from tests.lsp_fake_engine import ScriptedEngine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,10 +40,10 @@ class RecordingEngine(ScriptedEngine):
         return super().submit(job)
 
 
-class Running:
-    """A FimServer under uvicorn on a thread, on a free loopback port."""
+class Running(ThreadServer):
+    """A FimServer with the recording scripted engine under uvicorn on a thread."""
 
-    def __init__(self, script: str = "scripted:text=a%20%2B%20b", **kw):
+    def __init__(self, script: str = "scripted:text=a%20%2B%20b", port: int = 0, **kw):
         self.engines: list[RecordingEngine] = []
 
         def factory(on_state):
@@ -52,32 +52,11 @@ class Running:
             return e
 
         self.server = FimServer(factory, "dlm-test", **kw)
-        self.sock = bind("127.0.0.1", 0)
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.uv = uvicorn.Server(uvicorn.Config(self.server.app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        super().__init__(self.server.app, port=port)
 
     @property
     def engine(self) -> RecordingEngine:
         return self.engines[0]
-
-    def __enter__(self):
-        self.thread.start()
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
-        raise AssertionError("the server did not get ready")
-
-    def __exit__(self, *exc):
-        self.uv.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
 
 
 def post(url: str, body, path: str = "/v1/completions", headers: dict | None = None, timeout: float = 20):
@@ -132,6 +111,11 @@ def test_pipeline_infers_the_hole_and_post_processes_like_the_server():
     # max_tokens bounds the slots; a block hole gets a block's
     small = pipe.prepare(parse_body(json.dumps({"prompt": PROMPT, "max_tokens": 5}).encode(), "openai", Limits()))
     assert small.job.max_tokens == 5
+    exact = pipe.prepare(parse_body(json.dumps({"prompt": PROMPT, "slots": 7}).encode(), "openai", Limits()))
+    assert exact.job.max_tokens == 7  # a client that sized the hole itself
+    bounded = pipe.prepare(parse_body(json.dumps({"prompt": PROMPT, "slots": 40, "max_tokens": 9}).encode(), "openai",
+                                      Limits()))
+    assert bounded.job.max_tokens == 9
     block = pipe.prepare(parse_body(json.dumps({"prompt": "def f(x):\n", "suffix": ""}).encode(), "openai", Limits()))
     assert block.request.hole_kind == "block" and block.job.max_tokens == 64
     middle = pipe.prepare(parse_body(json.dumps({"prompt": "x = f(", "suffix": ")\n"}).encode(), "openai", Limits()))
@@ -278,8 +262,7 @@ def test_engine_errors_and_overload_are_answered():
 
 
 def test_requests_wait_for_the_model_then_answer_503_while_it_loads():
-    s = Running("scripted:load_ms=3000")
-    s.thread.start()
+    s = Running("scripted:load_ms=3000").start()
     try:
         end = time.monotonic() + 10
         while time.monotonic() < end:
@@ -300,53 +283,3 @@ def test_refuses_a_non_loopback_address_without_a_token():
     r = subprocess.run([sys.executable, "-m", "dlm_lsp", "http", "--host", "0.0.0.0", "--port", "0"],
                        capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert r.returncode == 2 and "without a token" in r.stderr
-
-
-def test_real_engine_on_a_tiny_checkpoint(tmp_path):
-    """`dlm-lsp http` as a process: the real engine and pipeline answer both shapes."""
-    from tests.tiny import make_tiny_checkpoint
-
-    model = make_tiny_checkpoint(tmp_path / "tiny", printable=True)
-    with http_process(model) as url:
-        r = post(url, {"prompt": PROMPT, "suffix": SUFFIX, "postprocess": False, "deadline_ms": 5000}, timeout=60)
-        assert r.status_code == 200, r.text
-        b = r.json()
-        assert b["model"] == "tiny" and b["choices"][0]["text"] and b["usage"]["prompt_tokens"] > 0
-        assert b["dlm"]["steps"] >= 1 and len(b["dlm"]["tokens_per_step"]) == b["dlm"]["steps"]
-        assert sum(b["dlm"]["tokens_per_step"]) >= b["usage"]["completion_tokens"]
-        m = post(url, {"prompt": PROMPT, "suffix": SUFFIX, "model": "tiny"}, path="/v1/fim/completions", timeout=60)
-        assert m.status_code == 200 and m.json()["choices"][0]["finish_reason"] in ("stop", "length")
-
-
-class http_process:
-    """`dlm-lsp http --port 0` on a model, as a subprocess; yields its base URL."""
-
-    def __init__(self, model, *extra: str, env: dict | None = None):
-        self.cmd = [sys.executable, "-m", "dlm_lsp", "http", "--model", str(model), "--port", "0",
-                    "--device", "cpu", "--threads", "1", *extra]
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-
-    def __enter__(self) -> str:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
-                                     cwd=REPO)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"dlm-lsp http did not start: {self.proc.stderr.read()[-2000:]}")
-        self.url = json.loads(line)["listening"]
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self.url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("dlm-lsp http never became ready")
-
-    def __exit__(self, *exc):
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
