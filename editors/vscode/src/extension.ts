@@ -10,13 +10,14 @@ import {
 } from 'vscode-languageclient/node';
 import { COMMANDS, CommandName } from './commands';
 import { LaunchError, resolveLaunch } from './launch';
-import { documentSelector, extraInitOptions, serverOptions } from './settings';
+import { documentSelector, ENGINE_SECRET, engineLaunch, extraInitOptions, serverOptions } from './settings';
 import { ClientState, EngineStatus, statusView } from './status';
 
 let client: LanguageClient | undefined;
 let log: vscode.LogOutputChannel;
 let statusItem: vscode.StatusBarItem;
 let lastStatus: EngineStatus | ClientState = 'stopped';
+let secrets: vscode.SecretStorage | undefined;
 
 const config = () => vscode.workspace.getConfiguration('dlm');
 const enabled = () => config().get<boolean>('enable', true);
@@ -58,6 +59,10 @@ async function start(): Promise<void> {
   log.info(`starting ${launch.command} ${launch.args.join(' ')}`);
 
   const options = serverOptions((key) => cfg.get(key));
+  // An HTTP engine's key comes from secret storage into the server's environment, never its options.
+  const secret = options.engine ? await secrets?.get(ENGINE_SECRET) : undefined;
+  const { engine, env } = engineLaunch(options.engine, secret);
+  options.engine = engine;
   const clientOptions: LanguageClientOptions = {
     documentSelector: documentSelector(options.languages),
     initializationOptions: { ...options, ...extraInitOptions(process.env.DLM_LSP_INIT_OPTIONS) },
@@ -74,7 +79,7 @@ async function start(): Promise<void> {
   const c = new LanguageClient(
     'dlm', // also makes the library read the `dlm.trace.server` setting
     'dlm-lsp',
-    { command: launch.command, args: launch.args, transport: TransportKind.stdio },
+    { command: launch.command, args: launch.args, transport: TransportKind.stdio, options: { env: { ...process.env, ...env } } },
     clientOptions,
   );
   c.onNotification('dlm/status', (params: EngineStatus) => {
@@ -128,6 +133,7 @@ function restart(): Promise<void> {
 }
 
 export function activate(context: vscode.ExtensionContext): void {
+  secrets = context.secrets;
   log = vscode.window.createOutputChannel('dlm-lsp', { log: true });
   statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
   statusItem.command = COMMANDS.toggle;
@@ -144,6 +150,18 @@ export function activate(context: vscode.ExtensionContext): void {
       return config().update('enable', !enabled(), target);
     },
     showLog: () => log.show(),
+    setEngineKey: async () => {
+      const key = await vscode.window.showInputBox({
+        title: 'dlm-lsp: API key of the dlm.engine endpoint',
+        prompt: 'Kept in VS Code\'s secret storage and passed to the server in its environment. Empty: forget the key.',
+        password: true,
+        ignoreFocusOut: true,
+      });
+      if (key === undefined || !secrets) return;
+      if (key.trim() === '') await secrets.delete(ENGINE_SECRET);
+      else await secrets.store(ENGINE_SECRET, key.trim());
+      return restart();
+    },
   };
   for (const [name, handler] of Object.entries(handlers)) {
     context.subscriptions.push(vscode.commands.registerCommand(COMMANDS[name as CommandName], handler));
@@ -157,12 +175,16 @@ export function activate(context: vscode.ExtensionContext): void {
       if (!e.affectsConfiguration('dlm')) return;
       // The launch command and the document selector are fixed for a client's lifetime; the server
       // takes the model from initializationOptions only (docs/lsp-extensions.md).
-      if (e.affectsConfiguration('dlm.server') || e.affectsConfiguration('dlm.languages') || e.affectsConfiguration('dlm.model')) {
+      if (e.affectsConfiguration('dlm.server') || e.affectsConfiguration('dlm.languages') || e.affectsConfiguration('dlm.model') ||
+          e.affectsConfiguration('dlm.engine')) {
         return restart();
       }
       if (e.affectsConfiguration('dlm.enable')) showStatus();
       if (client?.isRunning()) {
-        const settings = { dlm: serverOptions((key) => config().get(key)) };
+        // `engine` is read at start only (a change restarts above); its key-variable name may
+        // differ from the one sent at start, which the server would take for a change
+        const { engine: _engine, ...dlm } = serverOptions((key) => config().get(key));
+        const settings = { dlm };
         await client.sendNotification(DidChangeConfigurationNotification.type, { settings });
       }
     }),

@@ -9,7 +9,22 @@ export interface ServerOptions {
   maxFillTokens: number;
   languages: string[];
   minConfidence: number | null; // null: the model's own gate (serving.json)
+  engine: EngineSetting | null; // null: the server's own engine (the user's shared daemon)
 }
+
+/** A FIM HTTP endpoint as the server's engine (docs/serving.md). The API key is never a setting: it
+ * lives in VS Code's secret storage ("DLM: Set Engine API Key") and reaches the server through its
+ * environment, or in the environment variable `apiKeyEnv` names. */
+export interface EngineSetting {
+  url: string;
+  api?: 'openai-fim' | 'mercury';
+  apiKeyEnv?: string;
+  model?: string;
+}
+
+/** The secret storage key of the engine's API key, and the variable it is passed in by default. */
+export const ENGINE_SECRET = 'dlm.engineApiKey';
+export const ENGINE_KEY_ENV = 'DLM_ENGINE_API_KEY';
 
 // The languages the server parses with tree-sitter. The server's own default adds "*" (every other
 // language, by indentation alone); a client opts into that by listing "*" itself.
@@ -17,7 +32,7 @@ export const DEFAULT_LANGUAGES = ['python', 'javascript', 'javascriptreact', 'ty
 
 /** Settings forwarded to the server, keyed by their name after `dlm.`. */
 export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
-  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages', 'minConfidence',
+  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages', 'minConfidence', 'engine',
 ];
 
 /** Settings only the extension reads: how to launch the server and the on/off switch. */
@@ -38,7 +53,30 @@ export function serverOptions(get: (key: string) => unknown): ServerOptions {
     maxFillTokens: (get('maxFillTokens') as number) ?? 64,
     languages: (get('languages') as string[]) ?? DEFAULT_LANGUAGES,
     minConfidence: typeof get('minConfidence') === 'number' ? (get('minConfidence') as number) : null,
+    engine: engineSetting(get('engine')),
   };
+}
+
+/** Gives the engine endpoint of a `dlm.engine` value (an object with a url), else null. */
+export function engineSetting(value: unknown): EngineSetting | null {
+  if (!value || typeof value !== 'object' || Array.isArray(value)) return null;
+  const v = value as Record<string, unknown>;
+  if (typeof v.url !== 'string' || v.url.trim() === '') return null;
+  const out: EngineSetting = { url: v.url.trim() };
+  if (v.api === 'openai-fim' || v.api === 'mercury') out.api = v.api;
+  if (typeof v.apiKeyEnv === 'string' && v.apiKeyEnv !== '') out.apiKeyEnv = v.apiKeyEnv;
+  if (typeof v.model === 'string' && v.model !== '') out.model = v.model;
+  return out;
+}
+
+/** Gives the engine option and what to add to the server's environment once the stored secret is
+ * known: the key travels in an environment variable (apiKeyEnv, else DLM_ENGINE_API_KEY), never in
+ * the initialization options, which a trace log would show. */
+export function engineLaunch(engine: EngineSetting | null, secret: string | undefined):
+  { engine: EngineSetting | null; env: Record<string, string> } {
+  if (!engine || !secret) return { engine, env: {} };
+  const name = engine.apiKeyEnv ?? ENGINE_KEY_ENV;
+  return { engine: { ...engine, apiKeyEnv: name }, env: { [name]: secret } };
 }
 
 /** Gives the document selector for the enabled languages ("*": every file and untitled document). */

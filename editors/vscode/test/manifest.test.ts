@@ -5,7 +5,7 @@ import * as path from 'node:path';
 import { test } from 'node:test';
 import { COMMANDS } from '../src/commands';
 import { LaunchError, resolveLaunch } from '../src/launch';
-import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, extraInitOptions, LIBRARY_SETTINGS, SERVER_SETTINGS, serverOptions } from '../src/settings';
+import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, ENGINE_KEY_ENV, engineLaunch, engineSetting, extraInitOptions, LIBRARY_SETTINGS, SERVER_SETTINGS, serverOptions } from '../src/settings';
 import { statusView } from '../src/status';
 
 const root = path.resolve(__dirname, '../..');
@@ -20,7 +20,21 @@ test('every setting the code reads is contributed, and nothing else', () => {
 test('contributed defaults are the defaults the code falls back to', () => {
   const fromManifest = serverOptions((key) => properties[`dlm.${key}`].default);
   assert.deepEqual(fromManifest, serverOptions(() => undefined));
-  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, languages: DEFAULT_LANGUAGES, minConfidence: null });
+  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, languages: DEFAULT_LANGUAGES, minConfidence: null, engine: null });
+});
+
+test('the engine endpoint is a user setting; its key goes to the environment, never the options', () => {
+  assert.equal(properties['dlm.engine'].scope, 'machine'); // a workspace cannot send the code elsewhere
+  assert.deepEqual(engineSetting({ url: ' http://box:8765/v1 ', api: 'mercury', apiKey: 'leak' }), { url: 'http://box:8765/v1', api: 'mercury' });
+  assert.equal(engineSetting({ api: 'mercury' }), null);
+  const none = engineLaunch({ url: 'http://box/v1' }, undefined);
+  assert.deepEqual(none, { engine: { url: 'http://box/v1' }, env: {} });
+  const stored = engineLaunch({ url: 'https://api.example.test/v1', api: 'mercury' }, 'sk-secret');
+  assert.deepEqual(stored.env, { [ENGINE_KEY_ENV]: 'sk-secret' });
+  assert.equal(stored.engine?.apiKeyEnv, ENGINE_KEY_ENV);
+  assert.ok(!JSON.stringify(stored.engine).includes('sk-secret'));
+  const named = engineLaunch({ url: 'https://x/v1', apiKeyEnv: 'INCEPTION_API_KEY' }, 'k');
+  assert.deepEqual(named.env, { INCEPTION_API_KEY: 'k' });
 });
 
 test('contributed commands are exactly the registered ones', () => {

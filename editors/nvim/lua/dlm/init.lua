@@ -7,7 +7,9 @@ M.defaults = {
   filetypes = { 'python', 'javascript', 'javascriptreact', 'typescript', 'typescriptreact', 'go', 'rust' },
   root_markers = { '.git' },
   -- initializationOptions (docs/lsp-extensions.md); `languages` defaults to `filetypes`, no `model`
-  -- means the server's bundled default model.
+  -- means the server's bundled default model. `engine = { url = 'http://gpu-box:8765/v1', api =
+  -- 'openai-fim' | 'mercury', apiKeyEnv = 'NAME' }` sends fills to a FIM HTTP endpoint instead
+  -- (docs/serving.md); the key stays in that environment variable, which the server inherits.
   init_options = {},
   accept_key = '<Tab>', -- insert-mode key that accepts the ghost text; false: map nothing
   debounce_ms = 150, -- 0.11 ghost text only: 0.12's inline completion has its own 200 ms debounce
