@@ -24,8 +24,9 @@ declare -A RECIPE=(
   [v2-ar]="--objective ar"
   # (c) causal-attention diffusion with reordering (engine/reorder.py): observed tokens first at their
   # logical positions, masks last, strict causal attention; 4 server-shaped holes per infill window.
-  # Its context K/V are exact across denoising steps and keystrokes (FillJob.session)
-  [v2c]="--objective reorder --holes 4"
+  # Its context K/V are exact across denoising steps and keystrokes (FillJob.session). It starts from
+  # nothing with the tokenizer v2a trained on the corpus (the same file as v2-ar's), so all share one
+  [v2c]="--objective reorder --holes 4 --tokenizer models/bakeoff/v2a/tokenizer.json"
   # (b) AR first, then adapted to diffusion: v2-ar's checkpoint at 0.99 CPU-hours (step 1,766, the one
   # committed in 2e32686) resumed with the diffusion objective of v2a, the AR head's logit shift kept
   # and attention annealed from causal to full over 1,000 steps; the same 3.5 CPU-hours in all
