@@ -32,6 +32,10 @@ COMMANDS = {
                "list the supported model families and the supported checkpoints in the local HF cache"),
     "http": ("dlm_lsp.http_api", "add_http_args", "run_http",
              "serve the engine over HTTP: /v1/completions (OpenAI) and /v1/fim/completions (Mercury) on 127.0.0.1"),
+    "ray-serve": ("dlm_lsp.ray_serve", "add_ray_serve_args", "run_ray_serve",
+                  "serve the same HTTP API from engine replicas on Ray Serve (one per core here; needs ray[serve])"),
+    "loadtest": ("dlm_lsp.loadtest", "add_loadtest_args", "run_loadtest",
+                 "load a FIM HTTP API on this machine: N clients for S seconds; throughput, p50/p95"),
 }
 
 

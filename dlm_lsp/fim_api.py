@@ -27,6 +27,7 @@ the prompt and suffix as the language server infers it from a document.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -289,6 +290,7 @@ def timing(prep: Prepared, fill, done: Completed | None) -> dict:
         "slots": prep.job.max_tokens, "tokens": fill.tokens, "hole_kind": prep.request.hole_kind,
         "confidence": round(fill.confidence, 6), "deadline_hit": fill.deadline_hit, "expired": fill.expired,
         "dropped": done.dropped if done else None,
+        "pid": os.getpid(),  # the process that answered: replicas behind one proxy differ
     }
 
 

@@ -131,6 +131,7 @@ class HttpEngine:
                 return self
             if self.api_key_env:
                 self._api_key = os.environ.get(self.api_key_env, "").strip() or None
+            logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every request at INFO
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="dlm-http-engine", daemon=True)
             self._thread.start()
