@@ -38,6 +38,7 @@ from engine.sampler import Canvas
 from engine.tokenizer import TextTokenizer
 
 CLEAN, REVEALED, MASKED = 0, 1, 2  # physical groups, in this order
+CUT_CHUNK = 64  # a too-long prefix is cut from the left in multiples of this many tokens (ReorderCanvas.build)
 
 # ---------------------------------------------------------------- the objective
 
@@ -168,6 +169,18 @@ class ReorderCanvas(Canvas):
 
     def __post_init__(self):
         self.in_cache = [False] * self.n
+
+    @classmethod
+    def build(cls, prefix: list[int], suffix: list[int], n: int, cfg, opts: DecodeOptions, context_tokens: int = 512,
+              device="cpu", heal=None, heal_then=None) -> "ReorderCanvas":
+        """Canvas.build, except that a prefix too long for its room loses its head in whole chunks of
+        CUT_CHUNK tokens, so its first rows (and every reusable K/V) stay put while the user types."""
+        ctx = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
+        room = ctx - n
+        p_room = room - min(len(suffix), room // 3)
+        if room > 0 and len(prefix) > p_room:
+            prefix = prefix[-(-(len(prefix) - p_room) // CUT_CHUNK) * CUT_CHUNK :]
+        return super().build(prefix, suffix, n, cfg, opts, context_tokens, device, heal, heal_then)
 
     def needs_full(self) -> bool:
         # exact cache: no refresh ever needed; cache=False recomputes the whole reordered row each step

@@ -182,6 +182,14 @@ def test_cached_decode_matches_oracle(models, sel, cache, window, pad_left):
         assert sum(got.tokens_per_step) == n and not got.cancelled and not got.deadline_hit
 
 
+def test_semi_ar_blocks_and_margin_confidence_match_oracle(models):
+    for model, seed in itertools.product(models.values(), (4, 5)):
+        prefix, suffix = _io(seed)
+        for o in (DecodeOptions(threshold=0.5, block=2, window=0, pad_left=False),
+                  DecodeOptions(confidence="margin", threshold=0.3, pad_stop=0.3)):
+            assert fill(model, Canvas.build(prefix, suffix, 9, model.cfg, o)).ids == reference_fill(model, prefix, suffix, 9, o)
+
+
 def test_oracle_cases_commit_out_of_order_and_in_parallel(model):
     """Guards the oracle test: fills commit several slots in a step, commit a slot right of a masked
     one (so the cache order is not the logical order), and end early on padding."""
@@ -308,10 +316,21 @@ def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
         reused.append(c.reused)
     # each keystroke reuses the unchanged prefix (the suffix moved: its positions follow the prefix)
     assert reused == [0, 40, 41, 42, 43, 44, 43, 43]
+    # a prefix longer than its room is cut in whole chunks: the cut stays put while typing, reuse goes on
+    doc = _io(42, n_prefix=200)[0]
+    hits = 0
+    for k in range(10):
+        c = Canvas.build(doc[: 150 + 3 * k], suffix, 8, model.cfg, o, context_tokens=128)
+        c.session, c.session_key = sessions, "long"
+        got = fill(model, c)
+        assert got.ids == reference_fill(model, doc[: 150 + 3 * k], suffix, 8, o, context_tokens=128)
+        assert c.start <= 128 - 8 - 12 and c.start > 128 - 8 - 12 - reorder.CUT_CHUNK
+        hits += c.reused > 0
+    assert hits >= 7
     other = Canvas.build(suffix, prefix, 8, model.cfg, o)
     other.session, other.session_key = sessions, "other document"
     fill(model, other)
-    assert other.reused == 0 and sessions.stats["hits"] == 7
+    assert other.reused == 0 and sessions.stats["hits"] == 7 + hits
 
 
 # ---------------------------------------------------------------- training, then serving
