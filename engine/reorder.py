@@ -18,7 +18,8 @@ exact (`SessionCache`): a new request's context K/V are reused up to its first c
 
 Training (`dlm-lsp train --objective reorder`):
 - server-shaped infill (the canvases of engine/objective.py: n slots, end padding, some slots revealed,
-  left-revealed share `ordered`; `holes` per window): [clean text][revealed slots][masked slots];
+  left-revealed share `ordered`; `holes` per window): [clean text][revealed slots][masked slots], the
+  revealed slots in 1-4 groups (each in logical order) as a decode's steps leave them in the cache;
 - masked-diffusion windows (t ~ U(0.02, 1)): unmasked tokens first, masked last, weight 1/t;
 - optionally (`ar_weight` > 0) WeDLM's auxiliary next-token loss: an observed row predicts the next
   logical token when that token is observed and later in physical order (never a row it can see).
@@ -37,7 +38,11 @@ from engine.objective import Example, SpecialIds, _canvas, collate, cut_hole, md
 from engine.sampler import Canvas
 from engine.tokenizer import TextTokenizer
 
-CLEAN, REVEALED, MASKED = 0, 1, 2  # physical groups, in this order
+# physical groups, in this order: clean text, a canvas's revealed slots as if committed over up to
+# REVEAL_STEPS decode steps (groups REVEALED.., each in logical order, as the decode appends each step's
+# commits after the earlier ones'), the masked slots
+REVEAL_STEPS = 4
+CLEAN, REVEALED, MASKED = 0, 1, 1 + REVEAL_STEPS
 CUT_CHUNK = 64  # a too-long prefix is cut from the left in multiples of this many tokens (ReorderCanvas.build)
 
 # ---------------------------------------------------------------- the objective
@@ -50,7 +55,7 @@ class ReorderExample(Example):
 
 def layout(ids: list[int], targets: list[int], weights: list[float], groups: list[int], mask_id: int,
            ar_weight: float = 0.0) -> ReorderExample:
-    """Physical order of a logically laid out example: rows sorted by group (CLEAN, REVEALED, MASKED),
+    """Physical order of a logically laid out example: rows sorted by group (CLEAN, REVEALED + k, MASKED),
     logical order within a group; each row keeps its logical position. With `ar_weight`, observed rows
     whose logical successor is observed and physically later also predict it (weights summing to
     ar_weight)."""
@@ -132,7 +137,8 @@ def infill_example(text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds,
             inp += c_inp
             tgt += c_tgt
             wts += [w] * len(c_inp)
-            grp += [MASKED if t == ids.mask else REVEALED for t in c_inp]
+            steps = rng.randint(1, REVEAL_STEPS)  # the revealed slots as the commits of this many steps
+            grp += [MASKED if t == ids.mask else REVEALED + rng.randrange(steps) for t in c_inp]
         else:
             inp += piece
             tgt += [-1] * len(piece)
