@@ -100,6 +100,8 @@ class Fill:
     token_ids: list[int] = field(default_factory=list)
     # geometric mean of the probabilities of the fill's tokens when they were committed (1.0: empty)
     confidence: float = 1.0
+    # context rows whose K/V came from this session's last request (exact per-keystroke reuse; 0: none)
+    reused_tokens: int = 0
 
     @property
     def latency_ms(self) -> float:

@@ -342,6 +342,7 @@ class EngineService:
                 deadline_hit=c.deadline_hit, queue_ms=(a.started - a.job.submitted_at) * 1000,
                 compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
                 ms_per_step=list(c.ms_per_step), token_ids=ids, confidence=c.fill_confidence(),
+                reused_tokens=getattr(c, "reused", 0),
             )
         except Exception as e:  # noqa: BLE001
             self._fail(a, e)

@@ -369,8 +369,9 @@ def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
     text = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x"
     typed = [FillJob(prefix=text[: len(text) - 12 + k], suffix="\n", max_tokens=6) for k in range(12)]
     plain = [svc.run_now(j).token_ids for j in typed]
-    keyed = [svc.run_now(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=6, session="doc")).token_ids for j in typed]
-    assert keyed == plain and svc._sessions.stats["hits"] >= 10
+    keyed = [svc.run_now(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=6, session="doc")) for j in typed]
+    assert [f.token_ids for f in keyed] == plain and svc._sessions.stats["hits"] >= 10
+    assert keyed[0].reused_tokens == 0 and sum(f.reused_tokens > 0 for f in keyed) >= 10
     svc.start()  # the worker batches jobs submitted together
     try:
         futs = [svc.submit(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=j.max_tokens, options=j.options))
