@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -130,6 +132,14 @@ def test_the_engine_option_takes_an_endpoint_but_never_a_key():
     base, _ = parse_options({"engine": "shared"})
     opts, w = parse_options({"engine": "http://evil.test/v1"}, base, from_settings=True)
     assert opts.engine == "shared" and "workspace settings" in w[0]
+
+
+def test_a_serve_on_an_http_engine_imports_no_torch():
+    code = ("import sys; from dlm_lsp.server import default_engine_factory; "
+            "e = default_engine_factory(None, 'cpu', None, engine={'url': 'http://127.0.0.1:9/v1', 'api': 'openai-fim', "
+            "'apiKeyEnv': None, 'model': None}); print(type(e).__name__, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120)
+    assert out.stdout.split() == ["HttpEngine", "False"], out.stderr
 
 
 def test_base_url():

@@ -90,6 +90,7 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster):
         return await task
 
     during = asyncio.run(load_and_kill())
+    print(f"\nkilled replica {victim} under load: {during['statuses']}, by process {during['by_process']}")
     # every request was answered by the proxy: fills, or an error status for the ones on the victim
     assert during["errors"] == {}, during
     assert during["ok"] >= 4 and set(during["statuses"]) <= {"200", "500", "502", "503", "504"}, during
@@ -98,6 +99,7 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster):
     while time.monotonic() < end:
         now = asyncio.run(loadtest.run(cluster, clients=4, seconds=2, deadline_ms=2000, warmup=0))["by_process"]
         if len(now) == 2 and str(victim) not in now:
+            print(f"replaced after {time.monotonic() - end + 180:.0f} s: {now}")
             break
         time.sleep(2)
     else:
