@@ -20,6 +20,9 @@ for), `min_confidence` (the confidence gate; default the model's own, none when 
 false), `seed`, and `slots` (exactly this many mask slots instead of the hole kind's count, still
 within max_tokens: a language server that sized the hole itself sends it).
 
+Only the last PROMPT_PARSE_CHARS of the prompt and the first SUFFIX_PARSE_CHARS of the suffix (on
+line boundaries) are parsed: the windows the engine sees are a few kB.
+
 `max_tokens` bounds the mask slots: a fill has as many slots as the hole kind gives (16 for the
 rest of a line, 64 for a block...) and never more than max_tokens; the hole kind is inferred from
 the prompt and suffix as the language server infers it from a document.
@@ -38,6 +41,11 @@ from dlm_lsp.documents import Document, join_pairs, make_parser
 FLAVOURS = ("openai", "mercury")
 OBJECT = "text_completion"
 MAX_SLOTS = 512  # the engine's largest canvas a request may ask for (the server's maxFillTokens cap)
+# What of the prompt and suffix the pipeline parses: the context windows are a few kB, the rest
+# only supplies imports and enclosing headers, and parsing runs on the server's event loop (a
+# 1 MB prompt would hold every other request for 100+ ms). Cut on line boundaries.
+PROMPT_PARSE_CHARS = 32_768
+SUFFIX_PARSE_CHARS = 8_192
 
 
 class ApiError(Exception):
@@ -239,8 +247,15 @@ class FimPipeline:
         arrival = time.monotonic() if arrival is None else arrival
         t0 = time.perf_counter()
         parser = self._parser(p.language)
-        doc = Document("dlm-http:request", p.language, 1, p.prompt + p.suffix, parser=parser)
-        offset = min(len(join_pairs(p.prompt)), len(doc.text))  # a surrogate pair split by the cursor is one character
+        prompt, suffix = p.prompt, p.suffix
+        if len(prompt) > PROMPT_PARSE_CHARS:
+            cut = prompt.find("\n", len(prompt) - PROMPT_PARSE_CHARS)
+            prompt = prompt[cut + 1 :] if 0 <= cut < len(prompt) - 1 else prompt[-PROMPT_PARSE_CHARS:]
+        if len(suffix) > SUFFIX_PARSE_CHARS:
+            cut = suffix.rfind("\n", 0, SUFFIX_PARSE_CHARS)
+            suffix = suffix[: cut + 1] if cut > 0 else suffix[:SUFFIX_PARSE_CHARS]
+        doc = Document("dlm-http:request", p.language, 1, prompt + suffix, parser=parser)
+        offset = min(len(join_pairs(prompt)), len(doc.text))  # a surrogate pair split by the cursor is one character
         cap = min(self.max_fill_tokens, p.max_tokens or MAX_SLOTS, MAX_SLOTS)
         req = context.build_request(doc, offset, cap, self.context_tokens)
         if p.slots is not None:

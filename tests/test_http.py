@@ -129,6 +129,19 @@ def test_pipeline_infers_the_hole_and_post_processes_like_the_server():
     assert (full.text, full.finish_reason) == ("xyz", "length")
 
 
+def test_a_huge_prompt_is_cut_before_parsing():
+    pipe = FimPipeline(max_fill_tokens=64)
+    filler = "x = 1\n" * 150_000  # 900 kB before the function
+    body = {"prompt": filler + PROMPT, "suffix": SUFFIX + "y = 2\n" * 20_000}
+    t0 = time.perf_counter()
+    prep = pipe.prepare(parse_body(json.dumps(body).encode(), "openai", Limits(max_body_bytes=2 << 20)))
+    took = time.perf_counter() - t0
+    assert prep.request.hole_kind == "line" and prep.job.prefix.endswith(PROMPT)
+    assert prep.job.suffix.startswith("\n") and len(prep.job.prefix) < 40_000
+    assert prep.check is not None  # parsed: the whole text (over 1M characters) would get no tree
+    assert took < 1.0, took  # the whole 1 MB would take a tree-sitter parse of all of it
+
+
 def test_is_loopback():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.3.4.5")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.0.0.1")
