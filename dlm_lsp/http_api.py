@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -273,7 +273,7 @@ class FimServer:
                 with self._lock:
                     self.counters["errors"] += 1
             return self._error(e)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):
             with self._lock:
                 self.counters["disconnected"] += 1
             log.info("client went away; its engine job was cancelled")

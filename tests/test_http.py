@@ -235,6 +235,19 @@ def test_a_client_that_disconnects_cancels_its_engine_job():
         assert post(s.url, {"prompt": PROMPT, "deadline_ms": 100}).status_code == 200  # the server goes on
 
 
+def test_a_client_that_leaves_while_sending_its_body_is_no_server_error():
+    with Running() as s:
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        time.sleep(0.2)
+        c.close()
+        end = time.monotonic() + 5
+        while s.server.counters["disconnected"] == 0 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert s.server.counters["disconnected"] == 1 and s.server.counters["errors"] == 0
+        assert s.engine.jobs == [] and s.server.inflight == 0
+
+
 def test_the_deadline_is_honoured():
     with Running("scripted:steps=2000,step_ms=5") as s:
         t0 = time.monotonic()
