@@ -19,7 +19,9 @@ state) over a FIM HTTP endpoint, so the language server's scheduler runs unchang
   then cancels its own engine job within a step). The request's own timeout is the job's deadline
   + REQUEST_GRACE_S, so nothing waits forever even without a scheduler.
 - Every job is answered: a Fill, Fill(cancelled=True), or EngineError with the endpoint's status
-  and message. Answers over MAX_RESPONSE_BYTES, or not in the shape, are errors.
+  and message. Answers over MAX_RESPONSE_BYTES, or not in the shape, are errors. A request whose
+  backend went away behind a proxy (a Ray Serve replica killed: 500/502/503 without this API's
+  error object, or the connection dropped mid-answer) is sent once more if the deadline allows.
 """
 from __future__ import annotations
 
@@ -43,6 +45,17 @@ REQUEST_GRACE_S = 2.0
 NO_DEADLINE_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 PROBE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+RETRY_STATUSES = (500, 502, 503)  # from a proxy whose backend went away (no error object of this API)
+RETRY_MIN_LEFT_S = 0.05
+
+
+def _api_error(raw: bytes) -> bool:
+    """True when `raw` is this API's error object ({"error": {...}}): the endpoint itself answered."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("error"), dict)
 
 
 def _resolve(fut: Future, result=None, exc: BaseException | None = None) -> None:
@@ -299,27 +312,49 @@ class HttpEngine:
         return body
 
     async def _request(self, job: FillJob) -> Fill:
+        """POSTs the job; one retry when a proxy in front answered for a backend that went away (a
+        Ray Serve replica killed mid-request: 500/502/503 without this API's error object, or the
+        connection dropped mid-answer) and the deadline leaves time for it."""
         import httpx
 
         t0 = time.monotonic()
-        left = NO_DEADLINE_TIMEOUT_S if job.deadline is None else max(0.05, job.deadline - t0 + REQUEST_GRACE_S)
-        try:
-            async with self._client.stream("POST", self.endpoint, json=self._body(job), headers=self._headers(),
-                                           timeout=left) as r:
-                raw = bytearray()
-                async for part in r.aiter_bytes():
-                    raw += part
-                    if len(raw) > MAX_RESPONSE_BYTES:
-                        raise EngineError(f"the engine at {self.base} answered over {MAX_RESPONSE_BYTES} bytes")
-                status = r.status_code
-        except httpx.TimeoutException:
-            raise EngineError(f"the engine at {self.base} did not answer within {left:.1f} s") from None
-        except httpx.HTTPError as e:
-            if isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError)) and not self._closed.is_set():
-                self._set_state("loading", f"the engine at {self.base} went away ({type(e).__name__}); reconnecting")
-                self._reprobe()
-            raise EngineError(f"the engine at {self.base} failed: {type(e).__name__}: {e}") from None
-        return self._fill(job, status, bytes(raw), (time.monotonic() - t0) * 1000)
+        for attempt in (0, 1):
+            left = NO_DEADLINE_TIMEOUT_S if job.deadline is None else max(0.05, job.deadline - time.monotonic() + REQUEST_GRACE_S)
+            retry = attempt == 0 and (job.deadline is None or job.deadline - time.monotonic() > RETRY_MIN_LEFT_S)
+            try:
+                status, raw = await self._send(job, left)
+            except httpx.TimeoutException:
+                raise EngineError(f"the engine at {self.base} did not answer within {left:.1f} s") from None
+            except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                if retry:
+                    log.info("the engine at %s dropped a request (%s); retrying once", self.base, type(e).__name__)
+                    continue
+                self._went_away(e)
+                raise EngineError(f"the engine at {self.base} failed: {type(e).__name__}: {e}") from None
+            except httpx.HTTPError as e:
+                if isinstance(e, httpx.ConnectError):
+                    self._went_away(e)
+                raise EngineError(f"the engine at {self.base} failed: {type(e).__name__}: {e}") from None
+            if retry and status in RETRY_STATUSES and not _api_error(raw):
+                log.info("the engine at %s answered HTTP %d from in front of it; retrying once", self.base, status)
+                continue
+            return self._fill(job, status, raw, (time.monotonic() - t0) * 1000)
+        raise AssertionError("unreachable")
+
+    async def _send(self, job: FillJob, left: float) -> tuple[int, bytes]:
+        async with self._client.stream("POST", self.endpoint, json=self._body(job), headers=self._headers(),
+                                       timeout=left) as r:
+            raw = bytearray()
+            async for part in r.aiter_bytes():
+                raw += part
+                if len(raw) > MAX_RESPONSE_BYTES:
+                    raise EngineError(f"the engine at {self.base} answered over {MAX_RESPONSE_BYTES} bytes")
+            return r.status_code, bytes(raw)
+
+    def _went_away(self, e: Exception) -> None:
+        if not self._closed.is_set():
+            self._set_state("loading", f"the engine at {self.base} went away ({type(e).__name__}); reconnecting")
+            self._reprobe()
 
     def _fill(self, job: FillJob, status: int, raw: bytes, round_trip_ms: float) -> Fill:
         try:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from dlm_lsp.options import parse_options
@@ -48,6 +48,7 @@ class MercuryStandIn:
 
     def __init__(self, text: str = "a + b"):
         self.text, self.delays = text, []
+        self.fail_next: list[int] = []  # statuses a proxy in front would answer (plain text) for the next requests
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.aborted = 0
@@ -76,6 +77,8 @@ class MercuryStandIn:
             return JSONResponse({"error": {"message": f"bad request: unknown {extra}" if extra else "bad request",
                                            "type": "invalid_request_error", "param": None, "code": None}},
                                 status_code=400)
+        if self.fail_next:
+            return PlainTextResponse("Internal Server Error", status_code=self.fail_next.pop(0))
         delay = self.delays.pop(0) if self.delays else 0.0
         end = time.monotonic() + delay
         while time.monotonic() < end:
@@ -257,6 +260,14 @@ def test_mercury_flavour_speaks_the_documented_shape(monkeypatch):
             assert body == {"prompt": "x = ", "suffix": "\n", "max_tokens": 12, "stream": False,
                             "model": "mercury-edit-2"}
             assert m.headers[-1]["authorization"] == f"Bearer {KEY}"
+            # a backend that went away behind a proxy: retried once; twice is an error
+            m.fail_next.append(502)
+            assert eng.submit(job()).result(10).text == "a + b" and len(m.requests) == 3
+            m.fail_next.extend([500, 500])
+            with pytest.raises(EngineError, match="HTTP 500"):
+                eng.submit(job()).result(10)
+            assert len(m.requests) == 5
+            del m.requests[1:]
             # cancel aborts the request on the stand-in as well
             m.delays.append(5.0)
             j = job()
