@@ -90,7 +90,8 @@ class Attention(nn.Module):
             k = torch.cat([ctx[0], k], dim=2)
             v = torch.cat([ctx[1], v], dim=2)
         # with cached context the causal mask is built explicitly (SDPA's is_causal aligns top-left)
-        causal = is_causal and mask is None and ctx is None
+        # (an empty context leaves keys == queries, where SDPA's top-left alignment is right)
+        causal = is_causal and mask is None and (ctx is None or k.shape[2] == L)
         if self.n_kv != self.n_heads:  # each K/V head serves n_heads / n_kv query heads; the cache keeps Hkv
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         else:

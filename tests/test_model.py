@@ -43,6 +43,21 @@ def test_causal_steps_with_a_kv_cache_equal_the_full_forward():
 
 
 @torch.no_grad()
+def test_causal_rows_against_an_empty_context_stay_causal():
+    """A cache that holds nothing yet (a reorder canvas with no prefix or suffix) must not turn a
+    causal model's rows bidirectional."""
+    m = peaked_model(causal=True)
+    ids = _ids(9, seed=2)
+    full = m.hidden(ids)
+    cfg = m.cfg
+    empty = torch.zeros(1, cfg.kv_heads, 0, cfg.head_dim)
+    kvs = [(empty, empty) for _ in range(cfg.n_layers)]  # zero-length K/V per layer
+    h = m.hidden(ids, pos=torch.arange(9)[None], ctx=kvs)
+    torch.testing.assert_close(h, full, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(h, peaked_model(causal=False).hidden(ids), atol=1e-3)  # the topology matters
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("causal", [False, True])
 def test_padded_batch_rows_equal_single_rows(causal):
     m = peaked_model(causal=causal)
