@@ -267,6 +267,21 @@ def save_optimizer(path: Path, opt: torch.optim.AdamW, model: Transformer) -> No
     tmp.replace(path)
 
 
+def slim_optimizer(path: Path) -> None:
+    """Rewrites an optimizer file without its raw weights (moments and steps kept): a checkpoint to
+    commit costs 16 MB less at the 4 M shape, and a resume from it continues from the EMA weights
+    (load_raw_weights finds none) on the same schedule and moments, without re-warm-up."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        kept = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("weight.")}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(kept, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
 def load_raw_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 

@@ -306,3 +306,19 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
 def test_resuming_a_diffusion_checkpoint_as_ar_is_refused(run, tmp_path):
     with pytest.raises(SystemExit, match="cannot resume"):
         train(TrainArgs(out=str(tmp_path / "x"), resume=str(run / "last"), objective="ar", max_steps=1, **TINY))
+
+
+def test_a_slimmed_optimizer_resumes_from_the_ema_without_re_warm_up(tmp_path):
+    from engine.train import OPTIMIZER_FILE, load_raw_weights, slim_optimizer
+
+    args = {**TINY, "warmup": 50, "total_hours": 100.0}
+    first = tmp_path / "a"
+    train(TrainArgs(out=str(first), max_steps=4, **args))
+    opt = first / "last" / OPTIMIZER_FILE
+    before = opt.stat().st_size
+    slim_optimizer(opt)
+    assert opt.stat().st_size < before and load_raw_weights(opt) == {}
+    second = tmp_path / "b"
+    train(TrainArgs(out=str(second), resume=str(first / "last"), max_steps=20, **args))
+    lrs = [r["lr"] for r in _log(second) if "lr" in r and r["step"] > 4]
+    assert lrs[0] == pytest.approx(6e-4 * 24 / 50)  # the warm-up continues: the moments and steps were kept
