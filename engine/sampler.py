@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from engine.api import DecodeOptions
 from engine.cache import BatchContext, Rows, forward_cached, forward_full
 from engine.config import ModelConfig
+from engine.families import dreamon
+from engine.families.blocks import block_eligible
 from kernels import slot_stats
 
 SELECTIONS = ("threshold", "topk", "timesteps")
@@ -202,6 +204,7 @@ class Canvas:
     heal_then: dict = field(default_factory=dict)  # piece id at slot 0 -> (ids) slot 1 may then take
     heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
     copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
+    middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
@@ -227,6 +230,10 @@ class Canvas:
         s_keep = min(len(suffix), room // 3)
         p_keep = min(len(prefix), room - s_keep)
         prefix, suffix = prefix[len(prefix) - p_keep :], suffix[:s_keep]
+        middle = None
+        if cfg.expand_token_id is not None:  # DreamOn: BOS + prefix + a short middle + suffix + EOS
+            prefix, suffix, n, middle = dreamon.layout(prefix, suffix, n, cfg, context_tokens)
+            opts, heal, heal_then = dreamon.options(opts), None, None
         if cfg.logits_shift and not prefix:
             # the logit at i-1 predicts token i: the first slot needs a token before it
             if cfg.bos_token_id is None or room < 1:
@@ -237,7 +244,8 @@ class Canvas:
         a0 = start - (1 if cfg.logits_shift else 0)
         c = cls(ids=ids, start=start, n=n, masked=torch.ones(n, dtype=torch.bool, device=device), opts=opts,
                 cfg=cfg, active_pos=torch.arange(a0, start + n, device=device),
-                frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n, slot_prob=[0.0] * n)
+                frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n, slot_prob=[0.0] * n,
+                middle=middle)
         if heal:
             then = heal_then or {}
             special = (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)
@@ -388,6 +396,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         if o.temperature > 0:
             logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
+        if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
+            logits[:, cfg.expand_token_id] = float("-inf")
         if c.heal_open:  # the healed slot (the first row) only among its candidates
             logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
         probs = logits.softmax(-1)
@@ -398,6 +408,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         top2 = probs.topk(2, dim=-1).values
         max_p, top2_p = probs.gather(1, pred[:, None]).flatten(), top2[:, 1]
         ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+    elif c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
+        max_p, pred, top2_p, ent = dreamon.stats_without_expand(model, h, cfg)
     else:
         max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
         if c.heal_open:  # the healed slot (the first row): the distribution renormalized over its candidates
@@ -420,9 +432,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
         if c.heal_open and c.heal_slot == 0 and c.heal_then:  # slot 1 waits: slot 0 may take a piece
             elig = [i for i in elig if slot_l[i] != 1]
-        if cfg.block_size:  # block-causal: blocks (absolute positions) are decoded one after the other
-            first = (c.start + slot_l[0]) // cfg.block_size
-            elig = [i for i in elig if (c.start + slot_l[i]) // cfg.block_size == first] or [0]
+        if cfg.block_size:  # block-causal: the authors' block (and sub-block) order (engine/families/blocks.py)
+            elig = block_eligible(cfg, c.start, slot_l, elig)
         conf_e = [conf_l[i] for i in elig]
         if o.selection in ("topk", "timesteps"):
             sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
@@ -456,6 +467,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     c.steps += 1
     c.tokens_per_step.append(len(pick) + n_tail)
     c.done = c.n_masked == 0
+    if c.middle is not None:  # DreamOn: a committed expand / end-of-text resizes the middle
+        dreamon.edit(c, chosen.tolist())
     return len(pick)
 
 
@@ -530,6 +543,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
+    assert c.middle is None, "DreamOn's growing middle has its own oracle (tests/test_families_decode.py)"
     then = dict(heal_then or {})
     h_slot, h_ids = (0, set(heal)) if heal else (None, set())
     seq, s = c.ids.tolist(), c.start
@@ -584,9 +598,13 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     or [x for x in cand if x[0] == first]
             if h_slot == 0 and then:  # slot 1 waits while slot 0 may take a piece of the tail
                 cand_e = [x for x in cand_e if x[0] != 1]
-            if cfg.block_size:  # block-causal: only the leftmost absolute block that has masks
-                blk = (s + min(masked)) // cfg.block_size
-                cand_e = [x for x in cand_e if (s + x[0]) // cfg.block_size == blk] or [x for x in cand if x[0] == min(masked)]
+            if cfg.block_size:  # block-causal: only the leftmost absolute block (sub-block) that has masks
+                unit = cfg.sub_block_size if cfg.sub_block_size and cfg.block_size % cfg.sub_block_size == 0 else cfg.block_size
+                lead = [x for x in cand if x[0] == min(masked)]
+                if cfg.logits_shift and (s + min(masked)) % cfg.block_size == 0:  # predicted from the block before
+                    cand_e = lead
+                blk = (s + min(masked)) // unit
+                cand_e = [x for x in cand_e if (s + x[0]) // unit == blk] or lead
             ranked = sorted(cand_e, key=lambda x: (-x[2], x[0]))
             if opts.selection in ("topk", "timesteps"):
                 chosen = ranked[: plan.pop(0) if plan else 1]

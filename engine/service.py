@@ -309,7 +309,8 @@ class EngineService:
             if job.max_tokens < 1:
                 raise EngineError("max_tokens must be at least 1")
             p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
-            heal = self.tok.heal(p_ids) if job.options.heal else None
+            # DreamOn's middle grows and shrinks: no slot stays slot 0 to re-type a healed tail
+            heal = self.tok.heal(p_ids) if job.options.heal and self.cfg.expand_token_id is None else None
             if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
                 p_ids = p_ids[: -heal.k]
             canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, job.options,

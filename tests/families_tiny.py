@@ -56,7 +56,7 @@ SPECS = {
     "dream": Spec("dream", "Qwen2ForCausalLM",
                   _qwen("Dream", ["DreamModel"], False, mask_token_id=151666, pad_token_id=151643, bos_token_id=151665,
                         eos_token_id=151643),
-                  {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666, "<|expand|>": 151667},
+                  {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666},
                   tokenizer_config={"mask_token": "<|mask|>", "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>"},
                   shards=2),
     # LLaDA: OLMo keys, renamed tensors, mask only as config.json id + added token (not a mask_token)
@@ -82,7 +82,7 @@ SPECS = {
                  {**QWEN_SPECIALS, "<|MASK|>": 151669}),
     # Fast-dLLM v2: Qwen2, block-causal (bd_size), mask only as the added token |<MASK>|
     "fast-dllm-v2": Spec("fast-dllm-v2", "Qwen2ForCausalLM",
-                         _qwen("Fast_dLLM_Qwen", ["Fast_dLLM_QwenForCausalLM"], False, bd_size=8, eos_token_id=151645,
+                         _qwen("Fast_dLLM_Qwen", ["Fast_dLLM_QwenForCausalLM"], False, bd_size=16, eos_token_id=151645,
                                bos_token_id=151643),
                          {**QWEN_SPECIALS, "|<MASK>|": 151665}, tokenizer_config={"pad_token": "<|endoftext|>"}),
     # WeDLM: Qwen3, plain causal, tied head
@@ -96,6 +96,12 @@ SPECS = {
                         {**QWEN_SPECIALS, "<|mask|>": 151665},
                         tokenizer_config={"mask_token": "<|mask|>", "pad_token": "<|endoftext|>",
                                           "eos_token": "<|endoftext|>"}),
+    # DreamOn: Dream's config and files plus the expand token <|expand|> (151667) among the added tokens
+    "dreamon": Spec("dreamon", "Qwen2ForCausalLM",
+                    _qwen("Dream", ["DreamModel"], False, mask_token_id=151666, pad_token_id=151643, bos_token_id=151665,
+                          eos_token_id=151643),
+                    {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666, "<|expand|>": 151667},
+                    tokenizer_config={"mask_token": "<|mask|>", "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>"}),
 }
 
 

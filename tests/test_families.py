@@ -97,11 +97,11 @@ def test_cached_context_is_exact_where_the_topology_makes_it_so(folders, name):
     """Block-causal and causal: a span run against the cached K/V of the rest (prefix and a later
     block, at their absolute positions) equals the uncached forward."""
     m = _engine(folders[name], torch.float64)
-    ids = _ids(24)
-    h, kvs = m.hidden(ids, return_kv=True)
     bs = m.cfg.block_size or 8
+    ids = _ids(3 * bs)
+    h, kvs = m.hidden(ids, return_kv=True)
     a0, a1 = bs, 2 * bs  # the second block (causal: everything after it is dropped)
-    keep = torch.ones(24, dtype=torch.bool)
+    keep = torch.ones(3 * bs, dtype=torch.bool)
     keep[a0:a1] = False
     if m.cfg.attention == "causal":
         keep[a1:] = False
@@ -140,16 +140,19 @@ def test_special_ids_come_from_the_files(folders):
         "fast-dllm-v2": (151665, 151643, 151645, 151643),
         "wedlm": (151669, 151645, 151645, 151643),
         "open-dcoder": (151665, 151643, 151643, 151643),
+        "dreamon": (151666, 151643, 151643, 151665),
     }
     for name, ids in want.items():
         _, cfg = family_config(folders[name])
         assert (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id) == ids, name
     _, cfg = family_config(folders["dream"])
-    assert cfg.expand_token_id == 151667  # DreamOn's expand token, found by name among the added tokens
+    assert cfg.expand_token_id is None and cfg.family == "dream"
+    _, cfg = family_config(folders["dreamon"])  # same config as Dream: told apart by its expand token
+    assert cfg.expand_token_id == 151667 and cfg.family == "dreamon"  # found by name among the added tokens
     _, cfg = family_config(folders["sdar"])
     assert (cfg.attention, cfg.block_size, cfg.logits_shift) == ("block_causal", 4, False)
     _, cfg = family_config(folders["fast-dllm-v2"])
-    assert (cfg.attention, cfg.block_size, cfg.logits_shift) == ("block_causal", 8, True)
+    assert (cfg.attention, cfg.block_size, cfg.logits_shift, cfg.sub_block_size) == ("block_causal", 16, True, 8)
 
 
 def test_unknown_and_unsupported_checkpoints_are_named(folders, tmp_path):

@@ -37,6 +37,8 @@ class Family:
     mask_names: tuple[str, ...] = ()
     expand_names: tuple[str, ...] = ()
     needs_mask_token: bool = False  # a generic model type (qwen2) is a diffusion model only with a mask token
+    needs_expand_token: bool = False  # DreamOn shares Dream's config: it is told apart by its expand token
+    sub_block: int = 0  # Fast-dLLM v2: sub-blocks decoded left to right inside a block (its generate()'s default)
     decodes: bool = True  # False: forward parity only (the engine cannot decode it yet)
     note: str = ""
 
@@ -52,16 +54,21 @@ class Family:
         if self.attention == "block_causal":
             block = int(cfg.get(self.block_key) or self.block_default)
         mc = ModelConfig(**fields, attention=self.attention, block_size=block, logits_shift=self.logits_shift,
-                         model_type=str(cfg.get("model_type", "")), family=self.name, **ids)
+                         model_type=str(cfg.get("model_type", "")), family=self.name, sub_block_size=self.sub_block, **ids)
         return mc.validate()
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("dream", "Dream / Dream-Coder / DiffuCoder / DreamOn", ("DreamModel",), ("Dream",), "qwen2",
+    # DreamOn first: the same config as Dream, plus an expand token (config.json expand_token_id or the
+    # added token <|expand|>); engine/families/dreamon.py decodes its growing and shrinking middle
+    Family("dreamon", "DreamOn", ("DreamModel",), ("Dream",), "qwen2", "bidirectional", True, "Qwen2ForCausalLM",
+           "Apache-2.0", "Dream-org/DreamOn-v0-7B", mask_names=("<|mask|>",), expand_names=("<|expand|>",),
+           needs_expand_token=True,
+           note="variable-length middle: an expand becomes two masks, an end-of-text inside the middle is deleted"),
+    Family("dream", "Dream / Dream-Coder / DiffuCoder", ("DreamModel",), ("Dream",), "qwen2",
            "bidirectional", True, "Qwen2ForCausalLM",
-           "Apache-2.0 (Dream, Dream-Coder, DreamOn); Apple sample-code licence, weights apple-amlr (DiffuCoder)",
-           "Dream-org/Dream-Coder-v0-Instruct-7B", mask_names=("<|mask|>",), expand_names=("<|expand|>",),
-           note="DreamOn's expand/delete decoding is not implemented: its expand id is read, never produced"),
+           "Apache-2.0 (Dream, Dream-Coder); Apple sample-code licence, weights apple-amlr (DiffuCoder)",
+           "Dream-org/Dream-Coder-v0-Instruct-7B", mask_names=("<|mask|>",)),
     Family("llada", "LLaDA-8B / LLaDA-1.5", ("LLaDAModelLM",), ("llada",), "llada", "bidirectional", False,
            "LlamaForCausalLM", "MIT", "GSAI-ML/LLaDA-8B-Instruct", mask_names=("<|mdm_mask|>",)),
     Family("coda", "CoDA", ("CoDALanguageModel",), ("CoDA",), "qwen3", "bidirectional", True, "Qwen3ForCausalLM",
@@ -72,7 +79,7 @@ FAMILIES: tuple[Family, ...] = (
            block_key="block_size", block_default=4, mask_names=("<|MASK|>", "<|mask|>")),
     Family("fast-dllm-v2", "Fast-dLLM v2", ("Fast_dLLM_QwenForCausalLM",), ("Fast_dLLM_Qwen",), "qwen2",
            "block_causal", True, "Qwen2ForCausalLM", "see the model card", "Efficient-Large-Model/Fast_dLLM_v2_7B",
-           block_key="bd_size", block_default=32, mask_names=("|<MASK>|",),
+           block_key="bd_size", block_default=32, mask_names=("|<MASK>|",), sub_block=8,
            note="sub-blocks (8) are a decoding schedule, not part of the attention"),
     Family("wedlm", "WeDLM", ("WeDLMForCausalLM",), ("wedlm",), "qwen3", "causal", False, "Qwen3ForCausalLM",
            "Apache-2.0", "tencent/WeDLM-8B-Instruct", mask_names=("<|mask|>", "<|MASK|>"), decodes=False,
@@ -100,6 +107,10 @@ def detect(folder: Path, cfg: dict, files: TokenFiles | None = None) -> Family:
         if fam.needs_mask_token:
             files = files or TokenFiles.read(folder, cfg)
             if files.find("mask", fam.mask_names)[0] is None:
+                continue
+        if fam.needs_expand_token:
+            files = files or TokenFiles.read(folder, cfg)
+            if files.find("expand", fam.expand_names)[0] is None:
                 continue
         return fam
     found = f"architectures {archs or 'none'}, model_type {mtype!r}"
