@@ -103,7 +103,9 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
             x = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             g = tl.load(g_ptr + cols, mask=d_ok, other=0.0)
             xn = x.to(tl.float32) * rstd[:, None] * g.to(tl.float32)[None, :]
-            w = tl.load(w_ptr + vcols[None, :] * stride_wv + cols[:, None], mask=d_ok[:, None] & v_ok[None, :], other=0.0)
+            # int64 offsets: V x D reaches 2^31 elements at large vocabularies (152k x 14k)
+            w = tl.load(w_ptr + vcols[None, :].to(tl.int64) * stride_wv + cols[:, None], mask=d_ok[:, None] & v_ok[None, :],
+                        other=0.0)
             z += tl.dot(xn, w.to(tl.float32), input_precision="ieee")  # fp32 like the reference
         z = tl.where(v_ok[None, :] & (vcols[None, :] != ban), z, NEG)
 

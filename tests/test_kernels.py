@@ -41,7 +41,11 @@ LAUNCH = [  # several programs per row over the vocabulary (merged in torch), D 
     (20, 48, 1000, "fp32", 999, {"split": 4, "block_v": 64, "block_d": 32}),  # two row blocks
     (5, 48, 1000, "bf16", 0, {"split": 1, "block_v": 1024, "block_d": 16}),
 ]
-CASES = SHAPES + LAUNCH
+VOCAB_150K = [  # Qwen2's 151,936 and Dream's 152,064 entries: ~150 vocabulary blocks of 1024 per row (the interpreter's)
+    (3, 32, 151936, "fp32", 151665, {}),
+    (2, 32, 152064, "bf16", 151666, {"split": 3}),
+]
+CASES = SHAPES + LAUNCH + VOCAB_150K
 
 
 def _case_id(case) -> str:
@@ -114,7 +118,7 @@ def interpreted():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     env.pop("DLM_KERNELS", None)
     proc = subprocess.run([sys.executable, "-c", "import tests.test_kernels as t; t._child()"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, f"kernel child failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
     return json.loads(line[len("RESULT "):])

@@ -1,0 +1,221 @@
+"""The GPU check of issue 13, one program: bf16-vs-fp32 parity for every family, then a 7B-shaped bench.
+
+1. parity: each family's tiny random checkpoint (tests/families_tiny.py: the family's exact file
+   layout) is loaded through the engine's normal path in fp32 on the CPU and in the device dtype
+   (bf16 on CUDA) on the device; their logits on the same canvas are compared (max abs error
+   relative to the largest logit, top-1 agreement), and one fill is decoded on the device (the
+   sampler, the context cache, the slot-statistics kernel, DreamOn's resizing: every op of the
+   decoding loop in that dtype).
+2. bench: a random model of Dream-7B's shapes (Qwen2.5-7B: hidden 3584, 28 layers, 28/4 heads, FFN
+   18944, vocab 152064), built on the meta device and filled in bf16 directly on the GPU (writing
+   and reading 15 GB would spend the time budget on the disk): the first (full) forward of a
+   512-token canvas, one cached step, fills of 32 and 64 slots (default decoding options), and a
+   batch of 8 canvases stepped together against one at a time.
+
+With --tiny (scripts/gpu_check.sh sets it for TINY=1 or when no CUDA GPU is visible) the same code
+runs on the CPU with tiny shapes in fp32: that is what tests/test_gpu_check.py runs. Writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+BF16_REL_TOL = 0.05  # max |bf16 - fp32| / max |fp32| logit; bf16 keeps ~3 significant digits per op
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
+    """Per family: fp32 CPU vs `dtype` on `dev` logits, and one fill decoded on `dev`."""
+    from engine.api import DecodeOptions
+    from engine.families.loader import load_family
+    from engine.sampler import Canvas, fill
+    from tests.families_tiny import SPECS, seed_of, write_checkpoint
+
+    out = {}
+    for name, spec in SPECS.items():
+        folder = write_checkpoint(spec, root / name, seed=seed_of(name))
+        ref, tok, cfg = load_family(folder, "cpu", torch.float32, forward_only=True)  # WeDLM: forward only
+        model, _, _ = load_family(folder, dev, dtype, forward_only=True)
+        ids = torch.tensor([tok.encode("def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i)\n")])
+        ids[0, 10:18] = cfg.mask_token_id  # a masked span, as decoding sees it
+        with torch.no_grad():
+            want = ref(ids)[0]  # (L, V)
+            got = model(ids.to(dev))[0].float().cpu()
+        rel = float((got - want).abs().max() / want.abs().max())
+        top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        row = {"max_abs_err": float((got - want).abs().max()), "rel_err": rel, "top1_agree": top1,
+               "ok": rel <= BF16_REL_TOL or dtype == torch.float32 and rel <= 1e-4}
+        if cfg.family != "wedlm":  # WeDLM's decoding is not the engine's yet (docs/MODELS.md): forward parity only
+            t0 = time.perf_counter()
+            c = Canvas.build(tok.encode("def add(a, b):\n    ret"), tok.encode("\n\nprint(add(1, 2))\n"), 8, cfg,
+                             DecodeOptions(heal=False), device=dev)
+            r = fill(model, c)
+            _sync(dev)
+            row.update(fill_ok=all(0 <= t < cfg.vocab_size and t != cfg.mask_token_id for t in r.ids), fill_steps=r.steps,
+                       fill_ms=(time.perf_counter() - t0) * 1000)
+            row["ok"] = row["ok"] and row["fill_ok"]
+        out[name] = row
+        del model, ref
+    return out
+
+
+def dream_7b_config(tiny: bool):
+    """Dream-7B's engine config from its config.json keys (through the family adapter)."""
+    from engine.families.registry import FAMILIES
+    from engine.families.specials import TokenFiles
+
+    shapes = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+              if tiny else dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                num_key_value_heads=4))
+    cfg = dict(architectures=["DreamModel"], model_type="Dream", vocab_size=152064, max_position_embeddings=131072,
+               rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", mask_token_id=151666,
+               eos_token_id=151643, pad_token_id=151643, bos_token_id=151665, **shapes)
+    dream = next(f for f in FAMILIES if f.name == "dream")
+    return dream.engine_config(cfg, TokenFiles(cfg, {}, {}, None))
+
+
+def random_model(cfg, dev: torch.device, dtype: torch.dtype, seed: int = 0):
+    """The model built on the meta device and materialised on `dev` in `dtype` with random weights."""
+    from engine.model import Transformer, rope_tables
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to(dtype).to_empty(device=dev)  # allocated once, in its final dtype (15 GB for 7B in bf16)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    cos, sin = rope_tables(cfg)
+    model.rope_cos, model.rope_sin = cos.to(dev), sin.to(dev)
+    return model.eval()
+
+
+def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps: int) -> dict:
+    """First forward, cached step, 32/64-slot fills and a batch of 8 on a random Dream-7B."""
+    from engine.api import DecodeOptions
+    from engine.cache import BatchContext
+    from engine.sampler import Canvas, fill, step
+
+    cfg = dream_7b_config(tiny)
+    t0 = time.perf_counter()
+    model = random_model(cfg, dev, dtype)
+    _sync(dev)
+    build_s = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(1)
+    words = torch.randint(0, 150000, (context,), generator=g).tolist()  # token ids only: no tokenizer needed
+    opts = DecodeOptions(heal=False)
+
+    def canvas(n, shift=0):
+        room = context - n
+        return Canvas.build(words[shift : shift + room * 2 // 3], words[shift + room * 2 // 3 : shift + room], n, cfg, opts,
+                            context_tokens=context, device=dev)
+
+    def timed(fn):
+        _sync(dev)
+        t = time.perf_counter()
+        fn()
+        _sync(dev)
+        return (time.perf_counter() - t) * 1000
+
+    for _ in range(2):  # warm-up: allocator, cuBLAS / Triton autotuning, lazy imports
+        fill(model, canvas(32))
+    out = {"params": sum(p.numel() for p in model.parameters()), "build_s": build_s,
+           "canvas_tokens": context, "decode_options": dataclasses.asdict(opts)}
+    firsts, cached = [], []
+    for r in range(reps):
+        c = canvas(32, r)
+        firsts.append(timed(lambda: step(model, [c])))
+        cached.append(timed(lambda: step(model, [c])))
+    out["first_forward_ms"] = sorted(firsts)[len(firsts) // 2]
+    out["cached_step_ms"] = sorted(cached)[len(cached) // 2]
+    for n in (32, 64):
+        ms, steps = [], []
+        for r in range(reps):
+            c = canvas(n, r)
+            ms.append(timed(lambda: fill(model, c)))
+            steps.append(c.steps)
+        out[f"fill{n}_ms"] = sorted(ms)[len(ms) // 2]
+        out[f"fill{n}_steps"] = sorted(steps)[len(steps) // 2]
+    # a batch of 8 canvases stepped together (the service's batching) against the same 8 one at a time
+    cs = [canvas(32, r) for r in range(8)]
+    serial = timed(lambda: [fill(model, c) for c in cs])
+    cs = [canvas(32, r) for r in range(8)]
+    bctx = BatchContext()
+
+    def together():
+        while not all(c.done for c in cs):
+            step(model, [c for c in cs if not c.done], batch_ctx=bctx)
+
+    batched = timed(together)
+    out["batch8"] = {"slots": 32, "serial_ms": serial, "batched_ms": batched, "speedup": serial / batched,
+                     "steps": [c.steps for c in cs]}
+    if dev.type == "cuda":
+        out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(dev)
+    del model
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU, fp32, tiny shapes (the test mode)")
+    ap.add_argument("--json", default=None, help="write the result here")
+    ap.add_argument("--context", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--skip-bench", action="store_true")
+    args = ap.parse_args()
+    tiny = args.tiny or not torch.cuda.is_available()
+    dev = torch.device("cpu" if tiny else "cuda")
+    dtype = torch.float32 if tiny else torch.bfloat16
+    if tiny:
+        torch.set_num_threads(1)
+    import importlib
+
+    ks = importlib.import_module("kernels.slot_stats")  # the package re-exports the function under this name
+
+    res = {"mode": "tiny" if tiny else "gpu", "device": torch.cuda.get_device_name(0) if not tiny else platform.processor() or "cpu",
+           "dtype": str(dtype), "torch": torch.__version__, "kernels": ks.backend()}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dlm-gpu-check-") as tmp:
+        res["parity"] = parity(dev, dtype, Path(tmp))
+    res["parity_s"] = time.perf_counter() - t0
+    for name, row in res["parity"].items():
+        print(f"parity {name:>13}: rel err {row['rel_err']:.2e}, top-1 agree {row['top1_agree']:.2f}"
+              + (f", fill {row['fill_steps']} steps {row['fill_ms']:.0f} ms" if "fill_ms" in row else "")
+              + ("" if row["ok"] else "  FAIL"), flush=True)
+    if not args.skip_bench:
+        t0 = time.perf_counter()
+        res["bench_dream_7b"] = bench(dev, dtype, tiny, args.context or (160 if tiny else 512), args.reps or (1 if tiny else 3))
+        res["bench_s"] = time.perf_counter() - t0
+        b = res["bench_dream_7b"]
+        print(f"dream-7b{' (tiny shapes)' if tiny else ''}: {b['params'] / 1e9:.2f}B params; first forward "
+              f"{b['first_forward_ms']:.1f} ms, cached step {b['cached_step_ms']:.1f} ms, fill32 {b['fill32_ms']:.0f} ms "
+              f"({b['fill32_steps']} steps), fill64 {b['fill64_ms']:.0f} ms ({b['fill64_steps']} steps), batch of 8 "
+              f"{b['batch8']['speedup']:.2f}x", flush=True)
+    res["ok"] = all(r["ok"] for r in res["parity"].values())
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
