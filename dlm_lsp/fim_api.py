@@ -304,6 +304,8 @@ def timing(prep: Prepared, fill, done: Completed | None) -> dict:
         "total_ms": round((time.monotonic() - prep.arrival) * 1000, 3),
         "slots": prep.job.max_tokens, "tokens": fill.tokens, "hole_kind": prep.request.hole_kind,
         "confidence": round(fill.confidence, 6), "deadline_hit": fill.deadline_hit, "expired": fill.expired,
+        # rows run through the model and context rows reused from this session's last request
+        "forwarded_tokens": fill.forwarded_tokens, "reused_tokens": fill.reused_tokens,
         "dropped": done.dropped if done else None,
         "pid": os.getpid(),  # the process that answered: replicas behind one proxy differ
     }

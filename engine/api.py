@@ -102,10 +102,17 @@ class Fill:
     confidence: float = 1.0
     # context rows whose K/V came from this session's last request (exact per-keystroke reuse; 0: none)
     reused_tokens: int = 0
+    # rows run through the model, summed over every forward of the fill (context recompute included)
+    forwarded_tokens: int = 0
 
     @property
     def latency_ms(self) -> float:
         return self.queue_ms + self.compute_ms
+
+    @property
+    def recompute_tokens(self) -> int:
+        """Rows the fill would have forwarded without reuse: reuse skips rows of the first forward only."""
+        return self.forwarded_tokens + self.reused_tokens
 
 
 def decode_options(overrides: str | dict | None = None) -> DecodeOptions:

@@ -98,6 +98,7 @@ def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
         a0, a1 = c.active
         res.append((h[i, a0:a1], c.active_pos))
         c.since_refresh = 1
+        c.rows_forwarded += c.ids.shape[0]  # its own rows, not the batch's padding
         if not c.opts.cache:
             continue
         L = c.ids.shape[0]
@@ -258,6 +259,7 @@ def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | No
     for i, (c, rp) in enumerate(zip(canvases, runs)):
         res.append((h[i, : rp.shape[0]], rp))
         c.since_refresh += 1
+        c.rows_forwarded += rp.shape[0]
         if want_kv and _may_freeze(c):
             _freeze_rows(c, rp, kvs, i)
     return res

@@ -390,4 +390,5 @@ class HttpEngine:
                     deadline_hit=bool(ext.get("deadline_hit")), queue_ms=float(num(ext, "queue_ms")),
                     compute_ms=round_trip_ms, tokens_per_step=[int(x) for x in nums(ext, "tokens_per_step")],
                     ms_per_step=[float(x) for x in nums(ext, "ms_per_step")],
-                    confidence=float(num(ext, "confidence", 1.0)))
+                    confidence=float(num(ext, "confidence", 1.0)), forwarded_tokens=int(num(ext, "forwarded_tokens", 0)),
+                    reused_tokens=int(num(ext, "reused_tokens", 0)))

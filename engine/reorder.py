@@ -171,7 +171,8 @@ class ReorderCanvas(Canvas):
     cache_order: list[int] = field(default_factory=list)  # slots in the order their K/V joined the cache
     session: "SessionCache | None" = None  # per-keystroke reuse of the context's K/V (None: off)
     session_key: str | None = None
-    reused: int = 0  # context rows taken from the session at the first forward (stats, tests)
+    reused: int = 0  # context rows taken from the session at the first forward (stats, tests): a full
+    # recompute would have forwarded rows_forwarded + reused rows, since reuse changes only the first forward
 
     def __post_init__(self):
         self.in_cache = [False] * self.n
@@ -253,6 +254,7 @@ def _forward_full(model, c: ReorderCanvas) -> Rows:
         for (kb, vb), (kk, vv) in zip(c.kv, kvs):
             kb[:, :, : kk.shape[2]] = kk
             vb[:, :, : vv.shape[2]] = vv
+    c.rows_forwarded += ids.shape[0] - k
     Lc = ctx_ids.shape[0]
     if keyed and first:
         c.session.store(c.session_key, ctx_ids, ctx_pos, [(kb[:, :, :Lc], vb[:, :, :Lc]) for kb, vb in c.kv])
@@ -284,6 +286,7 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
         c._cached(new)
         c.ctx_len += len(new)
         c.since_refresh += 1
+        c.rows_forwarded += run.shape[0]
         return [(h[0, len(new) :], masks)]
     ids, valid = pad_stack([c.ids[run] for c, (_, run, _) in zip(canvases, plans)], canvases[0].cfg.pad_token_id)
     pos, _ = pad_stack([run for _, run, _ in plans], 0)
@@ -300,6 +303,7 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
         c._cached(new)
         c.ctx_len += g
         c.since_refresh += 1
+        c.rows_forwarded += run.shape[0]
         out.append((h[i, g : g + masks.shape[0]], masks))
     return out
 

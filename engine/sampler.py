@@ -179,6 +179,7 @@ class Canvas:
     steps: int = 0
     tokens_per_step: list[int] = field(default_factory=list)
     ms_per_step: list[float] = field(default_factory=list)
+    rows_forwarded: int = 0  # rows run through the model, summed over this job's forwards (Fill.forwarded_tokens)
     kv: list | None = None  # per layer (k, v) buffers (1, Hkv, L, Dh); the first ctx_len rows are the context
     kv_pos: torch.Tensor | None = None  # (L,) absolute positions of the kv rows (block-causal models only)
     ctx_len: int = 0

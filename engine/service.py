@@ -135,7 +135,8 @@ class EngineService:
         self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
         self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
                       "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
-                      "out_of_memory": 0, "worker_deaths": 0, "stalls": 0, "restarts": 0}
+                      "out_of_memory": 0, "worker_deaths": 0, "stalls": 0, "restarts": 0,
+                      "forwarded_tokens": 0, "reused_tokens": 0}  # rows run / context rows reused (Fill's)
         self._stats_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -343,7 +344,7 @@ class EngineService:
                 deadline_hit=c.deadline_hit, queue_ms=(a.started - a.job.submitted_at) * 1000,
                 compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
                 ms_per_step=list(c.ms_per_step), token_ids=ids, confidence=c.fill_confidence(),
-                reused_tokens=getattr(c, "reused", 0),
+                reused_tokens=getattr(c, "reused", 0), forwarded_tokens=c.rows_forwarded,
             )
         except Exception as e:  # noqa: BLE001
             self._fail(a, e)
@@ -352,6 +353,8 @@ class EngineService:
             self.stats["jobs"] += 1
             self.stats["steps"] += c.steps
             self.stats["tokens"] += len(ids)
+            self.stats["forwarded_tokens"] += fill.forwarded_tokens
+            self.stats["reused_tokens"] += fill.reused_tokens
             if c.cancelled:
                 self.stats["cancelled_jobs"] += 1
                 self.stats["cancelled_steps"] += c.steps

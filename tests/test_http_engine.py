@@ -169,6 +169,7 @@ async def test_a_dlm_lsp_http_process_is_the_language_servers_engine(tmp_path):
         assert b["model"] == "tiny" and b["choices"][0]["text"] and b["usage"]["prompt_tokens"] > 0
         assert b["dlm"]["steps"] >= 1 and len(b["dlm"]["tokens_per_step"]) == b["dlm"]["steps"]
         assert sum(b["dlm"]["tokens_per_step"]) >= b["usage"]["completion_tokens"]
+        assert b["dlm"]["forwarded_tokens"] > b["dlm"]["steps"] and b["dlm"]["reused_tokens"] == 0  # rows run
         r = httpx.post(url + "/v1/fim/completions", json={"prompt": PROMPT, "suffix": "\n", "model": "tiny"}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
         eng = HttpEngine(url).start()
@@ -178,6 +179,7 @@ async def test_a_dlm_lsp_http_process_is_the_language_servers_engine(tmp_path):
             fill = await asyncio.wrap_future(eng.submit(job(slots=8)))
             assert fill.text and fill.steps >= 1 and len(fill.tokens_per_step) == fill.steps
             assert not fill.cancelled and 0.0 < fill.confidence <= 1.0
+            assert fill.forwarded_tokens > fill.steps and fill.reused_tokens == 0  # read back from the `dlm` field
         finally:
             eng.close()
         opts = {"engine": {"url": url + "/v1"}, "postprocess": False, "budgetMs": 10000}

@@ -394,3 +394,91 @@ def test_session_key_crosses_the_engine_socket():
     assert job_from_message(job_message(FillJob(prefix="x"))).session is None
     with pytest.raises(ValueError, match="session"):
         job_from_message({"prefix": "x", "session": 3})
+
+
+# ---------------------------------------------------------------- per-keystroke reuse, counted
+
+
+@pytest.fixture(scope="module")
+def tiny_services(tmp_path_factory):
+    """Services over tiny random checkpoints of both layouts (real tokenizer, real service path)."""
+    from engine.service import EngineService
+    from tests.tiny import make_tiny_checkpoint
+
+    out = {}
+    for name, kw in (("reorder", dict(attention="causal", canvas="reorder")), ("bidirectional", {})):
+        svc = EngineService(str(make_tiny_checkpoint(tmp_path_factory.mktemp(name) / "m", **kw)), device="cpu", threads=1)
+        svc.load()
+        out[name] = svc
+    return out
+
+
+def _counted(svc, monkeypatch, job: FillJob):
+    """(the job's Fill, the rows model.hidden was given while it ran): the counter's oracle."""
+    seen = []
+    inner = type(svc.model).hidden.__get__(svc.model)
+
+    def hidden(ids, *a, **kw):
+        seen.append(ids.shape[0] * ids.shape[1])  # one job: batch 1, no padding
+        return inner(ids, *a, **kw)
+
+    monkeypatch.setattr(svc.model, "hidden", hidden)
+    try:
+        return svc.run_now(job), sum(seen)
+    finally:
+        monkeypatch.undo()
+
+
+def _typed() -> str:
+    from tests.tiny import CORPUS
+
+    return "".join(dict.fromkeys(CORPUS)) * 2  # ~600 characters of code
+
+
+TYPED = _typed()
+
+
+def test_fill_counts_the_rows_it_forwards_and_what_reuse_saved(tiny_services, monkeypatch):
+    svc = tiny_services["reorder"]
+    cut = 300
+    job = lambda k, session: FillJob(prefix=TYPED[: cut + k], suffix=TYPED[cut + 20 : cut + 60], max_tokens=8,  # noqa: E731
+                                     session=session)
+    before = dict(svc.stats)
+    first, rows = _counted(svc, monkeypatch, job(0, "doc"))
+    assert first.reused_tokens == 0 and first.forwarded_tokens == rows == first.recompute_tokens > 0
+    fills = [first]
+    for k in (1, 2, 3):  # one character typed at the cursor, each a keystroke of the same document
+        f, rows = _counted(svc, monkeypatch, job(k, "doc"))
+        plain, plain_rows = _counted(svc, monkeypatch, job(k, None))  # the same job, no reuse
+        assert f.forwarded_tokens == rows and plain.forwarded_tokens == plain_rows
+        assert f.reused_tokens > 0 and plain.reused_tokens == 0
+        assert f.forwarded_tokens < f.recompute_tokens == plain.forwarded_tokens == plain.recompute_tokens
+        assert f.token_ids == plain.token_ids and f.steps == plain.steps
+        fills += [f, plain]
+    # nothing reusable: another document, or the cursor jumped to the start (every context row moved)
+    for other in (job(3, "another document"), FillJob(prefix="", suffix=TYPED[:200], max_tokens=8, session="doc")):
+        f, rows = _counted(svc, monkeypatch, other)
+        plain, _ = _counted(svc, monkeypatch, FillJob(prefix=other.prefix, suffix=other.suffix, max_tokens=8))
+        assert f.reused_tokens == 0 and f.forwarded_tokens == rows == f.recompute_tokens == plain.forwarded_tokens
+        fills += [f, plain]
+    assert svc.stats["forwarded_tokens"] - before["forwarded_tokens"] == sum(f.forwarded_tokens for f in fills)
+    assert svc.stats["reused_tokens"] - before["reused_tokens"] == sum(f.reused_tokens for f in fills)
+
+
+def test_a_bidirectional_fill_counts_its_rows_and_never_reuses(tiny_services, monkeypatch):
+    svc = tiny_services["bidirectional"]
+    for k in (0, 1):
+        f, rows = _counted(svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc"))
+        assert f.reused_tokens == 0 and f.forwarded_tokens == rows == f.recompute_tokens
+        assert f.forwarded_tokens > f.steps  # the first forward alone ran the whole canvas
+
+
+def test_fill_row_counts_cross_the_engine_socket():
+    import json
+
+    from engine.api import Fill
+    from engine.wire import fill_from_message, fill_message
+
+    f = Fill(text="x", tokens=1, steps=3, slots=8, reused_tokens=170, forwarded_tokens=42)
+    back = fill_from_message(json.loads(json.dumps(fill_message(f))))
+    assert (back.forwarded_tokens, back.reused_tokens, back.recompute_tokens) == (42, 170, 212)
