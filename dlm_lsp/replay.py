@@ -9,7 +9,13 @@ one for the previous request first, like VS Code). Reported (and written with --
   finished after the user typed along them and were kept for typing-through), p50_ms/p95_ms/max_ms of
   answered requests, wasted_step_share (engine steps of jobs later cancelled / all engine steps,
   from the server's `dlm/stats` request), next_text_match (share of fills shown - answered before
-  the next keystroke - that the file's next characters start with).
+  the next keystroke - that the file's next characters start with), and the engine's work per
+  keystroke from the rows it reports per job (`engineJobRows` of dlm/stats; one job per keystroke
+  that reached the engine, typed-through ones run none): forwarded_tokens_mean/p95 (rows run through
+  the model over the whole fill, context included), recompute_tokens_mean/p95 (what a full recompute
+  would have run: forwarded + reused context rows), forwarded_ratio (all forwarded / all recompute)
+  and reuse_share (jobs that reused any context rows / engine_jobs_run, the jobs that ran a step);
+  null when the engine reports no rows.
 `LspClient` is a minimal JSON-RPC client over a subprocess's stdio, also used by the tests.
 """
 from __future__ import annotations
@@ -192,6 +198,27 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(s[k], 1)
 
 
+def forwarded_summary(job_rows: list) -> dict:
+    """Tokens forwarded per engine job, with reuse and as a full recompute, from dlm/stats'
+    `engineJobRows` ([forwarded, reused] per job that ran); None values when no job reported rows."""
+    rows = [(int(f), int(u)) for f, u in job_rows or []]
+    forwarded = [f for f, _ in rows]
+    recompute = [f + u for f, u in rows]
+    if not sum(recompute):  # no job ran, or an engine that does not count rows (an HTTP endpoint)
+        return {"engine_jobs_run": len(rows), **{k: None for k in (
+            "forwarded_tokens_mean", "forwarded_tokens_p95", "recompute_tokens_mean", "recompute_tokens_p95",
+            "forwarded_ratio", "reuse_share")}}
+    return {
+        "engine_jobs_run": len(rows),
+        "forwarded_tokens_mean": round(statistics.fmean(forwarded), 1),
+        "forwarded_tokens_p95": _percentile(forwarded, 0.95),
+        "recompute_tokens_mean": round(statistics.fmean(recompute), 1),
+        "recompute_tokens_p95": _percentile(recompute, 0.95),
+        "forwarded_ratio": round(sum(forwarded) / sum(recompute), 4),
+        "reuse_share": round(sum(u > 0 for _, u in rows) / len(rows), 4),
+    }
+
+
 async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: bool = False, model: str | None = None,
                  budget_ms: int | None = None, device: str | None = None, server_cmd: list[str] | None = None,
                  log_path: str | None = None, ready_timeout: float = 180.0) -> dict:
@@ -299,6 +326,7 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
         "wasted_steps": stats.get("wastedSteps"), "wasted_step_share": round(stats.get("wastedStepShare") or 0.0, 4),
         "shown": shown, "next_text_match": round(matched / shown, 4) if shown else 0.0,
         "next_text_prefix_share": round(statistics.fmean(prefix_share), 4) if prefix_share else 0.0,
+        **forwarded_summary(stats.get("engineJobRows")),
         "latencies_ms": [round(x, 1) for x in answered_lat],
         "response_latencies_ms": [round(x, 1) for x in all_lat],
     }

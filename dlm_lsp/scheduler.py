@@ -29,12 +29,15 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
 
 log = logging.getLogger("dlm.scheduler")
+
+JOB_ROWS_KEPT = 4096  # (forwarded, reused) rows of the latest jobs that dlm/stats reports
 
 # How long past its deadline a request waits for the engine: a job finishing its last step right at
 # the deadline still makes it; a step that runs on far past it does not hold the request.
@@ -65,6 +68,12 @@ class Stats:
     engine_jobs: int = 0
     engine_steps: int = 0
     wasted_steps: int = 0  # steps of jobs that were cancelled or discarded as stale
+    # rows the engine ran through the model (Fill.forwarded_tokens) and context rows it reused from the
+    # document's last request (Fill.reused_tokens), summed over jobs that ran; per job in `job_rows`
+    forwarded_tokens: int = 0
+    reused_tokens: int = 0
+    reuse_jobs: int = 0  # jobs that reused some context rows
+    job_rows: deque = field(default_factory=lambda: deque(maxlen=JOB_ROWS_KEPT), repr=False)
     last_latency_ms: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -77,6 +86,8 @@ class Stats:
                 "typedAlong": self.typed_along,
                 "errors": self.errors, "late": self.late, "engineJobs": self.engine_jobs, "engineSteps": steps,
                 "wastedSteps": self.wasted_steps,
+                "engineForwardedTokens": self.forwarded_tokens, "engineReusedTokens": self.reused_tokens,
+                "engineReuseJobs": self.reuse_jobs, "engineJobRows": [list(r) for r in self.job_rows],
                 "wastedStepShare": (self.wasted_steps / steps) if steps else 0.0,
                 "lastLatencyMs": self.last_latency_ms,
             }
@@ -238,10 +249,17 @@ class Scheduler:
         """Engine thread: books the finished job's steps."""
         if fut.cancelled() or fut.exception() is not None:
             return
-        steps = fut.result().steps
+        fill = fut.result()
+        steps = fill.steps
         with self.stats._lock:
             self.stats.engine_jobs += 1
             self.stats.engine_steps += steps
+            if steps:  # it ran: book its rows (an expired job, or one cancelled before its first step, ran none)
+                fwd, reused = fill.forwarded_tokens, fill.reused_tokens
+                self.stats.forwarded_tokens += fwd
+                self.stats.reused_tokens += reused
+                self.stats.reuse_jobs += reused > 0
+                self.stats.job_rows.append((fwd, reused))
             ticket.steps = steps
             if ticket.wasted:
                 self.stats.wasted_steps += steps

@@ -11,7 +11,10 @@ Extensions (documented for editors in docs/lsp-extensions.md):
                 "typedAlong", "errors", "engineJobs", "engineSteps", "wastedSteps", "wastedStepShare",
                 "lastLatencyMs", "state", "model", "device"}; counters since the server started,
                 wastedSteps = engine steps of jobs that were cancelled or whose result was stale,
-                typedAlong = stale fills kept for typing-through because the user typed along them
+                typedAlong = stale fills kept for typing-through because the user typed along them;
+                also "engineForwardedTokens", "engineReusedTokens", "engineReuseJobs" and
+                "engineJobRows" ([forwarded, reused] per job that ran, the latest 4096): rows the
+                engine ran through the model and context rows it reused from the document's last request
   request       dlm/documentText {"textDocument": {"uri"}} -> {"uri", "version", "text"} or null: the
                 server's copy of a document, for fuzzers comparing it with the client's
 """

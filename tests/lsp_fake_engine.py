@@ -11,6 +11,9 @@ The server passes its `model` option to the engine factory, so a test picks the 
   confidence  the fill's confidence (default 1)
   gate      the model's own confidence gate, reported with the state as a real engine reports
             serving.json's min_confidence (default: none)
+  forwarded, reused  rows a job that ran reports: a session's first job forwards forwarded + reused
+            rows, every later one of that session forwards `forwarded` and reuses `reused`, as an
+            engine with exact context reuse would (Fill.forwarded_tokens, .reused_tokens; default 0, 0)
   hang      N > 0: the Nth job never finishes (the engine thread blocks, ignoring cancel and
             deadline, until close): what a step stuck forever looks like to the server
 Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
@@ -29,7 +32,7 @@ from engine.api import EngineError, Fill
 
 def parse_script(model: str | None) -> dict:
     params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0",
-              "confidence": "1", "gate": ""}
+              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0"}
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
         k, _, v = part.partition("=")
@@ -45,6 +48,7 @@ class ScriptedEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._thread = None
         self.jobs_seen = 0
+        self._sessions: set = set()  # session keys that ran a job (their next job "reuses")
         self._closed = threading.Event()
 
     def _set(self, state, message=None):
@@ -98,4 +102,14 @@ class ScriptedEngine:
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
             fut.set_result(Fill(text=text, tokens=len(text) // 3, steps=steps, slots=job.max_tokens,
                                 cancelled=cancelled, deadline_hit=hit, confidence=float(self.p["confidence"]), queue_ms=(started - job.submitted_at) * 1000,
-                                compute_ms=(time.monotonic() - started) * 1000))
+                                compute_ms=(time.monotonic() - started) * 1000,
+                                **self._rows(job, steps)))
+
+    def _rows(self, job, steps: int) -> dict:
+        if not steps:
+            return {}
+        fwd, reused = int(self.p["forwarded"]), int(self.p["reused"])
+        if job.session is None or job.session not in self._sessions:  # nothing to reuse yet
+            self._sessions.add(job.session)
+            fwd, reused = fwd + reused, 0
+        return {"forwarded_tokens": fwd, "reused_tokens": reused}

@@ -4,11 +4,14 @@ import os
 import subprocess
 import sys
 
-from dlm_lsp.replay import replay, write_histogram
+from dlm_lsp.replay import _percentile, replay, write_histogram
 from tests.lsp_helpers import FAKE_SERVER, REPO, scripted
+from tests.tiny import make_tiny_checkpoint
 
 KEYS = {"requests", "answered", "cancelled", "typed_through", "p50_ms", "p95_ms", "max_ms", "wasted_step_share",
         "next_text_match"}
+ROW_KEYS = {"engine_jobs_run", "forwarded_tokens_mean", "forwarded_tokens_p95", "recompute_tokens_mean",
+            "recompute_tokens_p95", "forwarded_ratio", "reuse_share"}
 
 
 async def test_replay_counts_typing_through_and_matches(tmp_path):
@@ -26,6 +29,8 @@ async def test_replay_counts_typing_through_and_matches(tmp_path):
     assert res["next_text_match"] >= 0.8
     assert res["p50_ms"] is not None and res["p50_ms"] <= res["p95_ms"] <= res["max_ms"]
     assert res["wasted_step_share"] == 0.0  # nothing was superseded at this pace
+    # this engine reports no forwarded rows: replay says so instead of making numbers up
+    assert ROW_KEYS <= set(res) and res["forwarded_tokens_mean"] is None and res["reuse_share"] is None
 
 
 async def test_replay_fast_typing_wastes_and_cancels(tmp_path):
@@ -83,3 +88,36 @@ def test_replay_command_with_the_default_model(tmp_path):
     assert res["requests"] == 30
     assert res["answered"] + res["cancelled"] + res["empty"] >= 30 - res["typed_through"]
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+async def test_replay_reports_tokens_forwarded_per_keystroke(tmp_path):
+    # the scripted engine's first job of the document forwards 200 rows, every later one 30 and reuses
+    # 170 (tests/lsp_fake_engine.py); "zz" is never typed, so every keystroke reaches the engine
+    src = tmp_path / "x.py"
+    src.write_text("abcdefghijkl\n")
+    for reused in (170, 0):
+        res = await replay(str(src), cps=20, max_chars=12, server_cmd=FAKE_SERVER, budget_ms=5000,
+                           model=scripted(steps=2, step_ms=5, text="zz", forwarded=200 - reused, reused=reused))
+        assert ROW_KEYS <= set(res)
+        jobs = res["engine_jobs_run"]
+        assert 6 <= jobs <= res["engine_jobs"] <= 12
+        forwarded = [200] + [200 - reused] * (jobs - 1)
+        assert res["recompute_tokens_mean"] == res["recompute_tokens_p95"] == 200
+        assert res["forwarded_tokens_mean"] == round(sum(forwarded) / jobs, 1)
+        assert res["forwarded_tokens_p95"] == _percentile(forwarded, 0.95)
+        assert res["forwarded_ratio"] == round(sum(forwarded) / (200 * jobs), 4)
+        assert res["reuse_share"] == (round((jobs - 1) / jobs, 4) if reused else 0.0)
+
+
+async def test_replay_on_a_reorder_model_forwards_less_than_a_full_recompute(tmp_path):
+    """The real server and engine on a tiny recipe (c) checkpoint: keystrokes reuse the document's
+    context, and dlm/stats carries what that saved to replay."""
+    model = make_tiny_checkpoint(tmp_path / "m", attention="causal", canvas="reorder")
+    src = tmp_path / "x.py"
+    src.write_text("import os\nimport sys\n\nx = os.path\n")
+    res = await replay(str(src), cps=10, max_chars=24, model=str(model), budget_ms=5000)
+    assert res["engine_jobs_run"] >= 5 and res["errors"] == 0
+    # a short document: the context is small beside the slots each step runs, so the saving is too
+    assert res["reuse_share"] >= 0.3 and res["forwarded_ratio"] < 1.0
+    assert res["forwarded_tokens_mean"] < res["recompute_tokens_mean"]
+    assert res["forwarded_tokens_p95"] <= res["recompute_tokens_p95"]
