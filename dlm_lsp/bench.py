@@ -6,6 +6,8 @@ For fills of 16/32/64 slots at a 512-token canvas (prefix + slots + suffix, as t
   ar      - a causal model of the same size decoding the same number of tokens greedily with a KV
             cache (the trained twin if one exists, else random weights: timing only)
 and a batch of 4 concurrent jobs through the service against the same 4 jobs one at a time.
+`--incremental` measures per-keystroke cost instead: full recompute vs context reuse on typed
+keystrokes (dlm_lsp/bench_incremental.py).
 Ratios are measured in the same run, side by side, because this machine's CPU is shared. Prints a
 table; --json writes the numbers and the settings.
 """
@@ -48,6 +50,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="override DecodeOptions.steps")
     p.add_argument("--decode", default=None, metavar="JSON", help="""override any DecodeOptions, e.g. '{"pad_left": false}'""")
     p.add_argument("--quick", action="store_true", help="tiny model (unless --model), one rep: for tests")
+    p.add_argument("--incremental", action="store_true",
+                   help="per-keystroke mode: full recompute vs context reuse on typed keystrokes (dlm_lsp/bench_incremental.py)")
+    p.add_argument("--keys", type=int, default=32, help="--incremental: keystrokes typed (default 32; 8 with --quick)")
+    p.add_argument("--file", default=None, help="--incremental: the file typed into (default: a held-out file)")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON to this path")
 
 
@@ -221,6 +227,7 @@ def run_bench(args: argparse.Namespace) -> int:
     for k in ("threshold", "selection", "steps"):
         if getattr(args, k) is not None:
             opts = dataclasses.replace(opts, **{k: getattr(args, k)})
+    served = opts  # the server's decoding (healing on): what --incremental's keystrokes use
     if '"heal"' not in (args.decode or ""):
         # canvases of exactly n slots, like the AR twin's n tokens (healing would add one to some)
         opts = dataclasses.replace(opts, heal=False)
@@ -231,6 +238,14 @@ def run_bench(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001
         print(f"bench: {e}", file=sys.stderr)
         return 2
+    if args.incremental:
+        from dlm_lsp.bench_incremental import run_incremental
+
+        try:
+            return run_incremental(args, svc, served, model_path)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
     tok, cfg = svc.tok, svc.cfg
     ar, ar_trained, ar_desc = _ar_model(args, cfg)
     holes = _holes(args.holes, min_chars=args.context * 5)

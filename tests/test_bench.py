@@ -49,3 +49,45 @@ def test_a_twin_with_another_vocabulary_is_refused(tmp_path):
             main(["bench", "--quick", "--model", str(tiny), "--ar-model", str(Path(__file__).resolve().parent.parent / "models" / "default-ar"), "--context", "192"])
     finally:
         torch.set_num_threads(threads)
+
+
+def _incremental(tmp_path, model, keys: int = 4):
+    out = tmp_path / "inc.json"
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["bench", "--incremental", "--model", str(model), "--context", "192", "--sizes", "8", "--keys", str(keys),
+                   "--threads", "1", "--file", str(Path(__file__).resolve().parent.parent / "examples" / "tide_log.py"),
+                   "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_incremental_bench_compares_reuse_with_full_recompute(tmp_path, capsys):
+    res = _incremental(tmp_path, make_tiny_checkpoint(tmp_path / "m", attention="causal", canvas="reorder"))
+    assert res["mode"] == "incremental" and res["reuse_available"] and res["reuse_note"] is None
+    assert res["keystrokes"] == 4 and res["slots"] == 8 and 100 < res["canvas_tokens"] <= 192
+    full, reuse = res["full"], res["reuse"]
+    for s in (full, reuse):
+        assert 0 < s["ms_p50"] <= s["ms_p95"] and 0 < s["first_step_ms_p50"] and s["steps_mean"] >= 1
+    assert full["reused_tokens_mean"] == 0 and full["reuse_share"] == 0
+    assert reuse["reuse_share"] >= 0.5 and reuse["reused_tokens_mean"] > 0  # a 64-token cut may move once
+    assert reuse["forwarded_tokens_mean"] < full["forwarded_tokens_mean"] and 0 < res["forwarded_ratio"] < 1
+    assert res["identical_fills"] is True  # exact reuse: the same tokens as the full recompute
+    assert res["speedup_p50"] > 0 and len(res["per_keystroke"]) == 4
+    for row in res["per_keystroke"]:
+        assert row["full_forwarded"] == row["reuse_forwarded"] + row["reuse_reused"]  # same steps, context reused
+    printed = capsys.readouterr().out
+    assert "full recompute" in printed and "faster per keystroke" in printed
+
+
+def test_incremental_bench_says_reuse_is_not_available_for_a_bidirectional_model(tmp_path, capsys):
+    res = _incremental(tmp_path, make_tiny_checkpoint(tmp_path / "m"), keys=3)
+    assert res["reuse_available"] is False and "not available" in res["reuse_note"]
+    assert res["reuse"] is None and res["speedup_p50"] is None and res["forwarded_ratio"] is None
+    assert res["identical_fills"] is None and res["layout"] == {"attention": "bidirectional", "canvas": None}
+    assert res["full"]["forwarded_tokens_mean"] > res["canvas_tokens"] and res["full"]["reused_tokens_mean"] == 0
+    assert all("reuse_ms" not in row for row in res["per_keystroke"])
+    printed = capsys.readouterr().out
+    assert "not available for this layout" in printed and "n/a" in printed
