@@ -2,11 +2,15 @@
 
     .venv/bin/python scripts/reorder_measure.py train   # CPU time per training step: (a) vs (c), +- the AR loss
     .venv/bin/python scripts/reorder_measure.py reuse   # per-keystroke context reuse vs full recompute
+    .venv/bin/python scripts/reorder_measure.py checkpoint runs/random/reorder-4m  # for bench --incremental
 
 `train` times train.loss_on + backward + AdamW on 10 batches (8 x 512, the 4 M shape, 150 stdlib files,
 the shipped tokenizer) by process CPU time, so a shared machine inflates it less than wall time.
 `reuse` types one token per keystroke into a 440-token prefix (+ 40 suffix tokens, 16 slots, 4 top-k
 steps) on a random-weight 4 M-shaped reorder model and prints p50 first-step and fill times.
+`checkpoint DIR` writes that model (models/default's config with causal attention and the reorder
+canvas, its tokenizer, init_weights(0)) as a checkpoint, for `dlm-lsp bench --incremental --model DIR`;
+write it under runs/ (ignored by git).
 """
 from __future__ import annotations
 
@@ -93,6 +97,23 @@ def reuse() -> None:
     print("identical fills:", full[2] == reused[2])
 
 
+def checkpoint(folder: str) -> None:
+    import json
+
+    from engine.checkpoint import save_checkpoint
+    from engine.tokenizer import TextTokenizer
+
+    cfg = ModelConfig.from_dict({**json.loads(Path("models/default/config.json").read_text()),
+                                 "attention": "causal", "canvas": "reorder"}).validate()
+    model = Transformer(cfg)
+    model.init_weights(0)
+    save_checkpoint(folder, model, TextTokenizer.load("models/default"))
+    print(f"wrote {folder}: random weights, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params (timing only)")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"train": train_steps, "reuse": reuse}[sys.argv[1] if len(sys.argv) > 1 else "reuse"]()
+    if len(sys.argv) > 1 and sys.argv[1] == "checkpoint":
+        checkpoint(sys.argv[2])
+    else:
+        {"train": train_steps, "reuse": reuse}[sys.argv[1] if len(sys.argv) > 1 else "reuse"]()
