@@ -522,7 +522,7 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         from dlm_lsp.options import InitializationOptions
 
-        from engine.api import decode_options
+        from engine.api import decode_options, with_model_defaults
 
         try:
             decode = decode_options(args.decode)
@@ -559,7 +559,8 @@ def run_eval(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "per_kind": args.per_kind,
         "counts": {k: len(v) for k, v in holes.items()},
-        "decode": dataclasses.asdict(dlm.options),
+        # as the engine ran it: fields left at None take the model's serving.json "decode"
+        "decode": dataclasses.asdict(with_model_defaults(dlm.options, dlm.service.serving.get("decode", {}))),
         "mask_slots": dict(MASK_SLOTS),
         "context": "dlm_lsp.context.build_request",
         "postprocess": dlm.post_name,

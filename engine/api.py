@@ -51,9 +51,13 @@ class DecodeOptions:
     # context copy boost, a cache LM over the canvas's own prefix and suffix (`copy_bias` in
     # engine/sampler.py): a predicted slot's logits gain `copy_bigram` nats for each token that follows
     # its left neighbour's token somewhere in that context, and `copy_unigram` for every token that
-    # occurs in it. 0: off.
-    copy_bigram: float = 0.0
-    copy_unigram: float = 0.0
+    # occurs in it. 0: off. `copy_order` > 1 matches longer runs (prompt-lookup style): a token that
+    # follows the same last k committed tokens (k <= copy_order) somewhere in the context gains
+    # k x copy_bigram instead. None: the model's own setting (serving.json "decode", tuned on its
+    # held-out eval; engine.checkpoint.serving_defaults), else off (0, order 1).
+    copy_bigram: float | None = None
+    copy_unigram: float | None = None
+    copy_order: int | None = None
     seed: int = 0
 
 
@@ -113,6 +117,19 @@ class Fill:
     def recompute_tokens(self) -> int:
         """Rows the fill would have forwarded without reuse: reuse skips rows of the first forward only."""
         return self.forwarded_tokens + self.reused_tokens
+
+
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order")  # DecodeOptions a model's serving.json may set
+
+
+def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
+    """`o` with each model-tunable field left at None taken from the model's serving defaults
+    (serving.json "decode"), else its off value."""
+    import dataclasses
+
+    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1}
+    fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
+    return dataclasses.replace(o, **fill) if fill else o
 
 
 def decode_options(overrides: str | dict | None = None) -> DecodeOptions:

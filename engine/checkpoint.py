@@ -59,8 +59,9 @@ SERVING_FILE = "serving.json"  # per-model serving defaults written by the proje
 
 def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
-    [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve). Missing, unreadable
-    or out-of-range values give {} (the server's own defaults), never an error."""
+    [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve) and {"decode":
+    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS). Missing, unreadable or
+    out-of-range values are left out (the server's own defaults), never an error."""
     path = Path(folder) / SERVING_FILE
     try:
         if not path.is_file() or path.stat().st_size > 64 * 1024:
@@ -68,10 +69,23 @@ def serving_defaults(folder: Path) -> dict:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    gate = raw.get("min_confidence") if isinstance(raw, dict) else None
-    if isinstance(gate, (int, float)) and not isinstance(gate, bool) and 0.0 <= gate <= 1.0:
-        return {"min_confidence": float(gate)}
-    return {}
+    if not isinstance(raw, dict):
+        return {}
+    out: dict = {}
+    gate = raw.get("min_confidence")
+    if _number(gate) and 0.0 <= gate <= 1.0:
+        out["min_confidence"] = float(gate)
+    # decoding the model was tuned with (the context copy boost): only known keys, in range
+    dec = raw.get("decode") if isinstance(raw.get("decode"), dict) else {}
+    ok = {k: v for k, v in dec.items() if (k in ("copy_bigram", "copy_unigram") and _number(v) and 0 <= v <= 20)
+          or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)}
+    if ok:
+        out["decode"] = ok
+    return out
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # A real header is a few kB per thousand tensors; safetensors itself stops at the same 100 MB.

@@ -111,30 +111,54 @@ def heal_logits(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def copy_tables(context: list[int], special: tuple) -> tuple[list[int], dict[int, list[int]]]:
+def copy_tables(context: list[int], special: tuple, order: int = 1) -> tuple[list[int], dict[tuple, list[int]]]:
     """The context copy boost's tables (DecodeOptions.copy_*): the distinct ids of the canvas's
-    prefix + suffix, and for each id the ids that follow it there (special ids left out)."""
-    succ: dict[int, set[int]] = {}
-    for a, b in zip(context, context[1:]):
-        if a not in special and b not in special:
-            succ.setdefault(a, set()).add(b)
+    prefix + suffix, and for each run of 1..`order` ids the ids that follow it there (no run
+    crosses a special id)."""
+    succ: dict[tuple, set[int]] = {}
+    for i in range(1, len(context)):
+        b = context[i]
+        if b in special:
+            continue
+        for k in range(1, order + 1):
+            run = tuple(context[max(0, i - k) : i])
+            if len(run) < k or any(t in special for t in run):
+                break
+            succ.setdefault(run, set()).add(b)
     return sorted(set(context) - set(special)), {a: sorted(v) for a, v in succ.items()}
 
 
-def copy_bias(left: list[int | None], uni: list[int], succ: dict[int, list[int]], vocab: int,
+def copy_bias(left: list[tuple], uni: list[int], succ: dict[tuple, list[int]], vocab: int,
               opts: DecodeOptions, dtype=torch.float32, device="cpu") -> torch.Tensor:
-    """(M, V) logit bias of the context copy boost for M slots whose left neighbours hold `left`
-    (None: still masked): `copy_unigram` on every context id, `copy_bigram` on the ids that follow
-    the left neighbour's id in the context."""
+    """(M, V) logit bias of the context copy boost for M slots; `left[r]`: the committed ids just
+    left of slot r (up to copy_order, nearest last; empty when its neighbour is still masked).
+    `copy_unigram` on every context id; k x `copy_bigram` on the ids that follow the slot's last k
+    ids somewhere in the context, for the longest such k."""
     bias = torch.zeros(len(left), vocab, dtype=dtype, device=device)
     if opts.copy_unigram and uni:
         bias[:, uni] += opts.copy_unigram
     if opts.copy_bigram:
-        for r, a in enumerate(left):
-            nxt = succ.get(a) if a is not None else None
-            if nxt:
-                bias[r, nxt] += opts.copy_bigram
+        for r, run in enumerate(left):
+            seen: set[int] = set()
+            for k in range(len(run), 0, -1):  # longest match first: its successors get the most
+                nxt = [t for t in succ.get(tuple(run[-k:]), ()) if t not in seen]
+                if nxt:
+                    bias[r, nxt] += k * opts.copy_bigram
+                    seen.update(nxt)
     return bias
+
+
+def left_runs(ids: list[int], slot_pos: list[int], order: int, mask_id: int) -> list[tuple]:
+    """For each slot position, the committed ids just left of it (up to `order`, stopping at a mask)."""
+    out = []
+    for p in slot_pos:
+        run = []
+        q = p - 1
+        while q >= 0 and len(run) < order and ids[q] != mask_id:
+            run.append(ids[q])
+            q -= 1
+        out.append(tuple(reversed(run)))
+    return out
 
 
 def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
@@ -158,6 +182,8 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError(f"steps must be None or >= 1, got {o.steps}")
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
+    if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
+        raise ValueError("copy_bigram and copy_unigram must be >= 0 and copy_order in 1..8")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -262,7 +288,8 @@ class Canvas:
                 raise ValueError("heal: no id re-types the whole tail")
             c.heal_whole = ids_t(whole)
         if opts.copy_bigram or opts.copy_unigram:
-            c.copy = copy_tables(prefix + suffix, (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id))
+            c.copy = copy_tables(prefix + suffix, (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id),
+                                 max(1, opts.copy_order or 1))
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         elif opts.selection == "timesteps":
@@ -311,9 +338,8 @@ class Canvas:
 
     def copy_bias(self, slot_idx: torch.Tensor) -> torch.Tensor:
         """(M, V) context copy bias for these slots, from the tokens left of them right now."""
-        ids = self.ids.tolist()
-        left = [None if (p := self.start + j - 1) < 0 or ids[p] == self.cfg.mask_token_id else ids[p]
-                for j in slot_idx.tolist()]
+        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], max(1, self.opts.copy_order or 1),
+                         self.cfg.mask_token_id)
         return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device)
 
     def masked_slots(self) -> torch.Tensor:
@@ -562,7 +588,13 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
         else:
             logits = model(torch.tensor([seq]))[0].double()  # (L, V)
         if c.copy is not None:  # the context copy boost, from each masked slot's left neighbour now
-            left = [None if s + j - 1 < 0 or seq[s + j - 1] == cfg.mask_token_id else seq[s + j - 1] for j in masked]
+            left = []
+            for j in masked:  # the committed run just left of slot j, written out plainly
+                run, q = [], s + j - 1
+                while q >= 0 and len(run) < max(1, opts.copy_order or 1) and seq[q] != cfg.mask_token_id:
+                    run.insert(0, seq[q])
+                    q -= 1
+                left.append(tuple(run))
             bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64)
             for r, j in enumerate(masked):
                 logits[s + j - shift] += bias[r]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import sampler
-from engine.api import EngineError, Fill, FillJob
+from engine.api import EngineError, Fill, FillJob, with_model_defaults
 from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
 from engine.reorder import ReorderCanvas, SessionCache
@@ -314,7 +314,8 @@ class EngineService:
             heal = self.tok.heal(p_ids) if job.options.heal and self.cfg.expand_token_id is None else None
             if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
                 p_ids = p_ids[: -heal.k]
-            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, job.options,
+            opts = with_model_defaults(job.options, self.serving.get("decode", {}))  # the model's tuned decoding
+            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
                                           job.context_tokens, self.device, heal=heal and heal.first,
                                           heal_then=heal and heal.then)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]

@@ -647,3 +647,49 @@ def test_batched_healed_canvases_equal_each_alone(models):
         while any(not c.done for c in canvases):
             sampler.step(m, [c for c in canvases if not c.done], batch_ctx=ctx)
         assert [c.fill_ids() for c in canvases] == alone
+
+
+# ---------------------------------------------------------------- the context copy boost
+
+
+def test_copy_tables_and_bias():
+    from engine.sampler import copy_bias, copy_tables, left_runs
+
+    uni, succ = copy_tables([5, 6, 7, 5, 8, 1, 9], special=(1,))
+    assert uni == [5, 6, 7, 8, 9] and succ == {(5,): [6, 8], (6,): [7], (7,): [5]}  # nothing across the special id
+    o = DecodeOptions(copy_bigram=2.0, copy_unigram=0.5)
+    b = copy_bias([(5,), (), (3,)], uni, succ, 12, o)
+    assert b.shape == (3, 12)
+    assert b[0, 6] == b[0, 8] == 2.5 and b[0, 7] == 0.5 and b[0, 0] == 0.0  # bigram + unigram
+    assert b[1].tolist() == b[2].tolist() and b[1, 6] == 0.5 and b[1, 0] == 0.0  # masked / unseen left: unigram only
+    # longer runs (copy_order 3): the successor of the longest matching run gets k x copy_bigram
+    uni, succ = copy_tables([4, 5, 6, 9, 5, 7], special=(), order=3)
+    assert succ[(4, 5, 6)] == [9] and succ[(5,)] == [6, 7] and succ[(9, 5)] == [7]
+    b = copy_bias([(4, 5), (8, 5)], uni, succ, 12, DecodeOptions(copy_bigram=1.0, copy_order=3))
+    assert b[0, 6] == 2.0 and b[0, 7] == 1.0  # (4, 5) -> 6 matched with k=2; 5 -> 7 only with k=1
+    assert b[1, 6] == b[1, 7] == 1.0  # (8, 5) never occurs: the one-token match only
+    assert left_runs([4, 5, 2, 7, 8, 2], [2, 5, 0], 2, mask_id=2) == [(4, 5), (7, 8), ()]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("window,cache,order", [(0, False, 1), (0, True, 1), (3, True, 1), (3, True, 3)])
+def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, cache, order):
+    from engine.config import ModelConfig
+    from engine.model import Transformer
+
+    # an untrained model (flat distributions, unlike the peaked ones), so a boost of a few nats decides
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
+                      mask_token_id=2, pad_token_id=PAD, eos_token_id=1, bos_token_id=3).validate()
+    model = Transformer(cfg)
+    model.init_weights(0)
+    model.eval()
+    changed = 0
+    for seed in range(6):
+        prefix, suffix = _io(seed, n_prefix=40, n_suffix=10)
+        base = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, pad_left=True)
+        boosted = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, pad_left=True,
+                                copy_bigram=3.0, copy_unigram=0.5, copy_order=order)
+        got = fill(model, Canvas.build(prefix, suffix, 7, model.cfg, boosted))
+        assert got.ids == reference_fill(model, prefix, suffix, 7, boosted), f"seed {seed}"
+        changed += got.ids != fill(model, Canvas.build(prefix, suffix, 7, model.cfg, base)).ids
+    assert changed  # the boost is not a no-op on these inputs

@@ -277,6 +277,40 @@ def test_serving_defaults_are_read_and_checked(tmp_path):
         (tmp_path / "serving.json").write_text(bad)
         assert serving_defaults(tmp_path) == {}
     assert serving_defaults(REPO / "models" / "default")["min_confidence"] > 0  # the shipped model has one
+    # decoding the model was tuned with: known keys in range only
+    (tmp_path / "serving.json").write_text('{"decode": {"copy_bigram": 2.0, "copy_order": 3, "copy_unigram": -1,'
+                                           ' "window": 0, "threshold": 0.1}}')
+    assert serving_defaults(tmp_path) == {"decode": {"copy_bigram": 2.0, "copy_order": 3}}
+    (tmp_path / "serving.json").write_text('{"decode": {"copy_order": 3.5, "copy_bigram": true}}')
+    assert serving_defaults(tmp_path) == {}
+
+
+def test_model_decode_defaults_fill_only_what_the_job_left_unset(tmp_path):
+    from engine.api import DecodeOptions, FillJob, with_model_defaults
+    from engine.service import EngineService
+    from tests.tiny import make_tiny_checkpoint
+
+    tuned = {"copy_bigram": 2.0, "copy_order": 3}
+    o = with_model_defaults(DecodeOptions(), tuned)
+    assert (o.copy_bigram, o.copy_order, o.copy_unigram) == (2.0, 3, 0.0)
+    o = with_model_defaults(DecodeOptions(copy_bigram=0.0), tuned)  # an explicit 0 turns it off
+    assert (o.copy_bigram, o.copy_order) == (0.0, 3)
+    assert with_model_defaults(DecodeOptions(), {}).copy_bigram == 0.0
+    # the engine decodes a job with the model's setting: the same fill as asking for it explicitly
+    folder = make_tiny_checkpoint(tmp_path / "m")
+    prefix = "def area(width, height):\n    return width * height\n\nprint(area(wid"
+    svc = EngineService(str(folder), device="cpu", threads=1)
+    svc.load()
+    plain = svc.run_now(FillJob(prefix=prefix, max_tokens=8))
+    explicit = svc.run_now(FillJob(prefix=prefix, max_tokens=8, options=DecodeOptions(copy_bigram=6.0, copy_order=3)))
+    (folder / "serving.json").write_text('{"decode": {"copy_bigram": 6.0, "copy_order": 3}}')
+    tuned = EngineService(str(folder), device="cpu", threads=1)
+    tuned.load()  # reads serving.json
+    tuned_fill = tuned.run_now(FillJob(prefix=prefix, max_tokens=8))
+    off = tuned.run_now(FillJob(prefix=prefix, max_tokens=8, options=DecodeOptions(copy_bigram=0.0)))
+    assert tuned.serving["decode"] == {"copy_bigram": 6.0, "copy_order": 3}
+    assert tuned_fill.text == explicit.text and off.text == plain.text
+    assert explicit.text != plain.text  # the boost changes this fill (else the test proves nothing)
 
 
 async def test_bad_options_warn_and_fall_back():
