@@ -35,6 +35,7 @@ import urllib.parse
 from concurrent.futures import Future, InvalidStateError
 
 from engine.api import EngineError, Fill, FillJob
+from engine.remote import _ForwardingEvent  # a cancel event that also aborts the request
 
 log = logging.getLogger("dlm.http_engine")
 
@@ -77,20 +78,6 @@ def base_url(url: str) -> str:
         raise ValueError("engine url must not carry credentials; name an environment variable in apiKeyEnv")
     path = parts.path.rstrip("/") or "/v1"
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
-class _ForwardingEvent(threading.Event):
-    """A job's cancel event that also cancels its request, the first time it is set."""
-
-    def __init__(self, on_set):
-        super().__init__()
-        self._on_set = on_set
-
-    def set(self) -> None:
-        first = not self.is_set()
-        super().set()
-        if first:
-            self._on_set()
 
 
 class HttpEngine:
