@@ -147,7 +147,9 @@ def test_tab_inserts_exactly_it(vs):
     needs("ghost")
     doc, item = facts["ghost"]
     vs.page.keyboard.press("Tab")
-    wait_for(lambda: not vs.ghost(), 5, "the ghost text to go once accepted")
+    # no wait for the ghost text to go: VS Code asks again at once after an accept, and the test
+    # model answers within a poll interval, so a new ghost text may already stand there. The saved
+    # file says whether Tab inserted exactly the item (the keys are handled in order).
     vs.page.keyboard.press("Control+s")
     want = apply(doc, item)
     wait_for(lambda: vs.example.read_text() == want, 10, f"example.py to be saved as {want!r}")
@@ -186,11 +188,14 @@ def test_typing_something_else_removes_it(vs):
 
 def test_status_shows_last_latency(vs):
     needs("doc")
-    statuses = [m["params"] for m in vs.sent("dlm/status")]
-    last = statuses[-1]["lastLatencyMs"]
-    assert last is not None
-    want = f"DLM {round(last)} ms"
-    wait_for(lambda: want in vs.status(), 5, f"the status bar to say {want!r} (it says {vs.status()!r})")
+    def latest() -> str:
+        """What the bar should say now: the latency of the newest dlm/status (a fill may still land
+        while we wait, and then the bar follows it)."""
+        last = [m["params"] for m in vs.sent("dlm/status")][-1]["lastLatencyMs"]
+        assert last is not None
+        return f"DLM {round(last)} ms"
+
+    wait_for(lambda: latest() in vs.status(), 5, f"the status bar to say {latest()!r} (it says {vs.status()!r})")
 
 
 def test_setting_change_applies_without_reload(vs):
