@@ -34,6 +34,8 @@ CHARS_PER_TOKEN = 3.5
 LONG_LINE_WINDOW = 300  # characters either side of the cursor looked at on a line over MAX_LINE_CHARS
 PREFIX_SHARE = 0.7  # of the character budget; the rest goes to the suffix
 IMPORTS_SHARE = 0.25  # of the prefix budget, at most, for imports kept from outside the window
+FAR_BEFORE = 16000  # characters of the document before the prefix window searched by the copy boost (FillRequest.far)
+FAR_AFTER = 8000  # and after the suffix window
 
 OPENERS, CLOSERS = "([{", ")]}"
 MATCH = {")": "(", "]": "[", "}": "{"}
@@ -107,6 +109,9 @@ class FillRequest:
     line_lex: LexState | None = None  # lexical state at the start of the cursor line
     indent_unit: str = "    "
     context_ms: float = 0.0
+    # the document beyond the prefix and suffix windows (nearest FAR_BEFORE / FAR_AFTER characters):
+    # never forwarded through the model, only searched by the engine's copy boost (FillJob.lookup)
+    far: str = ""
 
 
 # ----------------------------------------------------------------------------- lexical scanning
@@ -512,12 +517,16 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     stop = StopRules(single_line=single, block_indent=block_indent,
                      stop_at_blank_line=kind == "block" and block_indent == 0)
     after_cursor = text[offset : offset + 4000]
+    win_start, suf_end = offset - len(window), offset + len(suffix)
+    far = text[max(0, win_start - FAR_BEFORE) : win_start]
+    if suf_end < len(text):
+        far += "\n" + text[suf_end : suf_end + FAR_AFTER]
     closes = count_closed(after_cursor, lang, lex.stack) if lex.stack else 0
     return FillRequest(
         prefix=prefix, suffix=suffix, hole_kind=kind, indent=leading_ws(line), mask_slots=slots, stop=stop,
         language_id=lang, offset=offset, line_before=before, line_after=after, line_above=above, lex=lex,
         suffix_closes=closes, after_cursor=after_cursor, line_lex=line_lex, indent_unit=unit,
-        context_ms=(time.perf_counter() - t0) * 1000,
+        context_ms=(time.perf_counter() - t0) * 1000, far=far,
     )
 
 
@@ -553,4 +562,4 @@ def to_fill_job(req: FillRequest, deadline: float | None, context_tokens: int = 
     from engine.api import DecodeOptions, FillJob
 
     return FillJob(prefix=req.prefix, suffix=req.suffix, max_tokens=req.mask_slots, deadline=deadline,
-                   options=options or DecodeOptions(), context_tokens=context_tokens)
+                   options=options or DecodeOptions(), context_tokens=context_tokens, lookup=req.far)

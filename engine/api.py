@@ -58,6 +58,11 @@ class DecodeOptions:
     copy_bigram: float | None = None
     copy_unigram: float | None = None
     copy_order: int | None = None
+    # the copy boost's far side: the job's `lookup` text (the document beyond the context window,
+    # other open files) is searched the same way for the slot's last k committed tokens; a token that
+    # follows them only there gains k x `copy_far` (one the near context already boosts gains nothing
+    # more). 0: off; None: the model's setting, else off.
+    copy_far: float | None = None
     seed: int = 0
 
 
@@ -74,6 +79,9 @@ class FillJob:
     # a document's key: where the model's layout makes it exact (canvas "reorder"), the engine reuses
     # the K/V of the last request of this session up to the first changed context token
     session: str | None = None
+    # text from beyond the context window (the rest of the document, other open files): never
+    # forwarded through the model, only searched by the copy boost (DecodeOptions.copy_far)
+    lookup: str = ""
     job_id: int = field(default_factory=lambda: next(_ids))
     submitted_at: float = field(default_factory=time.monotonic)
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -119,7 +127,7 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order")  # DecodeOptions a model's serving.json may set
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far")  # DecodeOptions a model's serving.json may set
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
@@ -127,7 +135,7 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
     (serving.json "decode"), else its off value."""
     import dataclasses
 
-    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1}
+    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0}
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -128,23 +129,60 @@ def copy_tables(context: list[int], special: tuple, order: int = 1) -> tuple[lis
     return sorted(set(context) - set(special)), {a: sorted(v) for a, v in succ.items()}
 
 
+def far_ids(ids: list[int], special: tuple, limit: int = 8192) -> np.ndarray | None:
+    """The copy boost's far side (FillJob.lookup tokenized): the last `limit` ids as an array, every
+    special id as -1 so that no run matches across it. None when empty."""
+    if not ids:
+        return None
+    a = np.asarray(ids[-limit:], dtype=np.int64)
+    a[np.isin(a, [t for t in special if t is not None])] = -1
+    return a
+
+
+def far_successors(far: np.ndarray, run: tuple) -> list[list[int]]:
+    """For k = 1..len(run): the distinct ids that follow the run's last k ids somewhere in `far`
+    (out[k - 1]; an empty list once no occurrence is left)."""
+    out: list[list[int]] = []
+    if not run or far.shape[0] < 2:
+        return out
+    pos = np.flatnonzero(far[:-1] == run[-1])  # occurrences of the last id; successor at pos + 1
+    for k in range(1, len(run) + 1):
+        if k > 1:
+            pos = pos[pos >= k - 1]
+            pos = pos[far[pos - (k - 1)] == run[-k]]
+        if pos.size == 0:
+            break
+        nxt = far[pos + 1]
+        out.append(np.unique(nxt[nxt >= 0]).tolist())
+    return out
+
+
 def copy_bias(left: list[tuple], uni: list[int], succ: dict[tuple, list[int]], vocab: int,
-              opts: DecodeOptions, dtype=torch.float32, device="cpu") -> torch.Tensor:
+              opts: DecodeOptions, dtype=torch.float32, device="cpu", far: np.ndarray | None = None) -> torch.Tensor:
     """(M, V) logit bias of the context copy boost for M slots; `left[r]`: the committed ids just
     left of slot r (up to copy_order, nearest last; empty when its neighbour is still masked).
     `copy_unigram` on every context id; k x `copy_bigram` on the ids that follow the slot's last k
-    ids somewhere in the context, for the longest such k."""
+    ids somewhere in the context, for the longest such k. With a far side (`far`, FillJob.lookup)
+    and `copy_far`, an id gains the larger of that and k' x `copy_far`, k' its longest match there."""
     bias = torch.zeros(len(left), vocab, dtype=dtype, device=device)
-    if opts.copy_unigram and uni:
-        bias[:, uni] += opts.copy_unigram
-    if opts.copy_bigram:
-        for r, run in enumerate(left):
+    far_w = opts.copy_far if far is not None else 0
+    for r, run in enumerate(left):
+        gain: dict[int, float] = {}
+        for w, found in ((opts.copy_bigram, lambda k: succ.get(tuple(run[-k:]), ())),
+                         (far_w, (lambda fs: lambda k: fs[k - 1] if k <= len(fs) else ())(
+                             far_successors(far, run) if far_w else []))):
+            if not w:
+                continue
             seen: set[int] = set()
             for k in range(len(run), 0, -1):  # longest match first: its successors get the most
-                nxt = [t for t in succ.get(tuple(run[-k:]), ()) if t not in seen]
-                if nxt:
-                    bias[r, nxt] += k * opts.copy_bigram
-                    seen.update(nxt)
+                for t in found(k):
+                    if t not in seen:
+                        seen.add(t)
+                        gain[t] = max(gain.get(t, 0.0), k * w)
+        if gain:
+            bias[r, list(gain)] = torch.tensor(list(gain.values()), dtype=dtype, device=device)
+    if opts.copy_unigram and uni:
+        bias[:, uni] += opts.copy_unigram
     return bias
 
 
@@ -182,8 +220,9 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError(f"steps must be None or >= 1, got {o.steps}")
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
-    if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram and copy_unigram must be >= 0 and copy_order in 1..8")
+    if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 \
+            or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
+        raise ValueError("copy_bigram, copy_unigram and copy_far must be >= 0 and copy_order in 1..8")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -231,6 +270,7 @@ class Canvas:
     heal_then: dict = field(default_factory=dict)  # piece id at slot 0 -> (ids) slot 1 may then take
     heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
     copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
+    copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
 
     @classmethod
@@ -287,7 +327,7 @@ class Canvas:
             if not whole:
                 raise ValueError("heal: no id re-types the whole tail")
             c.heal_whole = ids_t(whole)
-        if opts.copy_bigram or opts.copy_unigram:
+        if opts.copy_bigram or opts.copy_unigram or opts.copy_far:
             c.copy = copy_tables(prefix + suffix, (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id),
                                  max(1, opts.copy_order or 1))
         if opts.selection == "topk":
@@ -336,11 +376,17 @@ class Canvas:
         whole tail (slot 1 is committed in the same step, unrestricted)."""
         return self.heal_whole if final and self.heal_slot == 0 else self.heal
 
+    def attach_far(self, lookup: list[int] | None) -> None:
+        """Gives the copy boost its far side: the ids of FillJob.lookup (off unless copy_far)."""
+        if lookup and self.copy is not None and self.opts.copy_far:
+            self.copy_far = far_ids(lookup, (self.cfg.mask_token_id, self.cfg.pad_token_id, self.cfg.eos_token_id,
+                                             self.cfg.bos_token_id))
+
     def copy_bias(self, slot_idx: torch.Tensor) -> torch.Tensor:
         """(M, V) context copy bias for these slots, from the tokens left of them right now."""
         left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], max(1, self.opts.copy_order or 1),
                          self.cfg.mask_token_id)
-        return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device)
+        return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far)
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
@@ -563,13 +609,14 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 @torch.no_grad()
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
                    context_tokens: int = 512, heal: list[int] | None = None,
-                   heal_then: dict[int, list[int]] | None = None) -> list[int]:
+                   heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
     in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
-    `heal_then`: token healing, as in Canvas.build."""
+    `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids)."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
+    c.attach_far(lookup)
     assert c.middle is None, "DreamOn's growing middle has its own oracle (tests/test_families_decode.py)"
     then = dict(heal_then or {})
     h_slot, h_ids = (0, set(heal)) if heal else (None, set())
@@ -595,7 +642,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     run.insert(0, seq[q])
                     q -= 1
                 left.append(tuple(run))
-            bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64)
+            bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)
             for r, j in enumerate(masked):
                 logits[s + j - shift] += bias[r]
         logits[:, cfg.mask_token_id] = float("-inf")

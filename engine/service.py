@@ -35,6 +35,7 @@ from engine.reorder import ReorderCanvas, SessionCache
 log = logging.getLogger("dlm.engine")
 
 MAX_DEFAULT_THREADS = 8
+LOOKUP_CHARS = 64 * 1024  # FillJob.lookup beyond this is cut (its end kept) before it is tokenized
 
 
 def cpu_threads() -> int:
@@ -318,6 +319,8 @@ class EngineService:
             canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
                                           job.context_tokens, self.device, heal=heal and heal.first,
                                           heal_then=heal and heal.then)
+            if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
+                canvas.attach_far(self.tok.encode(job.lookup[-LOOKUP_CHARS:]))
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
             if job.session is not None and isinstance(canvas, ReorderCanvas):  # exact reuse across keystrokes
                 canvas.session, canvas.session_key = self._sessions, job.session

@@ -276,7 +276,7 @@ def job_message(job: FillJob, now: float | None = None) -> dict:
         "prefix": job.prefix, "suffix": job.suffix, "max_tokens": job.max_tokens,
         "context_tokens": job.context_tokens, "options": dataclasses.asdict(job.options),
         "remaining_s": None if job.deadline is None else job.deadline - now,
-        "age_s": max(0.0, now - job.submitted_at), "session": job.session,
+        "age_s": max(0.0, now - job.submitted_at), "session": job.session, "lookup": job.lookup,
     }
 
 
@@ -306,7 +306,10 @@ def job_from_message(m: dict, now: float | None = None) -> FillJob:
     session = m.get("session")
     if session is not None and not isinstance(session, str):
         raise ValueError("session must be a string or null")
-    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session,
+    lookup = m.get("lookup", "")
+    if not isinstance(lookup, str):
+        raise ValueError("lookup must be a string")
+    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session, lookup=lookup,
                    deadline=None if remaining is None else now + remaining,
                    submitted_at=now - max(0.0, age), **ints)
 

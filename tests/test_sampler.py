@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -693,3 +694,67 @@ def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, ca
         assert got.ids == reference_fill(model, prefix, suffix, 7, boosted), f"seed {seed}"
         changed += got.ids != fill(model, Canvas.build(prefix, suffix, 7, model.cfg, base)).ids
     assert changed  # the boost is not a no-op on these inputs
+
+
+def _far_successors_plainly(far: list[int], run: tuple) -> list[list[int]]:
+    """far_successors written out: for each k, the ids after every occurrence of run[-k:]."""
+    out = []
+    for k in range(1, len(run) + 1):
+        nxt = {far[i + k] for i in range(len(far) - k) if tuple(far[i : i + k]) == tuple(run[-k:]) and far[i + k] >= 0}
+        if not any(tuple(far[i : i + k]) == tuple(run[-k:]) for i in range(len(far) - k)):
+            break
+        out.append(sorted(nxt))
+    return out
+
+
+def test_far_side_of_the_copy_boost():
+    from engine.sampler import copy_bias, copy_tables, far_ids, far_successors
+
+    far = far_ids([9, 4, 5, 6, 1, 4, 5, 7, 3, 5, 8, 4, 5], special=(1, 3, None))
+    assert far.tolist() == [9, 4, 5, 6, -1, 4, 5, 7, -1, 5, 8, 4, 5]  # specials can neither match nor follow
+    assert far_ids([], special=(1,)) is None and far_ids(list(range(20)), (), limit=5).tolist() == [15, 16, 17, 18, 19]
+    assert far_successors(far, (4, 5)) == [[6, 7, 8], [6, 7]]
+    assert far_successors(far, (9, 4, 5)) == [[6, 7, 8], [6, 7], [6]]
+    assert far_successors(far, (2, 5)) == [[6, 7, 8]] and far_successors(far, (6,)) == [[]]  # 6 -> only a special
+    assert far_successors(far, (7, 1)) == []  # 1 never occurs (it became -1)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # against the plain version on random streams
+        ids = rng.integers(0, 6, size=int(rng.integers(2, 40))).tolist()
+        f = far_ids(ids, special=(0,))
+        run = tuple(rng.integers(1, 6, size=int(rng.integers(1, 4))).tolist())
+        assert far_successors(f, run) == _far_successors_plainly(f.tolist(), run), (ids, run)
+    # in the bias: the near context first, the far side only for ids not boosted yet
+    uni, succ = copy_tables([4, 5, 6], special=(), order=3)
+    o = DecodeOptions(copy_bigram=2.0, copy_order=3, copy_far=1.0)
+    b = copy_bias([(9, 4, 5), (8,)], uni, succ, 12, o, far=far)
+    assert b[0, 6] == 4.0  # near (4, 5) -> 6 at k = 2 beats the far side's (9, 4, 5) -> 6 at k = 3
+    assert b[0, 7] == 2.0 and b[0, 8] == 1.0  # far only: (4, 5) -> 7 at k = 2, 5 -> 8 at k = 1
+    assert b[1, 4] == 1.0 and float(b[1].abs().sum()) == 1.0  # 8 -> 4 in the far side only
+    strong = copy_bias([(9, 4, 5)], uni, succ, 12, DecodeOptions(copy_bigram=2.0, copy_order=3, copy_far=2.0), far=far)
+    assert strong[0, 6] == 6.0  # the larger of near (2 x 2) and far (3 x 2), not their sum
+    off = copy_bias([(9, 4, 5)], uni, succ, 12, DecodeOptions(copy_bigram=2.0, copy_order=3, copy_far=0.0), far=far)
+    assert off[0, 7] == 0.0 and off[0, 6] == 4.0  # copy_far 0: the far side is ignored
+
+
+@pytest.mark.parametrize("window,cache", [(0, False), (3, True)])
+def test_copy_far_fast_loop_matches_oracle_and_changes_fills(window, cache):
+    from engine.config import ModelConfig
+    from engine.model import Transformer
+
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512,
+                      mask_token_id=2, pad_token_id=PAD, eos_token_id=1, bos_token_id=3).validate()
+    model = Transformer(cfg)
+    model.init_weights(0)
+    model.eval()
+    changed = 0
+    for seed in range(6):
+        prefix, suffix = _io(seed, n_prefix=30, n_suffix=8)
+        lookup, _ = _io(100 + seed, n_prefix=200, n_suffix=0)
+        o = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=1.0, copy_order=2,
+                          copy_far=3.0)
+        c = Canvas.build(prefix, suffix, 7, model.cfg, o)
+        c.attach_far(lookup)
+        got = fill(model, c)
+        assert got.ids == reference_fill(model, prefix, suffix, 7, o, lookup=lookup), f"seed {seed}"
+        changed += got.ids != fill(model, Canvas.build(prefix, suffix, 7, model.cfg, o)).ids
+    assert changed  # the far side is not a no-op on these inputs

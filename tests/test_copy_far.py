@@ -1,0 +1,95 @@
+"""The copy boost's far side (DecodeOptions.copy_far, FillJob.lookup): the document beyond the
+context window reaches the engine as text to search, never as tokens to forward."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dlm_lsp.context import FAR_AFTER, FAR_BEFORE, build_request, to_fill_job
+from dlm_lsp.documents import Document
+from engine import sampler, wire
+from engine.api import DecodeOptions, FillJob
+from tests.tiny import make_tiny_checkpoint
+
+
+def _doc(text: str) -> Document:
+    return Document("file:///t.py", "python", 1, text)
+
+
+def test_far_text_is_the_document_outside_both_windows():
+    body = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n" for i in range(2000))
+    text = body + "value = helper_7(1)\n" + body.replace("helper_", "after_")
+    offset = len(body) + len("value = helper_")
+    req = build_request(_doc(text), offset)
+    suf_end = offset + len(req.suffix)
+    assert text[offset:suf_end] == req.suffix
+    after = text[suf_end : suf_end + FAR_AFTER]
+    assert len(after) == FAR_AFTER and req.far.endswith("\n" + after)
+    before = req.far[: -(len(after) + 1)]
+    assert len(before) == FAR_BEFORE and text.count(before) == 1
+    win_start = text.index(before) + FAR_BEFORE
+    assert req.prefix == text[win_start:offset]  # module level: no kept headers, the window follows the far text
+    assert "value = helper_" not in req.far and "after_0(x)" not in req.far  # the suffix window is not in it
+    short = build_request(_doc("x = 1\ny = x\n"), 6)  # a short document: nothing beyond the windows
+    assert short.far == ""
+    assert to_fill_job(req, None).lookup == req.far
+
+
+def test_lookup_crosses_the_engine_socket():
+    msg = wire.job_message(FillJob(prefix="x", lookup="def far():\n"))
+    assert wire.job_from_message(msg).lookup == "def far():\n"
+    assert wire.job_from_message({k: v for k, v in msg.items() if k != "lookup"}).lookup == ""
+    with pytest.raises(ValueError, match="lookup"):
+        wire.job_from_message({**msg, "lookup": 3})
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    from engine.service import EngineService
+
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("far") / "m", seed=3)
+    svc = EngineService(str(folder), device="cpu", threads=1)
+    svc.load()
+    return svc
+
+
+def test_service_fill_with_lookup_equals_the_oracle_and_copy_far_0_ignores_it(service):
+    base = DecodeOptions(threshold=0.5, copy_bigram=1.0, copy_order=2, heal=False)
+    changed = 0
+    cases = [("def add(a, b):\n    return ", "\n", "import os\nimport sys\nclass Point:\n    def __init__(self, x, y):\n"),
+             ("for i in range(10):\n    ", "", "print(i)\nprint(i)\nfunction f(x) { return x * 2; }\n" * 4),
+             ("class Point:\n    def ", "", "def add(a, b):\n    return a + b\n" * 6)]
+    for prefix, suffix, lookup in cases:
+        far = dataclasses.replace(base, copy_far=3.0)
+        got = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=far, lookup=lookup))
+        p_ids, s_ids = service.tok.encode_batch([prefix, suffix])
+        want = sampler.reference_fill(service.model, p_ids, s_ids, 8, far, lookup=service.tok.encode(lookup))
+        assert got.token_ids == want
+        off = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base, lookup=lookup))
+        plain = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
+        assert off.token_ids == plain.token_ids  # copy_far 0: the lookup text changes nothing
+        changed += got.token_ids != plain.token_ids
+    assert changed  # the far side reached the canvas
+
+
+def test_copy_far_must_not_be_negative(service):
+    from engine.api import EngineError
+
+    with pytest.raises(EngineError, match="copy_far"):
+        service.run_now(FillJob(prefix="x = ", options=DecodeOptions(copy_far=-1.0), lookup="x = 1"))
+
+
+def test_copy_far_is_a_model_tunable_default(tmp_path):
+    from engine.api import with_model_defaults
+    from engine.checkpoint import serving_defaults
+
+    (tmp_path / "serving.json").write_text('{"decode": {"copy_bigram": 2.0, "copy_far": 3.0}}')
+    tuned = serving_defaults(tmp_path)["decode"]
+    assert tuned == {"copy_bigram": 2.0, "copy_far": 3.0}
+    assert with_model_defaults(DecodeOptions(), tuned).copy_far == 3.0
+    assert with_model_defaults(DecodeOptions(copy_far=0.0), tuned).copy_far == 0.0  # an explicit 0 turns it off
+    assert with_model_defaults(DecodeOptions(), {}).copy_far == 0.0
+    for bad in ('{"decode": {"copy_far": -1}}', '{"decode": {"copy_far": 50}}', '{"decode": {"copy_far": "3"}}'):
+        (tmp_path / "serving.json").write_text(bad)
+        assert serving_defaults(tmp_path) == {}
