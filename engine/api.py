@@ -63,6 +63,14 @@ class DecodeOptions:
     # follows them only there gains k x `copy_far` (one the near context already boosts gains nothing
     # more). 0: off; None: the model's setting, else off.
     copy_far: float | None = None
+    # approximate per-keystroke context reuse for full-attention models (engine/reuse.py): with the
+    # job's session key, the first forward reuses the last request's context K/V where its tokens are
+    # unchanged (keys re-rotated where positions moved) and runs only the changed tokens + the canvas.
+    # A full recompute once `reuse_budget` changed tokens have accumulated since the last full forward,
+    # on a cursor jump, or when the model or these options change. False: today's exact fills (the
+    # causal reorder layout reuses exactly whatever this says: engine/reorder.py).
+    reuse: bool = False
+    reuse_budget: int = 32
     seed: int = 0
 
 
@@ -77,7 +85,8 @@ class FillJob:
     options: DecodeOptions = field(default_factory=DecodeOptions)
     context_tokens: int = 512  # prefix + slots + suffix are cut to fit this many tokens
     # a document's key: where the model's layout makes it exact (canvas "reorder"), the engine reuses
-    # the K/V of the last request of this session up to the first changed context token
+    # the K/V of the last request of this session up to the first changed context token; for a
+    # full-attention model it reuses them approximately when DecodeOptions.reuse says so
     session: str | None = None
     # text from beyond the context window (the rest of the document, other open files): never
     # forwarded through the model, only searched by the copy boost (DecodeOptions.copy_far)

@@ -223,6 +223,8 @@ def check_options(o: DecodeOptions) -> None:
     if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 \
             or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
         raise ValueError("copy_bigram, copy_unigram and copy_far must be >= 0 and copy_order in 1..8")
+    if o.reuse_budget < 0:
+        raise ValueError(f"reuse_budget must be >= 0, got {o.reuse_budget}")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -272,6 +274,8 @@ class Canvas:
     copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
     copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
+    reuse: tuple | None = None  # (engine.reuse.ReuseCache, session key): approximate context reuse (None: off)
+    reused: int = 0  # context rows whose K/V the first forward took from the session (Fill.reused_tokens)
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
@@ -436,6 +440,13 @@ def forward(model, canvases: list[Canvas], batch_ctx: BatchContext | None = None
     full = [c for c in canvases if c.needs_full()]
     cached = [c for c in canvases if not c.needs_full()]
     hs: dict[int, Rows] = {}
+    keyed = [c for c in full if c.reuse is not None and c.kv is None]  # a first forward with a session
+    if keyed:
+        from engine import reuse
+
+        for c in keyed:  # each against its own session's K/V
+            hs[id(c)] = reuse.forward_first(model, c)
+        full = [c for c in full if id(c) not in hs]
     if full and full[0].ids.is_cuda:
         hs.update(zip(map(id, full), forward_full(model, full)))
     else:

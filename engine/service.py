@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import sampler
+from engine import reuse, sampler
 from engine.api import EngineError, Fill, FillJob, with_model_defaults
 from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
@@ -133,6 +133,7 @@ class EngineService:
         self._slowest_step_s = 0.0
         self._batch_ctx = BatchContext()
         self._sessions = SessionCache()  # per document: the last context's K/V (reorder layout only)
+        self._reuse = reuse.ReuseCache()  # per document, full attention: DecodeOptions.reuse (engine/reuse.py)
         self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
         self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
                       "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
@@ -324,6 +325,8 @@ class EngineService:
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
             if job.session is not None and isinstance(canvas, ReorderCanvas):  # exact reuse across keystrokes
                 canvas.session, canvas.session_key = self._sessions, job.session
+            elif job.session is not None and reuse.applies(canvas):  # approximate reuse (full attention)
+                canvas.reuse = (self._reuse, job.session)
         except Exception as e:  # noqa: BLE001
             _resolve(fut, exc=e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
             with self._stats_lock:
@@ -381,6 +384,7 @@ class EngineService:
         """After an out-of-memory failure: drop the batch's buffers and the allocator's cache."""
         ctx.clear()
         self._sessions.clear()
+        self._reuse.clear()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -442,7 +446,7 @@ class EngineService:
         ms = (time.perf_counter() - t0) * 1000
         for a, wf in zip(live, was_full):
             sampler.record_step(a.canvas, wf, ms)
-        if all(was_full):
+        if all(was_full) and not any(a.canvas.reused for a in live):  # a reusing first forward runs fewer rows
             tokens = sum(a.canvas.ids.shape[0] for a in live)
             est = ms / max(1, tokens)
             self._full_ms_per_token = est if not self._full_ms_per_token else 0.7 * self._full_ms_per_token + 0.3 * est
