@@ -82,12 +82,18 @@ def test_incremental_bench_compares_reuse_with_full_recompute(tmp_path, capsys):
     assert "full recompute" in printed and "faster per keystroke" in printed
 
 
-def test_incremental_bench_says_reuse_is_not_available_for_a_bidirectional_model(tmp_path, capsys):
+def test_incremental_bench_runs_approximate_reuse_for_a_bidirectional_model(tmp_path, capsys):
     res = _incremental(tmp_path, make_tiny_checkpoint(tmp_path / "m"), keys=3)
-    assert res["reuse_available"] is False and "not available" in res["reuse_note"]
-    assert res["reuse"] is None and res["speedup_p50"] is None and res["forwarded_ratio"] is None
-    assert res["identical_fills"] is None and res["layout"] == {"attention": "bidirectional", "canvas": None}
-    assert res["full"]["forwarded_tokens_mean"] > res["canvas_tokens"] and res["full"]["reused_tokens_mean"] == 0
-    assert all("reuse_ms" not in row for row in res["per_keystroke"])
+    assert res["reuse_available"] and res["reuse_kind"] == "approximate" and res["reuse_note"] is None
+    assert res["layout"] == {"attention": "bidirectional", "canvas": None}
+    full, reuse = res["full"], res["reuse"]
+    assert full["forwarded_tokens_mean"] > res["canvas_tokens"] and full["reused_tokens_mean"] == 0
+    assert reuse["reuse_share"] > 0 and reuse["forwarded_tokens_mean"] < full["forwarded_tokens_mean"]
+    assert 0 < res["forwarded_ratio"] < 1 and res["identical_fills"] is None and 0 <= res["same_fills_share"] <= 1
+    assert res["reuse_budget"] == 32 and res["full_recomputes"] == sum(
+        r["reuse_outcome"] != "reused" for r in res["per_keystroke"])
+    for row in res["per_keystroke"]:
+        assert row["reuse_outcome"] in ("reused", "full_new", "full_options", "full_stale", "full_jump")
+        assert (row["reuse_reused"] > 0) == (row["reuse_outcome"] == "reused")
     printed = capsys.readouterr().out
-    assert "not available for this layout" in printed and "n/a" in printed
+    assert "approximate reuse" in printed and "budget 32" in printed
