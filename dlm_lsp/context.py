@@ -36,6 +36,7 @@ PREFIX_SHARE = 0.7  # of the character budget; the rest goes to the suffix
 IMPORTS_SHARE = 0.25  # of the prefix budget, at most, for imports kept from outside the window
 FAR_BEFORE = 16000  # characters of the document before the prefix window searched by the copy boost (FillRequest.far)
 FAR_AFTER = 8000  # and after the suffix window
+NEIGHBOUR_CHARS = 24000  # characters of other open documents searched by the copy boost (neighbour_text)
 
 OPENERS, CLOSERS = "([{", ")]}"
 MATCH = {")": "(", "]": "[", "}": "{"}
@@ -389,8 +390,21 @@ def _classify(before: str, after: str, lex: LexState, language_id: str, brace_li
     return "line"
 
 
-def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context_tokens: int = 512) -> FillRequest:
-    """Returns the FillRequest for the cursor at str `offset` of `doc`."""
+def neighbour_text(texts, limit: int = NEIGHBOUR_CHARS) -> str:
+    """Cross-file context for the copy boost's far side: the other open documents' texts (most
+    relevant first), each cut to an equal share of `limit` characters (its start: imports and the
+    first definitions), the most relevant last (FillJob.lookup keeps its end when it must cut)."""
+    texts = [t for t in texts if t]
+    if not texts:
+        return ""
+    share = limit // len(texts)
+    return "\n".join(t[:share] for t in reversed(texts)) + "\n"
+
+
+def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context_tokens: int = 512,
+                  neighbours: str = "") -> FillRequest:
+    """Returns the FillRequest for the cursor at str `offset` of `doc`. `neighbours`: cross-file text
+    for the copy boost (neighbour_text), put before the document's own far text."""
     t0 = time.perf_counter()
     text = doc.text
     offset = max(0, min(offset, len(text)))
@@ -518,7 +532,7 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
                      stop_at_blank_line=kind == "block" and block_indent == 0)
     after_cursor = text[offset : offset + 4000]
     win_start, suf_end = offset - len(window), offset + len(suffix)
-    far = text[max(0, win_start - FAR_BEFORE) : win_start]
+    far = neighbours + text[max(0, win_start - FAR_BEFORE) : win_start]
     if suf_end < len(text):
         far += "\n" + text[suf_end : suf_end + FAR_AFTER]
     closes = count_closed(after_cursor, lang, lex.stack) if lex.stack else 0

@@ -371,6 +371,20 @@ class DocumentStore:
     def __init__(self):
         self._docs: dict[str, Document] = {}
         self._told_no_tree = False
+        self._touched: dict[str, int] = {}  # key -> when it was last opened or changed (a counter)
+        self._clock = 0
+
+    def _touch(self, key: str) -> None:
+        self._clock += 1
+        self._touched[key] = self._clock
+
+    def neighbours(self, uri: str, language_id: str, n: int = 4) -> list[Document]:
+        """The other open documents in `language_id`, the most recently opened or changed first:
+        the cross-file context of a fill at `uri` (context.build_request's `neighbours`)."""
+        me = uri_key(uri) if isinstance(uri, str) else None
+        keys = sorted((k for k, d in self._docs.items() if k != me and d.language_id == language_id),
+                      key=lambda k: -self._touched.get(k, 0))
+        return [self._docs[k] for k in keys[:n]]
 
     @staticmethod
     def key(uri: str) -> str:
@@ -390,6 +404,7 @@ class DocumentStore:
             log.info("didOpen for a document already open, replacing it: %s", uri)
         doc = Document(uri, language_id, version, text)
         self._docs[key] = doc
+        self._touch(key)
         return doc
 
     def get(self, uri: str) -> Document | None:
@@ -398,6 +413,7 @@ class DocumentStore:
     def close(self, uri: str) -> None:
         if isinstance(uri, str):
             self._docs.pop(uri_key(uri), None)
+            self._touched.pop(uri_key(uri), None)
 
     def change(self, uri: str, version: int, changes, encoding: str = UTF16) -> Document | None:
         """Applies LSP content changes (objects with `text` and an optional `range`) in order. A
@@ -420,6 +436,7 @@ class DocumentStore:
         if version is not None and version <= doc.version:
             log.debug("%s: version %s after %s", uri, version, doc.version)
         doc.version = version
+        self._touch(uri_key(uri))
         return doc
 
     def no_tree_notice(self) -> str | None:

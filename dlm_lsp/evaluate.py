@@ -116,13 +116,28 @@ class Sample:
     ungated: str | None = None  # what would be shown with no confidence gate (None: same as shown)
 
 
-def _request(hole: Hole):
-    """(document, FillRequest) the server builds for the cursor at the hole (the middle removed)."""
+def _request(hole: Hole, neighbours: str = ""):
+    """(document, FillRequest) the server builds for the cursor at the hole (the middle removed);
+    `neighbours`: the cross-file text of the other open documents (context.neighbour_text)."""
     from dlm_lsp.context import build_request
     from dlm_lsp.documents import Document
 
     doc = Document(f"file:///eval/{hole.key.replace(':', '/')}", "python", 1, hole.document)
-    return doc, build_request(doc, hole.a)
+    return doc, build_request(doc, hole.a, neighbours=neighbours)
+
+
+def sibling_files(files: dict[str, str], n: int) -> dict[str, list[str]]:
+    """For --neighbours: each file's `n` "other open documents", the evaluated files in the same
+    folder of the same source (key up to its last "/"), nearest in key order first."""
+    by_dir: dict[str, list[str]] = {}
+    for key in sorted(files):
+        by_dir.setdefault(key.rsplit("/", 1)[0] if "/" in key else key.split(":", 1)[0], []).append(key)
+    out = {}
+    for keys in by_dir.values():
+        for i, key in enumerate(keys):
+            others = sorted((k for k in keys if k != key), key=lambda k: (abs(keys.index(k) - i), k))
+            out[key] = others[:n]
+    return out
 
 
 def _postprocessor():
@@ -169,6 +184,7 @@ class Filler:
     Subclasses give decode(); it returns (raw text, steps, tokens)."""
 
     min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
+    neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
 
     def __init__(self):
@@ -179,7 +195,7 @@ class Filler:
 
     def __call__(self, hole: Hole) -> Sample:
         t0 = time.perf_counter()
-        doc, req = _request(hole)
+        doc, req = _request(hole, (self.neighbours or {}).get(hole.key, ""))
         t1 = time.perf_counter()
         raw, steps, tokens = self.decode(hole, req)
         engine_ms = (time.perf_counter() - t1) * 1000
@@ -469,6 +485,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--md", dest="md_out", default=None, metavar="OUT", help="write the Markdown table")
     p.add_argument("--samples", default=None, metavar="OUT", help="write every hole and fill as JSON lines")
     p.add_argument("--per-kind", type=int, default=300, help="holes per kind (default 300)")
+    p.add_argument("--neighbours", type=int, default=0, metavar="N",
+                   help="cross-file context: give each fill the N nearest evaluated files of its folder as other open documents")
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hole kinds")
     p.add_argument("--limit-files", type=int, default=None, help="use only the first N files (by key)")
     p.add_argument("--seed", type=int, default=0, help="hole-cutting seed")
@@ -536,6 +554,12 @@ def run_eval(args: argparse.Namespace) -> int:
         dlm.min_confidence = (args.min_confidence if args.min_confidence is not None
                               else default_gate if default_gate is not None
                               else dlm.service.serving.get("min_confidence", 0.0))
+        if getattr(args, "neighbours", 0):  # cross-file context: siblings as the other open documents
+            from dlm_lsp.context import neighbour_text
+
+            texts = dict(files)
+            sib = sibling_files(texts, args.neighbours)
+            Filler.neighbours = {k: neighbour_text([texts[o] for o in sib.get(k, [])]) for k in texts}
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
         ar = None
         if args.ar_model:

@@ -253,7 +253,8 @@ class DlmServer(LanguageServer):
                 outcome = "stale"
                 return None
             t0 = time.perf_counter()
-            req = context.build_request(doc, offset, self.options.max_fill_tokens)
+            near = context.neighbour_text([d.text for d in self.documents.neighbours(uri, doc.language_id)])
+            req = context.build_request(doc, offset, self.options.max_fill_tokens, neighbours=near)
             job = context.to_fill_job(req, ticket.deadline)
             job.session = key  # the engine reuses this document's last context K/V where that is exact
             tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place

@@ -129,7 +129,7 @@ def copy_tables(context: list[int], special: tuple, order: int = 1) -> tuple[lis
     return sorted(set(context) - set(special)), {a: sorted(v) for a, v in succ.items()}
 
 
-def far_ids(ids: list[int], special: tuple, limit: int = 8192) -> np.ndarray | None:
+def far_ids(ids: list[int], special: tuple, limit: int = 16384) -> np.ndarray | None:
     """The copy boost's far side (FillJob.lookup tokenized): the last `limit` ids as an array, every
     special id as -1 so that no run matches across it. None when empty."""
     if not ids:

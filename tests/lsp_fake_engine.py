@@ -8,6 +8,7 @@ The server passes its `model` option to the engine factory, so a test picks the 
   text      the fill text, URL-quoted (default "x = 1")
   fail      1: every job raises EngineError
   echo      N > 0: the fill is the last N characters of the job's prefix (checks what the server sent)
+  lookup    N > 0: the fill is the first N characters of the job's lookup text (the cross-file side)
   confidence  the fill's confidence (default 1)
   gate      the model's own confidence gate, reported with the state as a real engine reports
             serving.json's min_confidence (default: none)
@@ -32,7 +33,7 @@ from engine.api import EngineError, Fill
 
 def parse_script(model: str | None) -> dict:
     params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0",
-              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0"}
+              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0", "lookup": "0"}
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
         k, _, v = part.partition("=")
@@ -100,6 +101,8 @@ class ScriptedEngine:
                 steps += 1
             n = int(self.p["echo"])
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
+            if int(self.p["lookup"]) > 0:
+                text = job.lookup[: int(self.p["lookup"])].replace("\n", "\u23ce")
             fut.set_result(Fill(text=text, tokens=len(text) // 3, steps=steps, slots=job.max_tokens,
                                 cancelled=cancelled, deadline_hit=hit, confidence=float(self.p["confidence"]), queue_ms=(started - job.submitted_at) * 1000,
                                 compute_ms=(time.monotonic() - started) * 1000,

@@ -93,3 +93,53 @@ def test_copy_far_is_a_model_tunable_default(tmp_path):
     for bad in ('{"decode": {"copy_far": -1}}', '{"decode": {"copy_far": 50}}', '{"decode": {"copy_far": "3"}}'):
         (tmp_path / "serving.json").write_text(bad)
         assert serving_defaults(tmp_path) == {}
+
+
+# ----------------------------------------------------------------------------- cross-file context
+
+
+def test_neighbours_are_the_other_open_documents_most_recent_first():
+    from dlm_lsp.documents import DocumentStore
+
+    store = DocumentStore()
+    for name in ("a", "b", "c"):
+        store.open(f"file:///w/{name}.py", "python", 1, f"# {name}\n")
+    store.open("file:///w/notes.md", "markdown", 1, "# notes\n")
+    assert [d.uri for d in store.neighbours("file:///w/a.py", "python")] == ["file:///w/c.py", "file:///w/b.py"]
+    store.change("file:///w/b.py", 2, [type("Change", (), {"text": "# b2\n", "range": None})()])
+    assert [d.uri for d in store.neighbours("file:///w/a.py", "python")] == ["file:///w/b.py", "file:///w/c.py"]
+    assert [d.uri for d in store.neighbours("file:///w/a.py", "python", n=1)] == ["file:///w/b.py"]
+    store.close("file:///w/b.py")
+    assert [d.uri for d in store.neighbours("file:///w/a.py", "python")] == ["file:///w/c.py"]
+    assert store.neighbours("file:///w/a.py", "rust") == []
+
+
+def test_neighbour_text_cuts_each_to_a_share_and_puts_the_most_relevant_last():
+    from dlm_lsp.context import neighbour_text
+
+    assert neighbour_text([]) == "" and neighbour_text(["", ""]) == ""
+    got = neighbour_text(["first" * 10, "second" * 10], limit=20)
+    assert got == ("second" * 10)[:10] + "\n" + ("first" * 10)[:10] + "\n"
+    req = build_request(_doc("x = 1\n"), 4, neighbours=got)
+    assert req.far.startswith(got)  # before the document's own far text, which the engine keeps when it cuts
+
+
+def test_eval_siblings_are_the_files_of_the_same_folder_nearest_first():
+    from dlm_lsp.evaluate import sibling_files
+
+    files = {k: "" for k in ("p:pkg/a.py", "p:pkg/b.py", "p:pkg/c.py", "p:pkg/sub/d.py", "stdlib:x.py", "stdlib:y.py")}
+    sib = sibling_files(files, 2)
+    assert sib["p:pkg/a.py"] == ["p:pkg/b.py", "p:pkg/c.py"] and sib["p:pkg/b.py"] == ["p:pkg/a.py", "p:pkg/c.py"]
+    assert sib["p:pkg/sub/d.py"] == [] and sib["stdlib:x.py"] == ["stdlib:y.py"]
+    assert sibling_files(files, 1)["p:pkg/c.py"] == ["p:pkg/b.py"]
+
+
+async def test_server_sends_the_other_open_documents_as_lookup():
+    from tests.lsp_helpers import FAKE_SERVER, inline, lsp_server, open_doc, scripted
+
+    async with lsp_server(FAKE_SERVER, {"model": scripted(lookup=12), "postprocess": False}) as c:
+        open_doc(c, "file:///tmp/dlm-far/b.py", "def far_helper(x):\n    return x\n")
+        open_doc(c, "file:///tmp/dlm-far/notes.md", "# not python\n", lang="markdown")
+        open_doc(c, "file:///tmp/dlm-far/a.py", "value = \n")
+        items = await inline(c, "file:///tmp/dlm-far/a.py", 0, 8)
+        assert items[0]["insertText"] == "def far_help"
