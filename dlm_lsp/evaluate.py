@@ -20,6 +20,13 @@ stdlib and package files), packages (whole packages the model never saw) or all.
 --ar-model runs an autoregressive FIM twin (PSM: <|fim_prefix|>p<|fim_suffix|>s<|fim_middle|> ->
 middle <|endoftext|>, greedy with a KV cache: engine.autoregressive) on the same holes, requests and
 post-processing. --oracle sends the true middle through the same path: the pipeline's ceiling.
+--reuse-typing N measures approximate per-keystroke context reuse (engine/reuse.py) on the same
+holes: for each hole the last N characters before the cursor are taken out of the document and
+typed back one at a time, each keystroke a fill with the hole's session key and DecodeOptions.reuse
+on, then the hole's own request is filled the same way and scored ("diffusion+reuse", beside the
+plain "diffusion" fills of the same requests, which recompute their context in full). Its p50/p95_ms
+time the scored fill only; the JSON's "reuse" adds the rows reused and forwarded per scored fill and
+the staleness policy's outcomes.
 """
 from __future__ import annotations
 
@@ -193,7 +200,11 @@ class Filler:
     def decode(self, hole: Hole, req) -> tuple[str, int, int]:
         raise NotImplementedError
 
+    def before(self, hole: Hole) -> None:
+        """Runs before a hole's timed fill (the typed keystrokes of TypedReuseFiller); nothing here."""
+
     def __call__(self, hole: Hole) -> Sample:
+        self.before(hole)
         t0 = time.perf_counter()
         doc, req = _request(hole, (self.neighbours or {}).get(hole.key, ""))
         t1 = time.perf_counter()
@@ -230,6 +241,60 @@ class DiffusionFiller(Filler):
         fill = self.service.run_now(to_fill_job(req, deadline, options=dataclasses.replace(self.options)))
         self.last_confidence = fill.confidence
         return fill.text, fill.steps, fill.tokens
+
+
+class TypedReuseFiller(DiffusionFiller):
+    """The same engine with approximate context reuse (DecodeOptions.reuse) on: before each hole the
+    last `typing` characters before the cursor are typed one at a time, a fill per keystroke under
+    the hole's own session key, so the scored fill reuses the context the keystrokes left."""
+
+    def __init__(self, base: DiffusionFiller, typing: int):
+        Filler.__init__(self)
+        self.service, self.budget_ms, self.min_confidence = base.service, base.budget_ms, base.min_confidence
+        self.options = dataclasses.replace(base.options, reuse=True)
+        self.typing = typing
+        self.session: str | None = None
+        self.holes = 0
+        self.rows: list[tuple[int, int]] = []  # (forwarded, reused) rows of each scored fill
+        self.outcomes_before = dict(self.service._reuse.stats)
+        self.same = (0.0, 0.0)  # set by run_eval: share of holes with the same raw / shown fill as without reuse
+
+    def _job(self, req, deadline=None):
+        from dlm_lsp.context import to_fill_job
+
+        job = to_fill_job(req, deadline, options=dataclasses.replace(self.options))
+        job.session = self.session
+        return job
+
+    def before(self, hole):
+        self.holes += 1
+        self.session = f"eval-reuse-{self.holes}"  # a fresh document per hole: no reuse across holes
+        a, text = hole.a, hole.document
+        near = (self.neighbours or {}).get(hole.key, "")  # --neighbours, as the scored fill has them
+        for k in range(min(self.typing, a), 0, -1):  # the cursor k characters back, those k not typed yet
+            typed = Hole(hole.kind, hole.key, text[: a - k] + text[a:], a - k, a - k)  # its document: that text
+            _, req = _request(typed, near)
+            self.service.run_now(self._job(req))
+
+    def decode(self, hole, req):
+        deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
+        fill = self.service.run_now(self._job(req, deadline))
+        self.last_confidence = fill.confidence
+        self.rows.append((fill.forwarded_tokens, fill.reused_tokens))
+        return fill.text, fill.steps, fill.tokens
+
+    def summary(self) -> dict:
+        """Rows reused / forwarded per scored fill and the staleness policy's outcomes over the run."""
+        fwd = [f for f, _ in self.rows]
+        stats = self.service._reuse.stats
+        return {"typing": self.typing, "reuse_budget": self.options.reuse_budget,
+                # holes whose fill with reuse is the plain fill's (raw engine text, what is shown)
+                "same_raw_share": round(self.same[0], 4), "same_shown_share": round(self.same[1], 4),
+                "scored_fills": len(self.rows),
+                "reused_share": round(sum(u > 0 for _, u in self.rows) / max(1, len(self.rows)), 4),
+                "reused_tokens_mean": round(statistics.fmean([u for _, u in self.rows]), 1) if self.rows else 0.0,
+                "forwarded_tokens_mean": round(statistics.fmean(fwd), 1) if fwd else 0.0,
+                "outcomes": {k: stats[k] - self.outcomes_before.get(k, 0) for k in type(self.service._reuse).OUTCOMES}}
 
 
 class AutoregressiveFiller(Filler):
@@ -437,8 +502,8 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
     }
 
 
-def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=None) -> dict:
-    """Fills every hole with `filler` and returns {kind: metrics}."""
+def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=None, keep: list | None = None) -> dict:
+    """Fills every hole with `filler` and returns {kind: metrics}; `keep` collects the Samples."""
     results = {}
     total = sum(len(v) for v in holes.values())
     done, t0 = 0, time.time()
@@ -447,6 +512,8 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
         for h in hs:
             s = filler(h)
             samples.append(s)
+            if keep is not None:
+                keep.append(s)
             done += 1
             if samples_out is not None:
                 samples_out.write(json.dumps({"model": label, **h.describe(), "raw": s.raw, "shown": s.shown,
@@ -500,6 +567,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="""override the server's decoding options, e.g. '{"pad_left": false}'""")
     p.add_argument("--min-confidence", type=float, default=None,
                    help="hide fills the engine is less sure of (default: the server's minConfidence)")
+    p.add_argument("--reuse-typing", type=int, default=0, metavar="N",
+                   help="also fill each hole after typing its last N characters one at a time with approximate "
+                        "context reuse on (DecodeOptions.reuse; reuse_budget from --decode): quality with reuse on vs off")
     p.add_argument("--budget-ms", type=float, default=None,
                    help="give each fill the server's deadline (default: none, so results do not depend on load)")
 
@@ -560,7 +630,15 @@ def run_eval(args: argparse.Namespace) -> int:
             texts = dict(files)
             sib = sibling_files(texts, args.neighbours)
             Filler.neighbours = {k: neighbour_text([texts[o] for o in sib.get(k, [])]) for k in texts}
-        results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out)}
+        plain: list[Sample] = []
+        results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out, keep=plain)}
+        typed = None
+        if getattr(args, "reuse_typing", 0) > 0:
+            typed = TypedReuseFiller(dlm, args.reuse_typing)
+            reused: list[Sample] = []
+            results["diffusion+reuse"] = evaluate(typed, holes, "diffusion+reuse", samples_out, keep=reused)
+            typed.same = (sum(a.raw == b.raw for a, b in zip(plain, reused)) / max(1, len(reused)),
+                          sum(a.shown == b.shown for a, b in zip(plain, reused)) / max(1, len(reused)))
         ar = None
         if args.ar_model:
             ar = AutoregressiveFiller(args.ar_model, device=args.device, threads=args.threads, heal=decode.heal)
@@ -594,6 +672,8 @@ def run_eval(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "elapsed_s": round(time.time() - t_start, 1),
     }
+    if typed is not None:
+        out["reuse"] = {**results["diffusion+reuse"], **typed.summary()}
     if ar is not None:
         out["ar"] = {**results["autoregressive"], "model": str(args.ar_model), "decode": "greedy FIM PSM, KV cache"}
     if "oracle" in results:

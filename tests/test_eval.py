@@ -374,3 +374,59 @@ def test_fim_greedy_keeps_the_prompt_inside_the_twins_training_window(tiny_model
     monkeypatch.setattr(ar, "greedy_decode", spy)
     fim_greedy(model, tok, "x = 1\n" * 200, "y = 2\n" * 200, max_tokens=8)
     assert seen and seen[0] + 8 <= 96
+
+
+def test_reuse_typing_types_the_last_characters_then_fills_the_hole_with_reuse():
+    """--reuse-typing N: the last N characters before the cursor are typed back one at a time, each a
+    fill under the hole's session key with reuse on; the scored fill is the hole's own request."""
+    import types
+
+    from engine.api import DecodeOptions, Fill
+    from engine.reuse import ReuseCache
+    from dlm_lsp.evaluate import TypedReuseFiller
+
+    class Recorder:
+        _reuse = ReuseCache()
+
+        def __init__(self):
+            self.jobs = []
+
+        def run_now(self, job):
+            self.jobs.append(job)
+            return Fill(text="x", tokens=1, steps=1, slots=job.max_tokens, reused_tokens=len(self.jobs) - 1,
+                        forwarded_tokens=5)
+
+    rec = Recorder()
+    base = types.SimpleNamespace(service=rec, budget_ms=None, min_confidence=0.0, options=DecodeOptions(threshold=0.7))
+    typed = TypedReuseFiller(base, typing=3)
+    text = "def f(a, b):\n    total = a + b\n    return total\n"
+    a = text.index("a + b")
+    hole = Hole("line", "t:x.py", text, a, text.index("\n", a))
+    for _ in range(2):
+        rec.jobs.clear()
+        sample = typed(hole)
+        assert len(rec.jobs) == 4  # three keystrokes, then the hole's own request
+        for k, j in zip((3, 2, 1, 0), rec.jobs):  # one character more each keystroke, the rest of the line after it
+            assert j.prefix.endswith(text[a - k - 10 : a - k]) and "return total" in j.suffix
+        assert all(j.options.reuse and j.options.threshold == 0.7 for j in rec.jobs)
+        assert len({j.session for j in rec.jobs}) == 1 and sample.raw == "x"
+    assert rec.jobs[0].session != "eval-reuse-1"  # the second hole typed under a session of its own
+    s = typed.summary()
+    assert s["typing"] == 3 and s["scored_fills"] == 2 and s["reused_tokens_mean"] == 3.0 and s["reused_share"] == 1.0
+
+
+def test_eval_reuse_typing_end_to_end(tiny_models, tmp_path):
+    from dlm_lsp.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "sample.py").write_text(SAMPLE.read_text())
+    out, md = tmp_path / "e.json", tmp_path / "e.md"
+    assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--per-kind", "2", "--kinds", "line",
+                 "--threads", "1", "--reuse-typing", "2", "--json", str(out), "--md", str(md)]) == 0
+    res = json.loads(out.read_text())
+    r = res["reuse"]
+    assert r["line"]["holes"] == res["line"]["holes"] == 2 and r["typing"] == 2 and r["scored_fills"] == 2
+    assert r["outcomes"]["full_new"] == 2 and sum(r["outcomes"].values()) == 2 * 3  # a session per hole, 3 fills each
+    assert 0 <= r["same_raw_share"] <= 1 and 0 <= r["same_shown_share"] <= 1 and 0 <= r["reused_share"] <= 1
+    assert "| diffusion+reuse | line | 2 |" in md.read_text()
