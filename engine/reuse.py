@@ -191,7 +191,8 @@ class ReuseCache:
         sj0, sj1, so = best_run(ids[P:], e.ids[oP:])
         if (P and oP and pj1 == pj0) or (S > JUMP_TOKENS and oS and sj1 == sj0):
             return "full_jump", None  # a part with nothing in common: another place, or another text
-        near = P - pj1  # the prefix's rows just before the cursor that are not reused
+        # the prefix's rows just before the cursor not reused (new ones, old ones)
+        near = max(P - pj1, oP - (pj1 + po)) if pj1 > pj0 else P
         head = max(pj0, pj0 + po) if pj1 > pj0 else 0  # the prefix's head rows not reused (new ones, old ones)
         after = max(sj0, sj0 + so) if sj1 > sj0 else 0  # the suffix's head rows not reused (new ones, old ones)
         if max(near, head, after) > JUMP_TOKENS:

@@ -339,3 +339,12 @@ def test_a_failed_or_cancelled_request_leaves_the_session_whole(svc, monkeypatch
     untouched()  # the old entry's tensors were never written: the new one shares no buffer with it
     again = svc.run_now(_job(12, key, slow))  # the same request again: every context row reused
     assert again.reused_tokens == n and svc._reuse.get(key).stale == e.stale
+
+
+def test_deleting_more_than_the_jump_before_the_cursor_is_a_jump(model):
+    prefix, suffix = _ids(70, 90), _ids(71, 20)
+    store = ReuseCache()
+    for p, want in ((prefix, "full_new"), (prefix[:85], "reused"), (prefix[:50], "full_jump")):
+        before = dict(store.stats)
+        sampler.forward(model, [_keyed(model, p, suffix, dataclasses.replace(ON, reuse_budget=1000), store)])
+        assert store.stats[want] == before[want] + 1, want
