@@ -85,10 +85,13 @@ SPECS = {
                          _qwen("Fast_dLLM_Qwen", ["Fast_dLLM_QwenForCausalLM"], False, bd_size=16, eos_token_id=151645,
                                bos_token_id=151643),
                          {**QWEN_SPECIALS, "|<MASK>|": 151665}, tokenizer_config={"pad_token": "<|endoftext|>"}),
-    # WeDLM: Qwen3, plain causal, tied head
-    "wedlm": Spec("wedlm", "Qwen3ForCausalLM", _qwen("wedlm", ["WeDLMForCausalLM"], True, tie_word_embeddings=True,
-                                                     eos_token_id=151645, bos_token_id=151643),
-                  {**QWEN_SPECIALS, "<|mask|>": 151669}, tokenizer_config={"mask_token": "<|mask|>"}),
+    # WeDLM-8B: Qwen3 (q/k norm, no bias), plain causal; its config.json keys (`qk_norm`, a null
+    # `mask_token_id`: the authors' code then uses 151665), end-of-text and padding 151643; an untied
+    # head as its bases (Qwen3-8B, Qwen2.5-7B) have (a tied random head predicts the mask id itself)
+    "wedlm": Spec("wedlm", "Qwen3ForCausalLM", _qwen("wedlm", ["WeDLMForCausalLM"], True, tie_word_embeddings=False,
+                                                     qk_norm=True, mask_token_id=None, eos_token_id=151643,
+                                                     pad_token_id=151643, bos_token_id=151643),
+                  dict(QWEN_SPECIALS)),
     # Open-dCoder: a plain Qwen2 config (tied, like Qwen2.5-Coder-0.5B); the tokenizer's mask token
     "open-dcoder": Spec("open-dcoder", "Qwen2ForCausalLM", _qwen("qwen2", ["Qwen2ForCausalLM"], False,
                                                                 tie_word_embeddings=True, eos_token_id=151643,

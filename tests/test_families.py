@@ -138,7 +138,7 @@ def test_special_ids_come_from_the_files(folders):
         "coda": (151669, 151643, 151643, 151643),
         "sdar": (151669, 151643, 151643, 151643),
         "fast-dllm-v2": (151665, 151643, 151645, 151643),
-        "wedlm": (151669, 151645, 151645, 151643),
+        "wedlm": (151665, 151643, 151643, 151643),  # mask: config.json's is null, the authors' default
         "open-dcoder": (151665, 151643, 151643, 151643),
         "dreamon": (151666, 151643, 151643, 151665),
     }

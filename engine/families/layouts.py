@@ -1,6 +1,7 @@
 """Checkpoint layouts: a family's config.json keys -> the shape fields of ModelConfig, and its tensor
-names -> engine/model.py's. Three layouts cover every family: `qwen2` (q/k/v biases), `qwen3`
-(per-head q/k RMS norm, explicit head_dim), and `llada` (OLMo-style names over a Llama block).
+names -> engine/model.py's. Four layouts cover every family: `qwen2` (q/k/v biases), `qwen3`
+(per-head q/k RMS norm, explicit head_dim), `wedlm` (either, as its config says), and `llada`
+(OLMo-style names over a Llama block).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ LLADA_NAMES = [
 # buffers some exporters wrote next to the weights; recomputed by the engine
 IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rope\.(inv_freq|cos|sin).*)$")
 
-NAME_MAPS = {"qwen2": HF_NAMES, "qwen3": HF_NAMES, "llada": LLADA_NAMES}
+NAME_MAPS = {"qwen2": HF_NAMES, "qwen3": HF_NAMES, "wedlm": HF_NAMES, "llada": LLADA_NAMES}
 
 
 def rename(layout: str, name: str) -> str | None:
@@ -102,6 +103,11 @@ def shape_fields(layout: str, cfg: dict) -> dict:
     out["max_seq_len"] = min(int(cfg.get("max_position_embeddings", MAX_POSITIONS)), MAX_POSITIONS)
     if layout == "qwen2":  # Qwen2 always has q/k/v biases and none on o_proj
         out.update(qkv_bias=True, out_bias=False, qk_norm=False)
+    elif layout == "wedlm":  # one config for both bases (Tencent/WeDLM hf_compat/configuration_wedlm.py):
+        # `attention_bias` (default True) on q/k/v only, never on o_proj; `qk_norm` (Qwen3) - WeDLM-7B
+        # (Qwen2.5) has bias and no norm, WeDLM-8B (Qwen3) norm and no bias
+        bias = bool(cfg.get("attention_bias", True))
+        out.update(qkv_bias=bias, out_bias=False, qk_norm=bool(cfg.get("qk_norm", not bias)))
     else:  # qwen3
         bias = bool(cfg.get("attention_bias", False))
         out.update(qkv_bias=bias, out_bias=bias, qk_norm=True)

@@ -26,7 +26,7 @@ class Family:
     title: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    layout: str  # "qwen2" | "qwen3" | "llada"
+    layout: str  # "qwen2" | "qwen3" | "wedlm" | "llada"
     attention: str  # "bidirectional" | "causal" | "block_causal"
     logits_shift: bool
     hf_class: str  # the transformers class it computes, run with the family's attention
@@ -39,6 +39,7 @@ class Family:
     needs_mask_token: bool = False  # a generic model type (qwen2) is a diffusion model only with a mask token
     needs_expand_token: bool = False  # DreamOn shares Dream's config: it is told apart by its expand token
     sub_block: int = 0  # Fast-dLLM v2: sub-blocks decoded left to right inside a block (its generate()'s default)
+    mask_fallback: int | None = None  # the mask id its authors' code uses when config.json names none
     decodes: bool = True  # False: forward parity only (the engine cannot decode it yet)
     note: str = ""
 
@@ -46,7 +47,7 @@ class Family:
         """ModelConfig for a config.json of this family, special ids from the checkpoint's files."""
         fields = shape_fields(self.layout, cfg)
         try:
-            ids = special_ids(files, self.mask_names, self.expand_names)
+            ids = special_ids(files, self.mask_names, self.expand_names, self.mask_fallback)
         except ValueError as e:
             raise FamilyError(f"{self.title}: {e}") from None
         ids.pop("_found")
@@ -81,8 +82,11 @@ FAMILIES: tuple[Family, ...] = (
            "block_causal", True, "Qwen2ForCausalLM", "see the model card", "Efficient-Large-Model/Fast_dLLM_v2_7B",
            block_key="bd_size", block_default=32, mask_names=("|<MASK>|",), sub_block=8,
            note="sub-blocks (8) are a decoding schedule, not part of the attention"),
-    Family("wedlm", "WeDLM", ("WeDLMForCausalLM",), ("wedlm",), "qwen3", "causal", False, "Qwen3ForCausalLM",
-           "Apache-2.0", "tencent/WeDLM-8B-Instruct", mask_names=("<|mask|>", "<|MASK|>"), decodes=False,
+    # WeDLM: its config.json has "mask_token_id": null and its authors' code then uses 151665
+    # (Tencent/WeDLM wedlm/engine/model_runner.py `_init_mask_token`; finetune/src/trainer.py MASK_TOKEN_ID)
+    Family("wedlm", "WeDLM", ("WeDLMForCausalLM",), ("wedlm",), "wedlm", "causal", False,
+           "Qwen3ForCausalLM (WeDLM-8B) / Qwen2ForCausalLM (WeDLM-7B)", "Apache-2.0", "tencent/WeDLM-8B-Instruct",
+           mask_fallback=151665, decodes=False,
            note="forward parity only: its reordered streaming decoding is not implemented"),
     Family("open-dcoder", "Open-dCoder", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "bidirectional", True,
            "Qwen2ForCausalLM", "Apache-2.0", "fredzzp/open-dcoder-0.5B", needs_mask_token=True,

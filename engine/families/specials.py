@@ -73,11 +73,20 @@ class TokenFiles:
         return None, ""
 
 
-def special_ids(files: TokenFiles, mask_names: tuple[str, ...], expand_names: tuple[str, ...] = ()) -> dict:
+def special_ids(files: TokenFiles, mask_names: tuple[str, ...], expand_names: tuple[str, ...] = (),
+                mask_fallback: int | None = None) -> dict:
     """{mask,pad,eos,bos,expand}_token_id for ModelConfig, plus `_found` (kind -> where) for messages.
+    `mask_fallback`: a family whose authors' code reads the mask id from config.json only and
+    otherwise uses this id (WeDLM) - the tokenizer files are then not asked for the mask.
     Raises ValueError naming the files when a mask or end-of-text id is nowhere."""
     out, where = {}, {}
     for kind, names in (("mask", mask_names), ("eos", ()), ("pad", ()), ("bos", ()), ("expand", expand_names)):
+        if kind == "mask" and mask_fallback is not None:
+            v = files.config.get("mask_token_id")
+            found = isinstance(v, int) and not isinstance(v, bool)
+            out["mask_token_id"] = v if found else mask_fallback
+            where["mask"] = "config.json mask_token_id" if found else "the family's authors' default (config.json names none)"
+            continue
         tid, src = files.find(kind, names)
         out[f"{kind}_token_id"], where[kind] = tid, src
     if out["mask_token_id"] is None:
