@@ -16,6 +16,14 @@ the whole cache and causally to the masks left of them. Masks right of a sliding
 by those in it, so running only the window is exact too. The same property makes per-keystroke reuse
 exact (`SessionCache`): a new request's context K/V are reused up to its first changed token.
 
+A WeDLM checkpoint (family `wedlm`, engine/families/wedlm.py) decodes on the same canvas with its
+authors' order instead: every committed slot in logical order, so only the left-contiguous committed
+run is cached for good and the other committed slots are forwarded again each step,
+
+    physical: [prefix][suffix][committed slots 0..r-1 (cached)][other committed slots][window masks]
+
+with its streaming window (the masks within 16 positions of the leftmost one) and its selection rule.
+
 Training (`dlm-lsp train --objective reorder`):
 - server-shaped infill (the canvases of engine/objective.py: n slots, end padding, some slots revealed,
   left-revealed share `ordered`; `holes` per window): [clean text][revealed slots][masked slots], the
@@ -26,6 +34,7 @@ Training (`dlm-lsp train --objective reorder`):
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -34,8 +43,9 @@ import torch
 
 from engine.api import DecodeOptions
 from engine.cache import BatchContext, Rows, pad_stack
+from engine.families import wedlm
 from engine.objective import Example, SpecialIds, _canvas, collate, cut_hole, mdlm_example
-from engine.sampler import Canvas
+from engine.sampler import Canvas, trim_fill
 from engine.tokenizer import TextTokenizer
 
 # physical groups, in this order: clean text, a canvas's revealed slots as if committed over up to
@@ -165,7 +175,12 @@ def collate_reorder(examples: list[ReorderExample], pad_id: int) -> dict[str, to
 @dataclass
 class ReorderCanvas(Canvas):
     """A Canvas (logical ids, masks, selection state: engine/sampler.py's commit runs unchanged) whose
-    K/V buffer holds, in physical order, the context [prefix][suffix] and then each committed slot."""
+    K/V buffer holds, in physical order, the context [prefix][suffix] and then each committed slot.
+
+    Two cache orders (`streaming`): recipe (c) caches every committed slot in the order it was
+    committed; WeDLM (engine/families/wedlm.py) caches only the left-contiguous committed run, in
+    logical order, and runs every other committed slot again each step, in logical order before the
+    masks, as its authors' window does."""
 
     in_cache: list[bool] = field(default_factory=list)  # per slot: its committed token's K/V is cached
     cache_order: list[int] = field(default_factory=list)  # slots in the order their K/V joined the cache
@@ -173,21 +188,74 @@ class ReorderCanvas(Canvas):
     session_key: str | None = None
     reused: int = 0  # context rows taken from the session at the first forward (stats, tests): a full
     # recompute would have forwarded rows_forwarded + reused rows, since reuse changes only the first forward
+    streaming: bool = False  # WeDLM's window and cache order
+    keep: int = 0  # slots that make the fill (the rest: WeDLM's window past the last one); 0: all
 
     def __post_init__(self):
         self.in_cache = [False] * self.n
+        self.streaming = self.cfg.family == "wedlm"
+        self.keep = self.keep or self.n
 
     @classmethod
     def build(cls, prefix: list[int], suffix: list[int], n: int, cfg, opts: DecodeOptions, context_tokens: int = 512,
               device="cpu", heal=None, heal_then=None) -> "ReorderCanvas":
         """Canvas.build, except that a prefix too long for its room loses its head in whole chunks of
-        CUT_CHUNK tokens, so its first rows (and every reusable K/V) stay put while the user types."""
+        CUT_CHUNK tokens, so its first rows (and every reusable K/V) stay put while the user types.
+        WeDLM: its options (wedlm.options), and without a suffix WINDOW - 1 more slots after the n
+        (where the authors' window runs past max_tokens), left out of the fill."""
         ctx = min(context_tokens, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
+        keep = n
+        if cfg.family == "wedlm":
+            opts = wedlm.options(opts)
+            if not suffix:
+                n = max(n, min(n + wedlm.WINDOW - 1, ctx))
         room = ctx - n
         p_room = room - min(len(suffix), room // 3)
         if room > 0 and len(prefix) > p_room:
             prefix = prefix[-(-(len(prefix) - p_room) // CUT_CHUNK) * CUT_CHUNK :]
-        return super().build(prefix, suffix, n, cfg, opts, context_tokens, device, heal, heal_then)
+        c = super().build(prefix, suffix, n, cfg, opts, context_tokens, device, heal, heal_then)
+        c.keep = keep
+        return c
+
+    def fill_ids(self) -> list[int]:
+        """Canvas.fill_ids over the first `keep` slots."""
+        slots, masked = self.slot_ids()[: self.keep], self.masked.tolist()[: self.keep]
+        return trim_fill([t for t, m in zip(slots, masked) if not m], self.cfg.pad_token_id, self.cfg.eos_token_id)
+
+    def fill_confidence(self) -> float:
+        """Canvas.fill_confidence over the first `keep` slots."""
+        logs = []
+        for t, m, p in zip(self.slot_ids()[: self.keep], self.masked.tolist(), self.slot_prob):
+            if m or t == self.cfg.pad_token_id:
+                continue
+            if t == self.cfg.eos_token_id:
+                break
+            logs.append(math.log(max(p, 1e-12)))
+        return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+    def window_now(self, final: bool = False) -> int:
+        """Canvas.window_now; WeDLM: the masked slots within WINDOW positions of the leftmost one
+        (0: all of them, or a final step)."""
+        if not self.streaming:
+            return super().window_now(final)
+        if final or self.last_step_due():
+            return 0
+        ms = self.masked_slots().tolist()
+        k = wedlm.window_masks(ms)
+        return 0 if k == len(ms) else k
+
+    def joining(self, new: list[int]) -> list[int]:
+        """The slots of `new` (committed, not cached, ascending) whose K/V this forward computes for
+        good: all of them (recipe (c)); WeDLM: those extending the cached left-contiguous run."""
+        if not self.streaming:
+            return new
+        out, j = [], len(self.cache_order)
+        for s in new:
+            if s != j:
+                break
+            out.append(s)
+            j += 1
+        return out
 
     def needs_full(self) -> bool:
         # exact cache: no refresh ever needed; cache=False recomputes the whole reordered row each step
@@ -225,8 +293,9 @@ def _alloc(c: ReorderCanvas, kvs) -> None:
 
 def _forward_full(model, c: ReorderCanvas) -> Rows:
     """The whole reordered row in one forward: context, committed slots (cache order, then the last
-    step's), masked slots. Fills the canvas's cache with everything but the masks. With a session, the
-    context's K/V are reused up to its first changed row and only the rest is run."""
+    step's; WeDLM: logical order), masked slots. Fills the canvas's cache with everything but the
+    masks (WeDLM: with the left-contiguous committed run only). With a session, the context's K/V are
+    reused up to its first changed row and only the rest is run."""
     ctx_ids, ctx_pos = c.context_rows()
     first = c.kv is None
     done = c.cache_order + c.pending()
@@ -258,18 +327,20 @@ def _forward_full(model, c: ReorderCanvas) -> Rows:
     Lc = ctx_ids.shape[0]
     if keyed and first:
         c.session.store(c.session_key, ctx_ids, ctx_pos, [(kb[:, :, :Lc], vb[:, :, :Lc]) for kb, vb in c.kv])
-    n_keep = Lc + len(done)
     c.cache_order = []
     c.in_cache = [False] * c.n
-    c._cached(done)
-    c.ctx_len = n_keep
+    join = c.joining(done)  # recipe (c): every committed slot; WeDLM: the run from slot 0 (first in `done`)
+    c._cached(join)
+    c.ctx_len = Lc + len(join)
     c.ctx_version += 1
     c.since_refresh = 1
-    return h[0, n_keep - k :], masks
+    return h[0, Lc + len(done) - k :], masks
 
 
 def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContext | None) -> list[Rows]:
-    """One step for canvases with a cache: each runs its last step's commits, then its masked slots."""
+    """One step for canvases with a cache: each runs its committed slots not cached yet (recipe (c):
+    the last step's commits; WeDLM: every committed slot right of the left-contiguous run), then its
+    masked slots."""
     plans = []
     for c in canvases:
         new = c.pending()
@@ -283,8 +354,9 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
         # next step. key_valid forces the explicit causal mask (also with an empty context).
         h = model.hidden(c.ids[run][None], pos=run[None], ctx=[(kb, vb, c.ctx_len) for kb, vb in c.kv],
                          key_valid=torch.ones(1, run.shape[0], dtype=torch.bool, device=run.device))
-        c._cached(new)
-        c.ctx_len += len(new)
+        join = c.joining(new)  # the first of the run's rows: their K/V stay where they were written
+        c._cached(join)
+        c.ctx_len += len(join)
         c.since_refresh += 1
         c.rows_forwarded += run.shape[0]
         return [(h[0, len(new) :], masks)]
@@ -296,15 +368,16 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
                           return_kv=True)
     out = []
     for i, (c, (new, run, masks)) in enumerate(zip(canvases, plans)):
-        g = len(new)
+        join = c.joining(new)
+        g = len(join)
         for (kb, vb), (kk, vv) in zip(c.kv, kvs):  # the new commits' K/V join the canvas's own cache
             kb[0, :, c.ctx_len : c.ctx_len + g] = kk[i, :, :g]
             vb[0, :, c.ctx_len : c.ctx_len + g] = vv[i, :, :g]
-        c._cached(new)
+        c._cached(join)
         c.ctx_len += g
         c.since_refresh += 1
         c.rows_forwarded += run.shape[0]
-        out.append((h[i, g : g + masks.shape[0]], masks))
+        out.append((h[i, len(new) : len(new) + masks.shape[0]], masks))
     return out
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from engine.api import DecodeOptions
 from engine.cache import BatchContext, Rows, forward_cached, forward_full
 from engine.config import ModelConfig
-from engine.families import dreamon
+from engine.families import dreamon, wedlm
 from engine.families.blocks import block_eligible
 from kernels import slot_stats
 
@@ -519,7 +519,9 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         if cfg.block_size:  # block-causal: the authors' block (and sub-block) order (engine/families/blocks.py)
             elig = block_eligible(cfg, c.start, slot_l, elig)
         conf_e = [conf_l[i] for i in elig]
-        if o.selection in ("topk", "timesteps"):
+        if cfg.family == "wedlm":  # its authors' rule: entropy + position penalty (engine/families/wedlm.py)
+            sub = wedlm.select([slot_l[i] for i in elig], [-x for x in conf_e], slot_l[0])
+        elif o.selection in ("topk", "timesteps"):
             sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
         else:
             sub = select_threshold(conf_e, o.threshold)
@@ -551,6 +553,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     c.steps += 1
     c.tokens_per_step.append(len(pick) + n_tail)
     c.done = c.n_masked == 0
+    if cfg.family == "wedlm":  # its authors' stream ends at a stop token with nothing masked before it
+        c.done = c.done or wedlm.finished(c.slot_ids(), c.masked.tolist(), c.keep, (cfg.eos_token_id,))
     if c.middle is not None:  # DreamOn: a committed expand / end-of-text resizes the middle
         dreamon.edit(c, chosen.tolist())
     return len(pick)

@@ -64,8 +64,9 @@ def run_models(args: argparse.Namespace) -> int:
     print("supported families:")
     for f in FAMILIES:
         extra = f" - {f.note}" if f.note else ""
-        print(f"  {f.name:13} {f.title}: {f.attention}{', shifted' if f.logits_shift else ''}; "
-              f"= transformers {f.hf_class}; {f.licence}{extra}")
+        topo = f.attention + (" + reorder" if f.canvas == "reorder" else "")
+        print(f"  {f.name:13} {f.title}: {topo}{', shifted' if f.logits_shift else ''}; "
+              f"= transformers {f.hf_class}; {f.licence}{'' if f.decodes else ' (forward only)'}{extra}")
     hub = Path(args.cache).expanduser() if args.cache else hub_dir()
     found = scan(hub)
     print(f"\ncheckpoints in {hub}:" + ("" if found else " none"))

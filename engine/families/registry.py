@@ -40,6 +40,7 @@ class Family:
     needs_expand_token: bool = False  # DreamOn shares Dream's config: it is told apart by its expand token
     sub_block: int = 0  # Fast-dLLM v2: sub-blocks decoded left to right inside a block (its generate()'s default)
     mask_fallback: int | None = None  # the mask id its authors' code uses when config.json names none
+    canvas: str | None = None  # ModelConfig.canvas ("reorder": causal with reordering, engine/reorder.py)
     decodes: bool = True  # False: forward parity only (the engine cannot decode it yet)
     note: str = ""
 
@@ -55,7 +56,8 @@ class Family:
         if self.attention == "block_causal":
             block = int(cfg.get(self.block_key) or self.block_default)
         mc = ModelConfig(**fields, attention=self.attention, block_size=block, logits_shift=self.logits_shift,
-                         model_type=str(cfg.get("model_type", "")), family=self.name, sub_block_size=self.sub_block, **ids)
+                         model_type=str(cfg.get("model_type", "")), family=self.name, sub_block_size=self.sub_block,
+                         canvas=self.canvas, **ids)
         return mc.validate()
 
 
@@ -82,12 +84,14 @@ FAMILIES: tuple[Family, ...] = (
            "block_causal", True, "Qwen2ForCausalLM", "see the model card", "Efficient-Large-Model/Fast_dLLM_v2_7B",
            block_key="bd_size", block_default=32, mask_names=("|<MASK>|",), sub_block=8,
            note="sub-blocks (8) are a decoding schedule, not part of the attention"),
-    # WeDLM: its config.json has "mask_token_id": null and its authors' code then uses 151665
-    # (Tencent/WeDLM wedlm/engine/model_runner.py `_init_mask_token`; finetune/src/trainer.py MASK_TOKEN_ID)
+    # WeDLM: causal attention over a reordered canvas (observed first, masks last, logical position
+    # ids); its authors' streaming window in engine/families/wedlm.py. Its config.json has
+    # "mask_token_id": null and its authors' code then uses 151665 (Tencent/WeDLM
+    # wedlm/engine/model_runner.py `_init_mask_token`; finetune/src/trainer.py MASK_TOKEN_ID)
     Family("wedlm", "WeDLM", ("WeDLMForCausalLM",), ("wedlm",), "wedlm", "causal", False,
            "Qwen3ForCausalLM (WeDLM-8B) / Qwen2ForCausalLM (WeDLM-7B)", "Apache-2.0", "tencent/WeDLM-8B-Instruct",
-           mask_fallback=151665, decodes=False,
-           note="forward parity only: its reordered streaming decoding is not implemented"),
+           mask_fallback=151665, canvas="reorder",
+           note="streaming window of 16 positions: entropy + position penalty, committed run cached exactly"),
     Family("open-dcoder", "Open-dCoder", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "bidirectional", True,
            "Qwen2ForCausalLM", "Apache-2.0", "fredzzp/open-dcoder-0.5B", needs_mask_token=True,
            note="a Qwen2 checkpoint is taken for Open-dCoder only when its tokenizer files name a mask token"),
