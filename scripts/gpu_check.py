@@ -49,7 +49,7 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
     out = {}
     for name, spec in SPECS.items():
         folder = write_checkpoint(spec, root / name, seed=seed_of(name))
-        ref, tok, cfg = load_family(folder, "cpu", torch.float32, forward_only=True)  # WeDLM: forward only
+        ref, tok, cfg = load_family(folder, "cpu", torch.float32, forward_only=True)
         model, _, _ = load_family(folder, dev, dtype, forward_only=True)
         ids = torch.tensor([tok.encode("def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i)\n")])
         ids[0, 10:18] = cfg.mask_token_id  # a masked span, as decoding sees it
@@ -60,15 +60,14 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
         top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
         row = {"max_abs_err": float((got - want).abs().max()), "rel_err": rel, "top1_agree": top1,
                "ok": rel <= BF16_REL_TOL or dtype == torch.float32 and rel <= 1e-4}
-        if cfg.family != "wedlm":  # WeDLM's decoding is not the engine's yet (docs/MODELS.md): forward parity only
-            t0 = time.perf_counter()
-            c = Canvas.build(tok.encode("def add(a, b):\n    ret"), tok.encode("\n\nprint(add(1, 2))\n"), 8, cfg,
-                             DecodeOptions(heal=False), device=dev)
-            r = fill(model, c)
-            _sync(dev)
-            row.update(fill_ok=all(0 <= t < cfg.vocab_size and t != cfg.mask_token_id for t in r.ids), fill_steps=r.steps,
-                       fill_ms=(time.perf_counter() - t0) * 1000)
-            row["ok"] = row["ok"] and row["fill_ok"]
+        t0 = time.perf_counter()
+        c = Canvas.build(tok.encode("def add(a, b):\n    ret"), tok.encode("\n\nprint(add(1, 2))\n"), 8, cfg,
+                         DecodeOptions(heal=False), device=dev)
+        r = fill(model, c)
+        _sync(dev)
+        row.update(fill_ok=all(0 <= t < cfg.vocab_size and t != cfg.mask_token_id for t in r.ids), fill_steps=r.steps,
+                   fill_ms=(time.perf_counter() - t0) * 1000)
+        row["ok"] = row["ok"] and row["fill_ok"]
         out[name] = row
         del model, ref
     return out
