@@ -573,7 +573,12 @@ def _opener_on_line(before: str, language_id: str) -> bool:
 
 def to_fill_job(req: FillRequest, deadline: float | None, context_tokens: int = 512, options=None):
     """The engine job for a request (imported lazily: context itself never needs the engine)."""
+    import dataclasses
+
     from engine.api import DecodeOptions, FillJob
 
+    options = options or DecodeOptions()
+    if options.stop_newline is None:  # a single-line hole's fill ends at its line break
+        options = dataclasses.replace(options, stop_newline=req.stop.single_line)
     return FillJob(prefix=req.prefix, suffix=req.suffix, max_tokens=req.mask_slots, deadline=deadline,
-                   options=options or DecodeOptions(), context_tokens=context_tokens, lookup=req.far)
+                   options=options, context_tokens=context_tokens, lookup=req.far)

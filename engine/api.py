@@ -63,6 +63,13 @@ class DecodeOptions:
     # follows them only there gains k x `copy_far` (one the near context already boosts gains nothing
     # more). 0: off; None: the model's setting, else off.
     copy_far: float | None = None
+    # a single-line fill ends at its line break: a slot predicting a whitespace-only token with a
+    # line break in it (the tokenizer's `newline_ids`) is an end, like padding (it may be committed
+    # only as the leftmost masked slot under pad_left, ends the fill, and "every masked slot
+    # predicts an end" stops it). The server's text after the line break is cut anyway; this saves
+    # the steps spent past it. None: on for the line and middle holes of dlm_lsp.context
+    # (to_fill_job), off for a bare job.
+    stop_newline: bool | None = None
     # approximate per-keystroke context reuse for full-attention models (engine/reuse.py): with the
     # job's session key, the first forward reuses the last request's context K/V where its tokens are
     # unchanged (keys re-rotated where positions moved) and runs only the changed tokens + the canvas.

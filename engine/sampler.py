@@ -273,6 +273,7 @@ class Canvas:
     heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
     copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
     copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
+    stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
     reuse: tuple | None = None  # (engine.reuse.ReuseCache, session key): approximate context reuse (None: off)
     reused: int = 0  # context rows whose K/V the first forward took from the session (Fill.reused_tokens)
@@ -507,7 +508,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
     conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
     slot_l = slot_idx.tolist()
-    ends = (cfg.pad_token_id, cfg.eos_token_id)
+    ends = (cfg.pad_token_id, cfg.eos_token_id) + c.stop_ids
     if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
         pick = list(range(len(conf_l)))
     else:
@@ -624,14 +625,17 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 @torch.no_grad()
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
                    context_tokens: int = 512, heal: list[int] | None = None,
-                   heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None) -> list[int]:
+                   heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None,
+                   stop_ids: list[int] | None = None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
     in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
-    `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids)."""
+    `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids); `stop_ids`: Canvas.stop_ids."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
     c.attach_far(lookup)
+    c.stop_ids = tuple(stop_ids or ())
+    ends = (cfg.pad_token_id, cfg.eos_token_id) + c.stop_ids
     assert c.middle is None, "DreamOn's growing middle has its own oracle (tests/test_families_decode.py)"
     then = dict(heal_then or {})
     h_slot, h_ids = (0, set(heal)) if heal else (None, set())
@@ -675,7 +679,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             mp, t2 = float(p[tok]), float(top.values[1])
             ent = float(-(p[p > 0] * p[p > 0].log()).sum())
             conf = {"max_prob": mp, "margin": mp - t2, "neg_entropy": -ent}[opts.confidence]
-            is_pad = tok in (cfg.pad_token_id, cfg.eos_token_id)
+            is_pad = tok in ends
             cand.append((j, tok, conf, is_pad and mp >= opts.pad_stop))
         if opts.window > 0 and not budget_out:  # only the leftmost `window` masked slots are predicted
             cand = cand[: opts.window]
@@ -689,7 +693,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 cand_e = cand
             if opts.pad_left:  # padding only at the leftmost masked slot
                 first = min(masked)
-                cand_e = [x for x in cand_e if x[0] == first or x[1] not in (cfg.pad_token_id, cfg.eos_token_id)] \
+                cand_e = [x for x in cand_e if x[0] == first or x[1] not in ends] \
                     or [x for x in cand if x[0] == first]
             if h_slot == 0 and then:  # slot 1 waits while slot 0 may take a piece of the tail
                 cand_e = [x for x in cand_e if x[0] != 1]
@@ -706,7 +710,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
         if opts.block > 0 or opts.pad_left or opts.window > 0:  # a committed padding/end slot ends the fill
-            ends_at = [x[0] for x in chosen if x[1] in (cfg.pad_token_id, cfg.eos_token_id)]
+            ends_at = [x[0] for x in chosen if x[1] in ends]
             if ends_at:
                 cut = min(ends_at)
                 chosen = [x for x in chosen if x[0] < cut] + [(cut, cfg.eos_token_id if opts.pad_left else

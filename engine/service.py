@@ -320,6 +320,8 @@ class EngineService:
             canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
                                           job.context_tokens, self.device, heal=heal and heal.first,
                                           heal_then=heal and heal.then)
+            if opts.stop_newline and self.cfg.expand_token_id is None and self.cfg.family != "wedlm":
+                canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
             if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
                 canvas.attach_far(self.tok.encode(job.lookup[-LOOKUP_CHARS:]))
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]

@@ -94,6 +94,15 @@ class TextTokenizer:
         hi = bisect.bisect_left(self._sorted, (text + "\U0010ffff",))
         return [i for _, i in self._sorted[lo:hi]]
 
+    def newline_ids(self) -> tuple[int, ...]:
+        """Ids of the ordinary tokens whose text is whitespace with a line break in it (`\\n`,
+        `\\n    `, `\\n\\n`): where a single-line fill ends (DecodeOptions.stop_newline). Built once."""
+        if getattr(self, "_newlines", None) is None:
+            added = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+            self._newlines = tuple(i for i in range(self.vocab_size) if i not in added
+                                   and "\n" in (t := self.tok.decode([i], skip_special_tokens=False)) and not t.strip())
+        return self._newlines
+
     def token_text(self, i: int) -> str:
         return self.tok.decode([i], skip_special_tokens=False)
 
