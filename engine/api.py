@@ -70,6 +70,11 @@ class DecodeOptions:
     # the steps spent past it. None: on for the line and middle holes of dlm_lsp.context
     # (to_fill_job), off for a bare job.
     stop_newline: bool | None = None
+    # draft chaining for the copy boost (prompt-lookup drafts in parallel): a predicted slot whose
+    # left neighbour is a masked slot predicted in the same step takes its left run from that
+    # neighbour's prediction (argmax, after its own boost), so a copied run can be boosted, and
+    # committed, several slots per step. Temperature 0 only. None: the model's setting, else off.
+    copy_chain: bool | None = None
     # approximate per-keystroke context reuse for full-attention models (engine/reuse.py): with the
     # job's session key, the first forward reuses the last request's context K/V where its tokens are
     # unchanged (keys re-rotated where positions moved) and runs only the changed tokens + the canvas.
@@ -143,7 +148,7 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far")  # DecodeOptions a model's serving.json may set
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain")  # DecodeOptions a model's serving.json may set
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
@@ -151,7 +156,7 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
     (serving.json "decode"), else its off value."""
     import dataclasses
 
-    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0}
+    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False}
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

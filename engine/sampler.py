@@ -186,6 +186,26 @@ def copy_bias(left: list[tuple], uni: list[int], succ: dict[tuple, list[int]], v
     return bias
 
 
+def chain_copy_bias(left: list[tuple], chain: list[bool], logits: torch.Tensor, tables: tuple, opts: DecodeOptions,
+                    order: int, far: np.ndarray | None = None, restrict=None) -> torch.Tensor:
+    """copy_bias for draft chaining (DecodeOptions.copy_chain), row by row from the left: row r's
+    run is `left[r]`, or, when `chain[r]` (its left neighbour is row r - 1's slot, masked and
+    predicted now), row r - 1's run plus row r - 1's prediction: the argmax of its logits + bias
+    after `restrict(r - 1, row)` (the mask ban, token healing), cut to `order`."""
+    bias = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
+    runs: list[tuple] = []
+    for r in range(len(left)):
+        run = left[r]
+        if chain[r] and r > 0:
+            row = logits[r - 1] + bias[r - 1]
+            if restrict is not None:
+                row = restrict(r - 1, row)
+            run = (runs[r - 1] + (int(row.argmax()),))[-order:]
+        runs.append(run)
+        bias[r] = copy_bias([run], *tables, logits.shape[-1], opts, dtype=logits.dtype, device=logits.device, far=far)[0]
+    return bias
+
+
 def left_runs(ids: list[int], slot_pos: list[int], order: int, mask_id: int) -> list[tuple]:
     """For each slot position, the committed ids just left of it (up to `order`, stopping at a mask)."""
     out = []
@@ -387,11 +407,18 @@ class Canvas:
             self.copy_far = far_ids(lookup, (self.cfg.mask_token_id, self.cfg.pad_token_id, self.cfg.eos_token_id,
                                              self.cfg.bos_token_id))
 
-    def copy_bias(self, slot_idx: torch.Tensor) -> torch.Tensor:
-        """(M, V) context copy bias for these slots, from the tokens left of them right now."""
-        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], max(1, self.opts.copy_order or 1),
-                         self.cfg.mask_token_id)
-        return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far)
+    def copy_bias(self, slot_idx: torch.Tensor, logits: torch.Tensor | None = None, restrict=None) -> torch.Tensor:
+        """(M, V) context copy bias for these slots, from the tokens left of them right now. With
+        `copy_chain` and the slots' (M, V) `logits`, a slot right of a slot predicted in this step
+        takes that slot's prediction (argmax of its biased row after `restrict(r, row)`) as its left
+        neighbour (chain_copy_bias)."""
+        order = max(1, self.opts.copy_order or 1)
+        slots = slot_idx.tolist()
+        left = left_runs(self.ids.tolist(), [self.start + j for j in slots], order, self.cfg.mask_token_id)
+        if logits is None or not self.opts.copy_chain or self.opts.temperature > 0:
+            return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far)
+        chain = [r > 0 and slots[r - 1] == j - 1 for r, j in enumerate(slots)]
+        return chain_copy_bias(left, chain, logits, self.copy, self.opts, order, self.copy_far, restrict)
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
@@ -477,7 +504,12 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     if o.temperature > 0 or c.copy is not None:  # full logit rows (sampling, or the copy boost)
         logits = model.logits(h).float()  # (M, V)
         if c.copy is not None:
-            logits += c.copy_bias(slot_idx)
+            def restrict(r: int, row: torch.Tensor) -> torch.Tensor:  # what the row's pick must obey (chaining)
+                row = row.clone()
+                row[cfg.mask_token_id] = float("-inf")
+                return heal_logits(row, c.heal_ids(final or c.last_step_due())) if r == 0 and c.heal_open else row
+            chained = c.middle is None and cfg.family != "wedlm"
+            logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
         if o.temperature > 0:
             logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
@@ -661,7 +693,25 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     run.insert(0, seq[q])
                     q -= 1
                 left.append(tuple(run))
-            bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)
+            budget_now = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
+            if opts.copy_chain and c.middle is None and cfg.family != "wedlm":
+                # draft chaining: slot j - 1 masked too -> its biased, restricted argmax continues j's run
+                bias = torch.zeros(len(masked), logits.shape[-1], dtype=torch.float64)
+                runs: list[tuple] = []
+                for r, j in enumerate(masked):
+                    run = left[r]
+                    if r > 0 and masked[r - 1] == j - 1:
+                        row = logits[s + j - 1 - shift] + bias[r - 1]
+                        row[cfg.mask_token_id] = float("-inf")
+                        if h_slot is not None and j - 1 == h_slot:
+                            allowed = sorted(h_ids - set(then) if budget_now and h_slot == 0 else h_ids)
+                            row = torch.where(torch.isin(torch.arange(row.shape[0]), torch.tensor(allowed)), row,
+                                              torch.full_like(row, float("-inf")))
+                        run = (runs[r - 1] + (int(torch.argmax(row)),))[-max(1, opts.copy_order or 1):]
+                    runs.append(run)
+                    bias[r] = copy_bias([run], *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)[0]
+            else:
+                bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)
             for r, j in enumerate(masked):
                 logits[s + j - shift] += bias[r]
         logits[:, cfg.mask_token_id] = float("-inf")

@@ -143,3 +143,54 @@ async def test_server_sends_the_other_open_documents_as_lookup():
         open_doc(c, "file:///tmp/dlm-far/a.py", "value = \n")
         items = await inline(c, "file:///tmp/dlm-far/a.py", 0, 8)
         assert items[0]["insertText"] == "def far_help"
+
+
+# ----------------------------------------------------------------------------- draft chaining
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("window,cache,heal", [(0, False, False), (3, True, False), (0, True, True), (16, True, True)])
+def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, window, cache, heal):
+    from engine.config import ModelConfig
+    from engine.model import Transformer
+    from engine.sampler import Canvas, fill, reference_fill
+
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
+                      mask_token_id=2, pad_token_id=249, eos_token_id=1, bos_token_id=3).validate()
+    model = Transformer(cfg)
+    model.init_weights(0)
+    model.eval()
+    import torch
+
+    more = 0
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        prefix = torch.randint(4, 60, (40,), generator=g).tolist()  # a small alphabet: runs repeat
+        suffix = torch.randint(4, 60, (8,), generator=g).tolist()
+        lookup = (prefix[5:25] * 3)
+        h = sorted({prefix[-1], prefix[-2], 7, 8, 9})[:4] if heal else None
+        base = dict(threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=2.0, copy_order=3,
+                    copy_far=3.0)
+        on, off = DecodeOptions(**base, copy_chain=True), DecodeOptions(**base, copy_chain=False)
+        c = Canvas.build(prefix, suffix, 8, model.cfg, on, heal=h)
+        c.attach_far(lookup)
+        got = fill(model, c)
+        assert got.ids == reference_fill(model, prefix, suffix, 8, on, heal=h, lookup=lookup), f"seed {seed}"
+        c0 = Canvas.build(prefix, suffix, 8, model.cfg, off, heal=h)
+        c0.attach_far(lookup)
+        plain = fill(model, c0)
+        assert plain.ids == reference_fill(model, prefix, suffix, 8, off, heal=h, lookup=lookup)
+        more += got.steps < plain.steps
+    assert more  # chaining commits copied runs in fewer steps
+
+
+def test_copy_chain_is_a_model_tunable_default(tmp_path):
+    from engine.api import with_model_defaults
+    from engine.checkpoint import serving_defaults
+
+    (tmp_path / "serving.json").write_text('{"decode": {"copy_chain": true}}')
+    assert serving_defaults(tmp_path)["decode"] == {"copy_chain": True}
+    assert with_model_defaults(DecodeOptions(), {"copy_chain": True}).copy_chain is True
+    assert with_model_defaults(DecodeOptions(), {}).copy_chain is False
+    (tmp_path / "serving.json").write_text('{"decode": {"copy_chain": 1}}')
+    assert serving_defaults(tmp_path) == {}
