@@ -540,7 +540,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
     conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
     slot_l = slot_idx.tolist()
-    ends = (cfg.pad_token_id, cfg.eos_token_id) + c.stop_ids
+    # a line break the healed slots re-type lies before the cursor: no stop while the heal is open
+    ends = (cfg.pad_token_id, cfg.eos_token_id) + (() if c.heal_open else c.stop_ids)
     if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
         pick = list(range(len(conf_l)))
     else:
@@ -679,6 +680,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     steps = 0
     groups: list[list[int]] = []  # slots committed at each step (the reorder layout's cache order)
     while masked:
+        ends_now = ends if h_slot is None else (cfg.pad_token_id, cfg.eos_token_id)  # no stop while healing
         if cfg.canvas == "reorder":  # the whole reordered row, recomputed, its logits in logical order
             from engine.reorder import reference_logits
 
@@ -729,7 +731,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             mp, t2 = float(p[tok]), float(top.values[1])
             ent = float(-(p[p > 0] * p[p > 0].log()).sum())
             conf = {"max_prob": mp, "margin": mp - t2, "neg_entropy": -ent}[opts.confidence]
-            is_pad = tok in ends
+            is_pad = tok in ends_now
             cand.append((j, tok, conf, is_pad and mp >= opts.pad_stop))
         if opts.window > 0 and not budget_out:  # only the leftmost `window` masked slots are predicted
             cand = cand[: opts.window]
@@ -743,7 +745,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 cand_e = cand
             if opts.pad_left:  # padding only at the leftmost masked slot
                 first = min(masked)
-                cand_e = [x for x in cand_e if x[0] == first or x[1] not in ends] \
+                cand_e = [x for x in cand_e if x[0] == first or x[1] not in ends_now] \
                     or [x for x in cand if x[0] == first]
             if h_slot == 0 and then:  # slot 1 waits while slot 0 may take a piece of the tail
                 cand_e = [x for x in cand_e if x[0] != 1]
@@ -760,7 +762,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
         if opts.block > 0 or opts.pad_left or opts.window > 0:  # a committed padding/end slot ends the fill
-            ends_at = [x[0] for x in chosen if x[1] in ends]
+            ends_at = [x[0] for x in chosen if x[1] in ends_now]
             if ends_at:
                 cut = min(ends_at)
                 chosen = [x for x in chosen if x[0] < cut] + [(cut, cfg.eos_token_id if opts.pad_left else

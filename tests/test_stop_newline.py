@@ -72,3 +72,23 @@ def test_service_fill_with_stop_newline_equals_the_oracle_and_has_no_line_break(
         p_ids, s_ids = service.tok.encode_batch([prefix, "\n"])
         want = reference_fill(service.model, p_ids, s_ids, 12, o, stop_ids=list(service.tok.newline_ids()))
         assert got.token_ids == want and "\n" not in got.text
+
+
+def test_a_healed_line_break_before_the_cursor_is_not_an_end(service):
+    # the cursor right after an indentation: healing re-types "\n    " (a stop id) in slot 0; that
+    # line break is before the cursor, so it must not end the fill (it did: "healed fill '' ...")
+    o = DecodeOptions(threshold=0.5, stop_newline=True, refresh_every=1)
+    seen = 0
+    for prefix in ("def add(a, b):\n    ", "class Point:\n    def __init__(self, x, y):\n        ", "for i in range(10):\n"):
+        p_ids, s_ids = service.tok.encode_batch([prefix, "\n"])
+        h = service.tok.heal(p_ids)
+        if h is None or not set(h.first) & set(service.tok.newline_ids()):
+            continue
+        seen += 1
+        got = service.run_now(FillJob(prefix=prefix, suffix="\n", max_tokens=12, options=o))
+        want = reference_fill(service.model, p_ids[: -h.k], s_ids, 13, o, heal=h.first, heal_then=h.then,
+                              stop_ids=list(service.tok.newline_ids()))
+        assert service.tok.decode(want).startswith(h.text)
+        assert got.text == service.tok.decode(want)[len(h.text):]
+        assert "\n" not in got.text
+    assert seen  # at least one prefix heals a line break
