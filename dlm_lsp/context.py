@@ -36,6 +36,7 @@ PREFIX_SHARE = 0.7  # of the character budget; the rest goes to the suffix
 IMPORTS_SHARE = 0.25  # of the prefix budget, at most, for imports kept from outside the window
 FAR_BEFORE = 16000  # characters of the document before the prefix window searched by the copy boost (FillRequest.far)
 FAR_AFTER = 8000  # and after the suffix window
+FAR_KINDS = ("line",)  # hole kinds whose jobs carry the far text (FillJob.lookup)
 NEIGHBOUR_CHARS = 24000  # characters of other open documents searched by the copy boost (neighbour_text)
 
 OPENERS, CLOSERS = "([{", ")]}"
@@ -580,5 +581,8 @@ def to_fill_job(req: FillRequest, deadline: float | None, context_tokens: int = 
     options = options or DecodeOptions()
     if options.stop_newline is None:  # a single-line hole's fill ends at its line break
         options = dataclasses.replace(options, stop_newline=req.stop.single_line)
+    # the far side of the copy boost for rest-of-line holes only: on block and middle holes it made
+    # fills longer and fewer of them accepted (docs/MODEL.md, session 7 levers)
+    lookup = req.far if req.hole_kind in FAR_KINDS else ""
     return FillJob(prefix=req.prefix, suffix=req.suffix, max_tokens=req.mask_slots, deadline=deadline,
-                   options=options, context_tokens=context_tokens, lookup=req.far)
+                   options=options, context_tokens=context_tokens, lookup=lookup)

@@ -33,7 +33,12 @@ def test_far_text_is_the_document_outside_both_windows():
     assert "value = helper_" not in req.far and "after_0(x)" not in req.far  # the suffix window is not in it
     short = build_request(_doc("x = 1\ny = x\n"), 6)  # a short document: nothing beyond the windows
     assert short.far == ""
-    assert to_fill_job(req, None).lookup == req.far
+    assert to_fill_job(req, None).lookup == (req.far if req.hole_kind == "line" else "")
+    line = build_request(_doc(text), len(body) + len("value = hel"))
+    line.hole_kind = "line"
+    assert to_fill_job(line, None).lookup == line.far != ""
+    line.hole_kind = "block"  # multi-line and middle holes carry no far text (measured: docs/MODEL.md)
+    assert to_fill_job(line, None).lookup == ""
 
 
 def test_lookup_crosses_the_engine_socket():
