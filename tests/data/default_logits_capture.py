@@ -48,7 +48,19 @@ with torch.no_grad():
             r2 = fill(m, Canvas.build(pre, suf, 12, cfg, o2))
             out["default_fill_nocache_ids"] = torch.tensor(r2.ids + [-1], dtype=torch.float32)
 rev = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-meta.update(commit=rev, cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__)
+def cpu_vendor() -> str:
+    """GenuineIntel / AuthenticAMD (/proc/cpuinfo): the same ISA level rounds differently across vendors."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+meta.update(commit=rev, cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
+            cpu_vendor=cpu_vendor())
 out = {k: v.contiguous() for k, v in out.items()}
 save_file(out, str(Path(__file__).with_suffix(".safetensors")).replace("_capture", ""), metadata={k: str(v) for k, v in meta.items()})
 print(meta, {k: tuple(v.shape) for k, v in out.items()})
