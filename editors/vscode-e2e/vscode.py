@@ -161,7 +161,17 @@ class VSCode:
         (self.user_data / "User" / "settings.json").write_text(json.dumps(self.user_settings, indent=2))
 
     def read_settings(self) -> dict:
-        return json.loads((self.user_data / "User" / "settings.json").read_text())
+        """User settings.json as VS Code last wrote it. VS Code truncates the file before it writes
+        it, so a read can land between the two: it is retried until the file parses (5 s)."""
+        path = self.user_data / "User" / "settings.json"
+
+        def parsed():
+            try:
+                return [json.loads(path.read_text())]
+            except json.JSONDecodeError:
+                return None
+
+        return wait_for(parsed, 5, f"{path} to hold whole JSON", interval=0.05)[0]
 
     # ------------------------------------------------------------------ lifecycle
 
