@@ -23,6 +23,8 @@ COMMANDS = {
     "fuzz": ("dlm_lsp.fuzz", "add_fuzz_args", "run_fuzz", "drive the server with seeded valid and hostile input and check it"),
     "soak": ("dlm_lsp.soak", "add_soak_args", "run_soak", "type code into the server for minutes and watch latency and memory"),
     "eval": ("dlm_lsp.evaluate", "add_eval_args", "run_eval", "evaluate fills on held-out holes"),
+    "calibrate": ("dlm_lsp.calibrate", "add_calibrate_args", "run_calibrate",
+                  "fit the calibrated confidence gate (P(accepted)) on dlm-lsp eval --samples files"),
     "corpus": ("engine.corpus_build", "add_corpus_args", "run_corpus",
                "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),

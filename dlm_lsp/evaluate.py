@@ -119,8 +119,11 @@ class Sample:
     tokens: int
     server_kind: str  # the hole kind the server's context builder saw
     replace_len: int = 0  # the shown fill also replaces this many characters after the cursor
-    confidence: float = 1.0  # the engine's confidence (Fill.confidence)
+    confidence: float = 1.0  # what the gate compares: the calibrated score, else the engine's confidence
     ungated: str | None = None  # what would be shown with no confidence gate (None: same as shown)
+    raw_confidence: float = 1.0  # the engine's confidence (Fill.confidence)
+    features: list | None = None  # calibrate.features of the ungated fill (None: nothing to show)
+    ungated_replace_len: int = 0  # replace_len of the ungated fill
 
 
 def _request(hole: Hole, neighbours: str = ""):
@@ -155,12 +158,13 @@ def _postprocessor():
         from dlm_lsp.postprocess import SyntaxCheck, finish
     except ImportError:
         return "stop rules only (dlm_lsp.postprocess.finish not importable)", \
-            lambda doc, req, raw, confidence=1.0, min_confidence=0.0: (apply_stop_rules(req, raw), 0)
+            lambda doc, req, raw, confidence=1.0, min_confidence=0.0, calibrator=None: \
+            (apply_stop_rules(req, raw), 0, None)
 
-    def run(doc, req, raw, confidence=1.0, min_confidence=0.0):
+    def run(doc, req, raw, confidence=1.0, min_confidence=0.0, calibrator=None):
         check = SyntaxCheck(doc.text, doc.tree, doc.parser, req.offset) if doc.tree is not None else None
-        out = finish(req, raw, check, confidence=confidence, min_confidence=min_confidence)
-        return out.text, out.replace_len
+        out = finish(req, raw, check, confidence=confidence, min_confidence=min_confidence, calibrator=calibrator)
+        return out.text, out.replace_len, out.score
 
     return "dlm_lsp.postprocess.finish + SyntaxCheck", run
 
@@ -193,6 +197,7 @@ class Filler:
     min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
+    calibrator = None  # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
 
     def __init__(self):
         self.post_name, self.post = _postprocessor()
@@ -212,12 +217,15 @@ class Filler:
         engine_ms = (time.perf_counter() - t1) * 1000
         # post-processed without the gate, then gated: the same as gating inside finish(), whose first
         # filter the gate is, and the curve over every gate comes from this one pass
-        ungated, replace_len = self.post(doc, req, raw, self.last_confidence, 0.0)
-        conf = self.last_confidence
+        ungated, replace_len, score = self.post(doc, req, raw, self.last_confidence, 0.0, self.calibrator)
+        conf = score if self.calibrator is not None and score is not None else self.last_confidence
         shown = ungated if conf >= self.min_confidence or not ungated.strip() else ""
         ms = (time.perf_counter() - t0) * 1000
+        from dlm_lsp.calibrate import features
+
+        feats = features(req, ungated, self.last_confidence, replace_len) if ungated.strip() else None
         return Sample(raw, shown, ms, engine_ms, steps, tokens, req.hole_kind, replace_len if shown else 0,
-                      conf, ungated)
+                      conf, ungated, self.last_confidence, feats, replace_len)
 
 
 class DiffusionFiller(Filler):
@@ -251,6 +259,7 @@ class TypedReuseFiller(DiffusionFiller):
     def __init__(self, base: DiffusionFiller, typing: int):
         Filler.__init__(self)
         self.service, self.budget_ms, self.min_confidence = base.service, base.budget_ms, base.min_confidence
+        self.calibrator = getattr(base, "calibrator", None)
         self.options = dataclasses.replace(base.options, reuse=True)
         self.typing = typing
         self.session: str | None = None
@@ -425,7 +434,7 @@ def accept_curve(holes: list[Hole], samples: list[Sample], gates=None) -> list[d
             text = s.ungated if s.ungated is not None else s.shown
             if _shown(text) and s.confidence >= g:
                 shown += 1
-                acc += _accepted(h, text, s.replace_len)
+                acc += _accepted(h, text, s.ungated_replace_len if s.ungated is not None else s.replace_len)
         out.append({"gate": g, "shown": round(shown / n, 4), "accepted": round(acc / max(1, shown), 4)})
     return out
 
@@ -516,8 +525,14 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
                 keep.append(s)
             done += 1
             if samples_out is not None:
-                samples_out.write(json.dumps({"model": label, **h.describe(), "raw": s.raw, "shown": s.shown,
-                                              "ms": round(s.ms, 1), "server_kind": s.server_kind}) + "\n")
+                ungated = s.ungated if s.ungated is not None else s.shown
+                samples_out.write(json.dumps({
+                    "model": label, **h.describe(), "raw": s.raw, "shown": s.shown, "ms": round(s.ms, 1),
+                    "server_kind": s.server_kind, "ungated": ungated, "confidence": round(s.raw_confidence, 6),
+                    "score": round(s.confidence, 6), "features": s.features,
+                    # what `dlm-lsp calibrate` fits: would the user keep the ungated fill
+                    "accepted": _accepted(h, ungated, s.ungated_replace_len) if _shown(ungated) else None,
+                }) + "\n")
             if done % 50 == 0 or done == total:
                 print(f"[eval{' ' + label if label else ''}] {done}/{total} holes, {time.time() - t0:.0f} s",
                       file=sys.stderr, flush=True)
@@ -567,6 +582,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                    help="""override the server's decoding options, e.g. '{"pad_left": false}'""")
     p.add_argument("--min-confidence", type=float, default=None,
                    help="hide fills the engine is less sure of (default: the server's minConfidence)")
+    p.add_argument("--raw-gate", action="store_true",
+                   help="gate on the engine's raw confidence even where the model has a calibrated gate "
+                        "(serving.json \"calibrator\"): the calibrator off, for comparison")
     p.add_argument("--reuse-typing", type=int, default=0, metavar="N",
                    help="also fill each hole after typing its last N characters one at a time with approximate "
                         "context reuse on (DecodeOptions.reuse; reuse_budget from --decode): quality with reuse on vs off")
@@ -619,6 +637,10 @@ def run_eval(args: argparse.Namespace) -> int:
             return 2
         dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms,
                               options=decode)
+        if not getattr(args, "raw_gate", False):  # the model's calibrated gate, as the server applies it
+            from dlm_lsp.calibrate import Calibrator
+
+            dlm.calibrator = Calibrator.from_json(dlm.service.serving.get("calibrator"))
         # the server's gate: the user's minConfidence (here --min-confidence), else the model's own
         default_gate = InitializationOptions().min_confidence
         dlm.min_confidence = (args.min_confidence if args.min_confidence is not None
@@ -668,6 +690,8 @@ def run_eval(args: argparse.Namespace) -> int:
         "postprocess": dlm.post_name,
         "budget_ms": args.budget_ms,
         "min_confidence": dlm.min_confidence,
+        # the gate compared the calibrated P(accepted) (serving.json "calibrator") or the raw confidence
+        "gate_on": "calibrated" if dlm.calibrator is not None else "confidence",
         "device": args.device,
         "threads": args.threads,
         "elapsed_s": round(time.time() - t_start, 1),

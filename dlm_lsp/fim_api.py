@@ -267,7 +267,7 @@ class FimPipeline:
         return Prepared(p, req, job, check, arrival, (time.perf_counter() - t0) * 1000)
 
     @staticmethod
-    def complete(prep: Prepared, fill, gate: float = 0.0) -> Completed:
+    def complete(prep: Prepared, fill, gate: float = 0.0, calibrator=None) -> Completed:
         """The completion text of a fill: stop sequences cut the engine's text, then (unless the
         request turned it off) the language server's post-processing decides what may be shown."""
         p = prep.params
@@ -280,7 +280,8 @@ class FimPipeline:
             text, dropped = raw, None
         else:
             gate = p.min_confidence if p.min_confidence is not None else gate
-            fin = postprocess.finish(prep.request, raw, prep.check, confidence=fill.confidence, min_confidence=gate)
+            fin = postprocess.finish(prep.request, raw, prep.check, confidence=fill.confidence, min_confidence=gate,
+                                     calibrator=calibrator)
             text, dropped = fin.text, fin.dropped
         # every slot held text and nothing cut it: the fill may go on past max_tokens
         length = not stopped and fill.tokens >= prep.job.max_tokens and not dropped

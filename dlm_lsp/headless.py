@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlm_lsp import context, postprocess
+from dlm_lsp.calibrate import Calibrator
 from dlm_lsp.documents import Document, language_id_for_path
 from dlm_lsp.options import InitializationOptions
 
@@ -79,7 +80,9 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
     gate = InitializationOptions().min_confidence if min_confidence is None else min_confidence
     if gate is None:  # the model's own gate, as the server applies it
         gate = getattr(engine, "serving", {}).get("min_confidence", 0.0)
-    fin = postprocess.finish(req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate)
+    cal = Calibrator.from_json(getattr(engine, "serving", {}).get("calibrator"))
+    fin = postprocess.finish(req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate,
+                             calibrator=cal)
     latency = (time.monotonic() - arrival) * 1000
     idx = doc.index()
     start = idx.position(offset)

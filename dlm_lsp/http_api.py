@@ -109,6 +109,16 @@ class FimServer:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
     @property
+    def calibrator(self):
+        """The engine's calibrated gate (dlm_lsp.calibrate), or None: the raw confidence is gated."""
+        from dlm_lsp.calibrate import Calibrator
+
+        raw = self.info.get("calibrator")
+        if raw is not getattr(self, "_calibrator_raw", None):
+            self._calibrator_raw, self._calibrator = raw, Calibrator.from_json(raw)
+        return getattr(self, "_calibrator", None)
+
+    @property
     def gate(self) -> float:
         g = self.info.get("gate")
         return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) else 0.0
@@ -217,7 +227,8 @@ class FimServer:
             return self._error(e)
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_id, "object": "model", "created": 0, "owned_by": "dlm-lsp",
-            "dlm": {"state": self.state, "gate": self.info.get("gate"), "max_fill_tokens": self.limits.max_tokens_cap,
+            "dlm": {"state": self.state, "gate": self.info.get("gate"), "calibrator": self.info.get("calibrator"),
+                    "max_fill_tokens": self.limits.max_tokens_cap,
                     "max_body_bytes": self.limits.max_body_bytes, "max_deadline_ms": self.limits.max_deadline_ms,
                     "default_deadline_ms": self.budget_ms, "language": self.language},
         }]})
@@ -256,7 +267,7 @@ class FimServer:
             prep = self.pipeline.prepare(p, arrival)
             fut = self.engine.submit(prep.job)
             fill = await self._await_fill(request, prep, fut)
-            done = self.pipeline.complete(prep, fill, self.gate)
+            done = self.pipeline.complete(prep, fill, self.gate, self.calibrator)
             use = fim_api.usage(self._prompt_tokens(prep), fill.tokens, flavour)
             dlm = fim_api.timing(prep, fill, done)
             cid = fim_api.completion_id()

@@ -45,6 +45,9 @@ class Finished:
     replace_len: int = 0
     dropped: str | None = None  # why nothing is shown (None when text is non-empty)
     postprocess_ms: float = 0.0
+    # what the gate compared with min_confidence: the calibrated P(accepted) of the finished text
+    # (calibrate.Calibrator) when finish() had a calibrator, else the engine's confidence
+    score: float | None = None
 
 
 # ----------------------------------------------------------------------------- small rules
@@ -377,15 +380,19 @@ def _boundary(s: str, i: int) -> bool:
 
 
 def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | None = None,
-           filters: bool = True, confidence: float = 1.0, min_confidence: float = 0.0) -> Finished:
+           filters: bool = True, confidence: float = 1.0, min_confidence: float = 0.0,
+           calibrator=None) -> Finished:
     """Returns the fill to show for `req` from the engine's `raw` text (empty text = show nothing).
-    A fill the engine was less sure of than `min_confidence` (Fill.confidence) is not shown."""
+    A fill the engine was less sure of than `min_confidence` (Fill.confidence) is not shown; with a
+    `calibrator` (calibrate.Calibrator, the model's own) the gate compares the calibrated probability
+    that the finished text is accepted instead, after the other filters."""
     t0 = time.perf_counter()
 
-    def done(text: str, replace_len: int = 0, dropped: str | None = None) -> Finished:
+    def done(text: str, replace_len: int = 0, dropped: str | None = None, score: float | None = None) -> Finished:
         if not text.strip():
             text, replace_len, dropped = "", 0, dropped or "empty"
-        return Finished(text, replace_len, dropped, (time.perf_counter() - t0) * 1000)
+        return Finished(text, replace_len, dropped, (time.perf_counter() - t0) * 1000,
+                        confidence if score is None and calibrator is None else score)
 
     text = strip_specials(raw).replace("\r\n", "\n")
     if req.stop.single_line:
@@ -399,7 +406,7 @@ def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | No
     text = text.rstrip()
     if not filters:
         return done(text)
-    if text.strip() and confidence < min_confidence:
+    if calibrator is None and text.strip() and confidence < min_confidence:
         return done("", dropped=f"low confidence ({confidence:.2f} < {min_confidence:.2f})")
     text = cut_degenerate(text)
     if not text.strip():
@@ -432,7 +439,13 @@ def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | No
             return done("", dropped="adds syntax errors")
         if clean != text:
             text, replace_len = balance_brackets(clean, req)
-    return done(text.rstrip(), replace_len)
+    text = text.rstrip()
+    if calibrator is not None:
+        score = calibrator.score(req, text, confidence, replace_len)
+        if score < min_confidence:
+            return done("", dropped=f"low acceptance score ({score:.2f} < {min_confidence:.2f})", score=score)
+        return done(text, replace_len, score=score)
+    return done(text, replace_len)
 
 
 # ----------------------------------------------------------------------------- syntax check

@@ -28,7 +28,7 @@ import time
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from dlm_lsp import context, postprocess
+from dlm_lsp import calibrate, context, postprocess
 from dlm_lsp.documents import DocumentStore, require_sync_types
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
@@ -268,7 +268,8 @@ class DlmServer(LanguageServer):
             check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
                      if tree is not None and self.options.postprocess else None)
             fin = postprocess.finish(req, fill.text, check, filters=self.options.postprocess,
-                                     confidence=fill.confidence, min_confidence=self.fill_gate())
+                                     confidence=fill.confidence, min_confidence=self.fill_gate(),
+                                     calibrator=self.fill_calibrator())
             latency = (time.monotonic() - arrival) * 1000
             self.stats.last_latency_ms = round(latency, 1)
             log.debug(
@@ -308,6 +309,14 @@ class DlmServer(LanguageServer):
                 outcome = "cancelled"  # the client got RequestCancelled, whatever became of the work
             with self.stats._lock:
                 setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+
+    def fill_calibrator(self):
+        """The model's calibrated gate (serving.json "calibrator", reported by the engine), or None:
+        the gate then compares the engine's raw confidence."""
+        raw = self.engine_info.get("calibrator")
+        if raw is not getattr(self, "_calibrator_raw", None):
+            self._calibrator_raw, self._calibrator = raw, calibrate.Calibrator.from_json(raw)
+        return getattr(self, "_calibrator", None)
 
     def fill_gate(self) -> float:
         """The confidence gate on shown fills: the user's minConfidence, else the model's own

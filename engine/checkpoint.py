@@ -59,8 +59,9 @@ SERVING_FILE = "serving.json"  # per-model serving defaults written by the proje
 
 def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
-    [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve) and {"decode":
-    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS). Missing, unreadable or
+    [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
+    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS) and {"calibrator": {...}} (the
+    gate's acceptance model, dlm_lsp.calibrate). Missing, unreadable or
     out-of-range values are left out (the server's own defaults), never an error."""
     path = Path(folder) / SERVING_FILE
     try:
@@ -82,6 +83,9 @@ def serving_defaults(folder: Path) -> dict:
           or (k == "copy_chain" and isinstance(v, bool))}
     if ok:
         out["decode"] = ok
+    # the calibrated gate (dlm_lsp.calibrate.Calibrator), checked by the server that applies it
+    if isinstance(raw.get("calibrator"), dict):
+        out["calibrator"] = raw["calibrator"]
     return out
 
 

@@ -95,6 +95,7 @@ class HttpEngine:
         self.state, self.message = "idle", None
         self.dlm = False  # the endpoint is a dlm-lsp http server (seen in its /v1/models)
         self.gate: float | None = None
+        self.calibrator: dict | None = None  # the remote model's calibrated gate (dlm_lsp.calibrate)
         self.requests = 0
         self._api_key: str | None = None
         self._client = None
@@ -118,7 +119,8 @@ class HttpEngine:
         if self.on_state is not None:
             try:
                 self.on_state(state, {"model": self.model_id or self.base, "device": self.host, "message": message,
-                                      "threads": None, "gate": self.gate, "engine": "http"})
+                                      "threads": None, "gate": self.gate, "calibrator": self.calibrator,
+                                      "engine": "http"})
             except Exception:  # a broken callback must not stop the engine thread
                 log.exception("on_state callback failed")
 
@@ -236,6 +238,8 @@ class HttpEngine:
         self.dlm = isinstance(ext, dict)
         gate = ext.get("gate") if self.dlm else None
         self.gate = float(gate) if isinstance(gate, (int, float)) and not isinstance(gate, bool) else None
+        cal = ext.get("calibrator") if self.dlm else None  # the remote model's calibrated gate, with its gate
+        self.calibrator = cal if isinstance(cal, dict) else None
 
     # ------------------------------------------------------------ jobs
 

@@ -149,7 +149,8 @@ class EngineService:
             try:
                 self.on_state(state, {"model": str(self.model_name or "default"), "device": str(self.device or self.device_name),
                                       "message": message, "threads": self.threads,
-                                      "gate": self.serving.get("min_confidence")})
+                                      "gate": self.serving.get("min_confidence"),
+                                      "calibrator": self.serving.get("calibrator")})
             except Exception:  # a broken callback must not kill the engine
                 log.exception("on_state callback failed")
 

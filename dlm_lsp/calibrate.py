@@ -1,0 +1,199 @@
+"""The calibrated gate: the probability that a user accepts a fill, from what the server knows once
+the fill is post-processed, instead of the engine's raw confidence alone.
+
+The engine's confidence (Fill.confidence, the geometric mean of the committed tokens' probabilities)
+ranks fills poorly on its own: a long fill copied from a line elsewhere in the file is often right at
+a modest confidence, and two confident characters after `(` are often wrong. `Calibrator` is a
+logistic regression over a few features of the request and the finished text (`features`); its
+output replaces the raw confidence at the gate (postprocess.finish), so the model's `min_confidence`
+reads as "show a fill when P(accepted) >= gate". It is fitted (`fit`, `dlm-lsp calibrate`) on the
+samples `dlm-lsp eval --samples` writes, which carry each fill's features and whether the true text
+starts with it (`accepted`, as the eval counts it), and stored in the model's serving.json under
+"calibrator". A model without one gates on the raw confidence as before.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+FEATURES = (
+    "logit_confidence",  # log(c / (1 - c)) of the engine's confidence, c clipped to [1e-4, 1 - 1e-4]
+    "log_chars",  # log(1 + non-space characters of the fill)
+    "log_typed",  # log(1 + non-space characters typed on the line before the cursor)
+    "in_context",  # the fill (>= 4 non-space characters) occurs verbatim in the context or far text
+    "line_in_context",  # the cursor line up to the fill's end occurs elsewhere in the context
+    "after_dot",  # the line before the cursor ends with "."
+    "after_open",  # ... with an opening bracket or a comma
+    "after_word",  # ... with a letter, digit or "_"
+    "after_space",  # ... with a space or "=" (an operator or keyword position)
+    "line_start",  # nothing but indentation before the cursor
+    "kind_args", "kind_middle", "kind_block",  # the server's hole kind (line is the base)
+    "code_after",  # code after the cursor on its line
+    "replaces",  # the fill also re-types characters after the cursor
+    "ends_colon",  # the fill ends with ":" (opens a block)
+    "multi_line",  # the fill spans lines
+)
+
+
+def _clip(c: float) -> float:
+    return min(max(float(c), 1e-4), 1 - 1e-4)
+
+
+def features(req, text: str, confidence: float, replace_len: int = 0) -> list[float]:
+    """The FEATURES of a finished fill `text` for request `req` (context.FillRequest), in order."""
+    c = _clip(confidence)
+    before = req.line_before
+    tail = before.rstrip(" \t")
+    last = before[-1:] if before else ""
+    compact = text.strip()
+    chars = len("".join(text.split()))
+    # where the fill could have been copied from: the window and the far text, without the cursor
+    # line's own start (which trivially contains the typed part)
+    cut = len(req.prefix) - len(before)
+    context = req.prefix[: max(0, cut)] + "\n" + req.suffix + "\n" + (getattr(req, "far", "") or "")
+    first = text.split("\n", 1)[0]
+    line = (before.lstrip() + first).strip()
+    return [
+        math.log(c / (1 - c)),
+        math.log1p(chars),
+        math.log1p(len("".join(before.split()))),
+        float(chars >= 4 and compact in context),
+        float(len(line) >= 8 and line in context),
+        float(tail.endswith(".")),
+        float(bool(tail) and tail[-1] in "([{,"),
+        float(bool(last) and (last.isalnum() or last == "_")),
+        float(last in (" ", "\t") or tail.endswith("=")),
+        float(not before.strip()),
+        float(req.hole_kind == "args"), float(req.hole_kind == "middle"), float(req.hole_kind == "block"),
+        float(bool(req.line_after.strip())),
+        float(replace_len > 0),
+        float(text.rstrip().endswith(":")),
+        float("\n" in text.strip("\n")),
+    ]
+
+
+@dataclass
+class Calibrator:
+    """P(accepted) = sigmoid(bias + weights . features(...)); `names` are the FEATURES it was fitted on."""
+
+    names: tuple[str, ...]
+    weights: tuple[float, ...]
+    bias: float
+    fit_info: dict | None = None
+
+    def score(self, req, text: str, confidence: float, replace_len: int = 0) -> float:
+        x = dict(zip(FEATURES, features(req, text, confidence, replace_len)))
+        z = self.bias + sum(w * x[n] for n, w in zip(self.names, self.weights))
+        return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
+
+    def to_json(self) -> dict:
+        out = {"features": list(self.names), "weights": [round(w, 6) for w in self.weights], "bias": round(self.bias, 6)}
+        if self.fit_info:
+            out["fit"] = self.fit_info
+        return out
+
+    @classmethod
+    def from_json(cls, raw) -> "Calibrator | None":
+        """The calibrator stored in serving.json, or None when it is absent or malformed (unknown
+        feature names, non-numbers, lengths that differ): a model then gates on raw confidence."""
+        if not isinstance(raw, dict):
+            return None
+        names, weights, bias = raw.get("features"), raw.get("weights"), raw.get("bias")
+        if not (isinstance(names, list) and isinstance(weights, list) and len(names) == len(weights) and names):
+            return None
+        if not all(isinstance(n, str) and n in FEATURES for n in names) or len(set(names)) != len(names):
+            return None
+        nums = [*weights, bias]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in nums):
+            return None
+        return cls(tuple(names), tuple(float(w) for w in weights), float(bias),
+                   raw.get("fit") if isinstance(raw.get("fit"), dict) else None)
+
+
+def fit(rows: list[list[float]], labels: list[int], l2: float = 1.0, iters: int = 50) -> tuple[list[float], float]:
+    """Logistic regression by Newton's method with an L2 penalty `l2` on the weights (not the bias):
+    returns (weights, bias). Features are standardized for the solve and mapped back."""
+    import numpy as np
+
+    X = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.float64)
+    if X.ndim != 2 or len(X) != len(y) or len(y) == 0:
+        raise ValueError("fit needs one label per feature row")
+    mu, sd = X.mean(0), X.std(0)
+    sd[sd < 1e-9] = 1.0  # a constant feature keeps weight 0 under the penalty
+    Z = np.hstack([np.ones((len(X), 1)), (X - mu) / sd])
+    w = np.zeros(Z.shape[1])
+    pen = np.full(Z.shape[1], l2)
+    pen[0] = 0.0
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-np.clip(Z @ w, -30, 30)))
+        grad = Z.T @ (p - y) + pen * w
+        hess = (Z * (p * (1 - p))[:, None]).T @ Z + np.diag(pen) + 1e-9 * np.eye(len(w))
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    weights = w[1:] / sd
+    bias = w[0] - float((w[1:] * mu / sd).sum())
+    return [float(v) for v in weights], float(bias)
+
+
+def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None):
+    """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files."""
+    rows, labels = [], []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            s = json.loads(line)
+            if model is not None and s.get("model") != model:
+                continue
+            if kinds and s.get("kind") not in kinds:
+                continue
+            if s.get("features") is None or s.get("accepted") is None:
+                continue
+            if s.get("feature_names") and tuple(s["feature_names"]) != FEATURES:
+                raise SystemExit(f"{path}: samples from another feature set; re-run dlm-lsp eval --samples")
+            rows.append(s["features"])
+            labels.append(int(bool(s["accepted"])))
+    return rows, labels
+
+
+def add_calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("samples", nargs="+", help="JSONL written by dlm-lsp eval --samples (holes not scored later)")
+    p.add_argument("--label", default="diffusion", help="the eval's model label to fit on (default diffusion)")
+    p.add_argument("--kinds", default=None, help="comma-separated hole kinds to fit on (default all)")
+    p.add_argument("--l2", type=float, default=1.0, help="L2 penalty on the standardized weights")
+    p.add_argument("--write", default=None, metavar="SERVING_JSON",
+                   help="store the calibrator in this serving.json (its other keys kept)")
+    p.add_argument("--note", default=None, help="a line stored with the fit (where the samples came from)")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+    rows, labels = load_samples(args.samples, args.label, kinds)
+    if len(rows) < 20 or len(set(labels)) < 2:
+        print(f"calibrate: {len(rows)} shown fills with {sum(labels)} accepted: too few to fit", file=sys.stderr)
+        return 1
+    weights, bias = fit(rows, labels, args.l2)
+    info = {"fills": len(rows), "accepted": sum(labels), "l2": args.l2,
+            "samples": [Path(p).name for p in args.samples]}
+    if args.note:
+        info["note"] = args.note
+    cal = Calibrator(FEATURES, tuple(weights), bias, info)
+    for name, w in zip(FEATURES, weights):
+        print(f"  {name:18s} {w:+.3f}")
+    print(f"  {'bias':18s} {bias:+.3f}   ({len(rows)} shown fills, {sum(labels)} accepted)")
+    if args.write:
+        path = Path(args.write)
+        raw = json.loads(path.read_text()) if path.is_file() else {}
+        raw["calibrator"] = cal.to_json()
+        path.write_text(json.dumps(raw, indent=2) + "\n")
+        print(f"calibrator written to {path}")
+    else:
+        print(json.dumps(cal.to_json()))
+    return 0
