@@ -142,14 +142,29 @@ def fit(rows: list[list[float]], labels: list[int], l2: float = 1.0, iters: int 
     return [float(v) for v in weights], float(bias)
 
 
-def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None):
-    """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files."""
+def hole_ids(paths: list[str]) -> set[tuple]:
+    """(key, line, col) of every hole in `dlm-lsp eval --samples` files."""
+    out = set()
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                s = json.loads(line)
+                out.add((s.get("key"), s.get("line"), s.get("col")))
+    return out
+
+
+def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None,
+                 exclude: set[tuple] | None = None):
+    """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files,
+    leaving out the holes in `exclude` ((key, line, col): the holes the gate will be judged on)."""
     rows, labels = [], []
     for path in paths:
         for line in Path(path).read_text().splitlines():
             if not line.strip():
                 continue
             s = json.loads(line)
+            if exclude and (s.get("key"), s.get("line"), s.get("col")) in exclude:
+                continue
             if model is not None and s.get("model") != model:
                 continue
             if kinds and s.get("kind") not in kinds:
@@ -167,6 +182,8 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("samples", nargs="+", help="JSONL written by dlm-lsp eval --samples (holes not scored later)")
     p.add_argument("--label", default="diffusion", help="the eval's model label to fit on (default diffusion)")
     p.add_argument("--kinds", default=None, help="comma-separated hole kinds to fit on (default all)")
+    p.add_argument("--exclude", nargs="*", default=[], metavar="SAMPLES",
+                   help="leave out the holes of these eval --samples files (the ones the gate is judged on)")
     p.add_argument("--l2", type=float, default=1.0, help="L2 penalty on the standardized weights")
     p.add_argument("--write", default=None, metavar="SERVING_JSON",
                    help="store the calibrator in this serving.json (its other keys kept)")
@@ -175,13 +192,16 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
-    rows, labels = load_samples(args.samples, args.label, kinds)
+    exclude = hole_ids(args.exclude) if args.exclude else None
+    rows, labels = load_samples(args.samples, args.label, kinds, exclude)
     if len(rows) < 20 or len(set(labels)) < 2:
         print(f"calibrate: {len(rows)} shown fills with {sum(labels)} accepted: too few to fit", file=sys.stderr)
         return 1
     weights, bias = fit(rows, labels, args.l2)
     info = {"fills": len(rows), "accepted": sum(labels), "l2": args.l2,
             "samples": [Path(p).name for p in args.samples]}
+    if args.exclude:
+        info["excluded_holes_of"] = [Path(p).name for p in args.exclude]
     if args.note:
         info["note"] = args.note
     cal = Calibrator(FEATURES, tuple(weights), bias, info)

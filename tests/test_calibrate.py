@@ -184,6 +184,8 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
     for r in map(json.loads, samples2.read_text().splitlines()):
         if r["features"] is not None:  # the gate compared the calibrated score of the ungated fill
             assert (r["shown"] == r["ungated"]) == (r["score"] >= 0.5 or not r["ungated"].strip()), r
+    # --exclude drops the holes of another samples file (here: all of them)
+    assert main(["calibrate", str(samples), "--exclude", str(samples2), str(samples)]) == 1
     # --raw-gate: the same model gated on the engine's raw confidence
     assert main([*args[:-2], "--raw-gate", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["meta"]["gate_on"] == "confidence"
