@@ -178,6 +178,46 @@ def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, .
     return rows, labels
 
 
+def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tuple[str, ...] | None = None,
+          shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)) -> dict:
+    """The raw confidence and the calibrated score as gates on the same filled holes (eval
+    --samples files, every hole counted in `shown`'s denominator): accepted among the fills each
+    ranks highest when the top `share` of holes are shown, and each one's curve over gates."""
+    holes, fills = 0, []  # fills: (raw confidence, calibrated score, accepted)
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            s = json.loads(line)
+            if (model is not None and s.get("model") != model) or (kinds and s.get("kind") not in kinds):
+                continue
+            holes += 1
+            if s.get("features") is None or s.get("accepted") is None:
+                continue
+            x = dict(zip(FEATURES, s["features"]))
+            z = cal.bias + sum(w * x[n] for n, w in zip(cal.names, cal.weights))
+            fills.append((float(s["confidence"]), 1 / (1 + math.exp(-max(-700.0, z))), bool(s["accepted"])))
+    out: dict = {"holes": holes, "fills": len(fills), "accepted_ungated": round(sum(f[2] for f in fills) / max(1, len(fills)), 4),
+                 "at_shown": [], "curves": {}}
+    for share in shares:
+        k = int(round(share * holes))
+        if k == 0 or k > len(fills):
+            continue
+        row = {"shown": share}
+        for name, i in (("confidence", 0), ("calibrated", 1)):
+            top = sorted(fills, key=lambda f: -f[i])[:k]
+            row[name] = round(sum(f[2] for f in top) / k, 4)
+        out["at_shown"].append(row)
+    for name, i in (("confidence", 0), ("calibrated", 1)):
+        pts = []
+        for g in [round(0.05 * j, 2) for j in range(21)]:
+            sel = [f for f in fills if f[i] >= g]
+            pts.append({"gate": g, "shown": round(len(sel) / max(1, holes), 4),
+                        "accepted": round(sum(f[2] for f in sel) / max(1, len(sel)), 4)})
+        out["curves"][name] = pts
+    return out
+
+
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("samples", nargs="+", help="JSONL written by dlm-lsp eval --samples (holes not scored later)")
     p.add_argument("--label", default="diffusion", help="the eval's model label to fit on (default diffusion)")
@@ -188,6 +228,9 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write", default=None, metavar="SERVING_JSON",
                    help="store the calibrator in this serving.json (its other keys kept)")
     p.add_argument("--note", default=None, help="a line stored with the fit (where the samples came from)")
+    p.add_argument("--judge", nargs="*", default=[], metavar="SAMPLES",
+                   help="compare the raw and the calibrated gate on these eval --samples files (other holes)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the fit and the judgement as JSON")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -208,6 +251,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for name, w in zip(FEATURES, weights):
         print(f"  {name:18s} {w:+.3f}")
     print(f"  {'bias':18s} {bias:+.3f}   ({len(rows)} shown fills, {sum(labels)} accepted)")
+    report = {"calibrator": cal.to_json()}
+    if args.judge:
+        report["judge"] = j = judge(args.judge, cal, args.label, kinds)
+        print(f"judged on {j['holes']} holes ({j['fills']} with a fill, {j['accepted_ungated']:.3f} of them accepted):")
+        print("  shown   accepted (raw confidence)   accepted (calibrated)")
+        for row in j["at_shown"]:
+            print(f"  {row['shown']:.2f}    {row['confidence']:.3f}                     {row['calibrated']:.3f}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.write:
         path = Path(args.write)
         raw = json.loads(path.read_text()) if path.is_file() else {}

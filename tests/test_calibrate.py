@@ -184,6 +184,16 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
     for r in map(json.loads, samples2.read_text().splitlines()):
         if r["features"] is not None:  # the gate compared the calibrated score of the ungated fill
             assert (r["shown"] == r["ungated"]) == (r["score"] >= 0.5 or not r["ungated"].strip()), r
+    # --judge: the raw and the calibrated gate ranked on the same holes
+    rep = tmp_path / "judge.json"
+    assert main(["calibrate", str(samples), "--l2", "0.1", "--judge", str(samples), "--json", str(rep)]) == 0
+    j = json.loads(rep.read_text())["judge"]
+    assert j["holes"] == len(rows) and j["fills"] == len(with_fill)
+    assert set(j["curves"]) == {"confidence", "calibrated"} and j["at_shown"]
+    # the labels follow log_chars, which the calibrator learned: it ranks at least as well as the raw one
+    assert all(r["calibrated"] >= r["confidence"] for r in j["at_shown"])
+    assert j["curves"]["calibrated"][0] == {"gate": 0.0, "shown": round(len(with_fill) / len(rows), 4),
+                                            "accepted": round(sum(r["accepted"] for r in with_fill) / len(with_fill), 4)}
     # --exclude drops the holes of another samples file (here: all of them)
     assert main(["calibrate", str(samples), "--exclude", str(samples2), str(samples)]) == 1
     # --raw-gate: the same model gated on the engine's raw confidence
