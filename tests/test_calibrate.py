@@ -174,8 +174,12 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
     assert main(["calibrate", str(samples), "--l2", "0.1", "--write", str(serving)]) == 0
     stored = json.loads(serving.read_text())
     assert stored["min_confidence"] == 0.5 and stored["calibrator"]["fit"]["fills"] == len(with_fill)
+    assert "log_chars" not in stored["calibrator"]["features"]  # DROP: not fitted by default
+    assert main(["calibrate", str(samples), "--l2", "0.1", "--drop", "", "--write", str(serving)]) == 0
+    stored = json.loads(serving.read_text())
     cal = Calibrator.from_json(stored["calibrator"])
-    assert cal.weights[FEATURES.index("log_chars")] > 0
+    assert cal.names == FEATURES and cal.weights[FEATURES.index("log_chars")] > 0
+    assert main(["calibrate", str(samples), "--drop", "no_such"]) == 2
     samples2 = tmp_path / "s2.jsonl"
     out = tmp_path / "b.json"
     assert main([*args[:-2], "--samples", str(samples2), "--json", str(out)]) == 0
@@ -186,7 +190,7 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
             assert (r["shown"] == r["ungated"]) == (r["score"] >= 0.5 or not r["ungated"].strip()), r
     # --judge: the raw and the calibrated gate ranked on the same holes
     rep = tmp_path / "judge.json"
-    assert main(["calibrate", str(samples), "--l2", "0.1", "--judge", str(samples), "--json", str(rep)]) == 0
+    assert main(["calibrate", str(samples), "--l2", "0.1", "--drop", "", "--judge", str(samples), "--json", str(rep)]) == 0
     j = json.loads(rep.read_text())["judge"]
     assert j["holes"] == len(rows) and j["fills"] == len(with_fill)
     assert set(j["curves"]) == {"confidence", "calibrated"} and j["at_shown"]
