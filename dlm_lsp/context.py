@@ -513,7 +513,10 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     lex = lex_state(before, lang, line_lex) if line_lex is not None else lex_state(prefix, lang)
     brace_literal = bool(lex.stack) and lex.stack[-1] == "{" and _brace_is_literal(root, cursor_byte)
     kind = _classify(before, after, lex, lang, brace_literal)
-    single = kind in ("line", "middle") or (kind == "args" and _opener_on_line(before, lang))
+    # arguments: one line when their bracket opened on this line, or when an argument is being typed
+    # on it (a multi-line argument list continued from a line that is blank so far gets a block);
+    # multi-line fills after typed text ran to all 64 slots, mostly repeating themselves (session 8)
+    single = kind in ("line", "middle") or (kind == "args" and (_opener_on_line(before, lang) or bool(before.strip())))
     block_indent = None
     if kind == "block":
         # a header can span lines (`def f(a,\n      b):`): its block is indented from its first line

@@ -25,6 +25,7 @@ CASES = [
     ("python", "def f(x):\n    return foo(x, |)\n", "args", True),
     ("python", "d = {'a': 1, |}\n", "args", True),
     ("python", "foo(\n    a,\n    |\n)\n", "args", False),
+    ("python", "foo(\n    a,\n    b=|\n)\n", "args", True),  # an argument typed on the line: one line
     ("python", "s = 'abc|'\n", "middle", True),
     ("javascript", "function f(a) {\n  const b = a *|\n}\n", "line", True),
     ("javascript", "function f(a) {\n  |\n}\n", "block", False),
