@@ -22,7 +22,7 @@ from engine.service import EngineService
 from tests.engine_models import peaked_checkpoint, peaked_model
 from tests.tiny import CORPUS
 
-OFF = DecodeOptions(threshold=0.5)
+OFF = DecodeOptions(threshold=0.5, reuse=False)
 ON = dataclasses.replace(OFF, reuse=True)
 TEXT = "".join(dict.fromkeys(CORPUS)) * 2  # ~600 characters of code
 CUT = 300
@@ -348,3 +348,8 @@ def test_deleting_more_than_the_jump_before_the_cursor_is_a_jump(model):
         before = dict(store.stats)
         sampler.forward(model, [_keyed(model, p, suffix, dataclasses.replace(ON, reuse_budget=1000), store)])
         assert store.stats[want] == before[want] + 1, want
+
+
+def test_reuse_is_on_by_default():
+    """Default since session 8: the 1,000-hole eval (dlm-lsp eval --reuse-typing 8) held."""
+    assert DecodeOptions().reuse is True and DecodeOptions().reuse_budget == 32
