@@ -198,6 +198,12 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
     assert all(r["calibrated"] >= r["confidence"] for r in j["at_shown"])
     assert j["curves"]["calibrated"][0] == {"gate": 0.0, "shown": round(len(with_fill) / len(rows), 4),
                                             "accepted": round(sum(r["accepted"] for r in with_fill) / len(with_fill), 4)}
+    # --folds: out-of-sample on the fit's own samples, fold by file
+    assert main(["calibrate", str(samples), "--l2", "0.1", "--drop", "", "--folds", "2", "--json", str(rep)]) == 0
+    cv = json.loads(rep.read_text())["cross_validation"]
+    assert cv["folds"] == 2 and cv["holes"] == len(rows) and cv["fills"] == len(with_fill) and cv["at_shown"]
+    row = cv["at_shown"][0]
+    assert 0 <= row["calibrated"] <= 1 and row["calibrated_chars_per_shown"] >= 0
     # --exclude drops the holes of another samples file (here: all of them)
     assert main(["calibrate", str(samples), "--exclude", str(samples2), str(samples)]) == 1
     # --raw-gate: the same model gated on the engine's raw confidence
