@@ -465,12 +465,21 @@ def test_fill_counts_the_rows_it_forwards_and_what_reuse_saved(tiny_services, mo
     assert svc.stats["reused_tokens"] - before["reused_tokens"] == sum(f.reused_tokens for f in fills)
 
 
-def test_a_bidirectional_fill_counts_its_rows_and_never_reuses(tiny_services, monkeypatch):
+def test_a_bidirectional_fill_counts_its_rows_and_reuses_only_approximately(tiny_services, monkeypatch):
+    """Exact reuse is the reorder layout's: a bidirectional model with DecodeOptions.reuse off never
+    reuses; with it on (the default) its next keystroke reuses approximately (engine/reuse.py)."""
+    from engine.api import DecodeOptions
+
     svc = tiny_services["bidirectional"]
     for k in (0, 1):
-        f, rows = _counted(svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc"))
+        f, rows = _counted(svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc",
+                                                     options=DecodeOptions(reuse=False)))
         assert f.reused_tokens == 0 and f.forwarded_tokens == rows == f.recompute_tokens
         assert f.forwarded_tokens > f.steps  # the first forward alone ran the whole canvas
+    for k in (0, 1):
+        f, rows = _counted(svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc2"))
+        assert f.forwarded_tokens == rows and f.recompute_tokens == rows + f.reused_tokens
+        assert (f.reused_tokens > 0) == (k == 1)  # the second keystroke reuses the first one's context
 
 
 def test_fill_row_counts_cross_the_engine_socket():
