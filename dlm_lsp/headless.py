@@ -61,10 +61,14 @@ class HeadlessFill:
 
 
 def load_engine(model: str | None = None, device: str = "auto"):
-    """Loads the engine on this thread (raises with a readable message if the model is missing)."""
-    from engine.service import EngineService
+    """Loads the engine on this thread (raises with a readable message if the model is missing).
+    The one-shot commands fill on this thread, so it gets the resident worker's thread count
+    (DLM_THREADS, else service.cpu_threads(): the cores less one): with torch's default of one
+    thread per core, a busy core elsewhere (a build, a training job) made each step spin in OpenMP's
+    barriers, and a ~100 ms fill took ~2 s and hit its deadline after one step (session 8)."""
+    from engine.service import EngineService, _env_threads, cpu_threads
 
-    engine = EngineService(model=model, device=device)
+    engine = EngineService(model=model, device=device, threads=_env_threads() or cpu_threads())
     engine.load()
     return engine
 

@@ -460,3 +460,22 @@ async def test_result_for_an_older_version_is_dropped_in_process():
     text, _ = await server.fill_at(URI, types.Position(LINE - 1, 5))
     assert text == " = 2" and server.stats.engine_jobs == jobs
     server.engine.close()
+
+
+def test_one_shot_commands_fill_with_the_resident_workers_thread_count(tmp_path):
+    """`complete` / `demo` fill on their main thread: it must get cpu_threads() (cores less one) or
+    DLM_THREADS, not torch's one thread per core, which spins when another core is busy."""
+    from tests.tiny import make_tiny_checkpoint
+
+    model = make_tiny_checkpoint(tmp_path / "m")
+    code = ("import torch; from dlm_lsp.headless import load_engine; from engine.service import cpu_threads; "
+            f"e = load_engine({str(model)!r}, 'cpu'); print(torch.get_num_threads(), e.threads, cpu_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("DLM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    torch_threads, engine_threads, expected = map(int, out.stdout.split()[-3:])
+    assert torch_threads == engine_threads == expected
+    env["DLM_THREADS"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:-1] == ["1", "1"]
