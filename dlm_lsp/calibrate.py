@@ -96,8 +96,7 @@ class Calibrator:
 
     def score(self, req, text: str, confidence: float, replace_len: int = 0) -> float:
         x = dict(zip(FEATURES, features(req, text, confidence, replace_len)))
-        z = self.bias + sum(w * x[n] for n, w in zip(self.names, self.weights))
-        return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
+        return _sigmoid(self.bias + sum(w * x[n] for n, w in zip(self.names, self.weights)))
 
     def to_json(self) -> dict:
         out = {"features": list(self.names), "weights": [round(w, 6) for w in self.weights], "bias": round(self.bias, 6)}
@@ -151,48 +150,9 @@ def fit(rows: list[list[float]], labels: list[int], l2: float = 1.0, iters: int 
     return [float(v) for v in weights], float(bias)
 
 
-def hole_ids(paths: list[str]) -> set[tuple]:
-    """(key, line, col) of every hole in `dlm-lsp eval --samples` files."""
-    out = set()
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
-                s = json.loads(line)
-                out.add((s.get("key"), s.get("line"), s.get("col")))
-    return out
-
-
-def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None,
-                 exclude: set[tuple] | None = None):
-    """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files,
-    leaving out the holes in `exclude` ((key, line, col): the holes the gate will be judged on)."""
-    rows, labels = [], []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if not line.strip():
-                continue
-            s = json.loads(line)
-            if exclude and (s.get("key"), s.get("line"), s.get("col")) in exclude:
-                continue
-            if model is not None and s.get("model") != model:
-                continue
-            if kinds and s.get("kind") not in kinds:
-                continue
-            if s.get("features") is None or s.get("accepted") is None:
-                continue
-            if s.get("feature_names") and tuple(s["feature_names"]) != FEATURES:
-                raise SystemExit(f"{path}: samples from another feature set; re-run dlm-lsp eval --samples")
-            rows.append(s["features"])
-            labels.append(int(bool(s["accepted"])))
-    return rows, labels
-
-
-def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tuple[str, ...] | None = None,
-          shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)) -> dict:
-    """The raw confidence and the calibrated score as gates on the same filled holes (eval
-    --samples files, every hole counted in `shown`'s denominator): accepted among the fills each
-    ranks highest when the top `share` of holes are shown, and each one's curve over gates."""
-    holes, fills = 0, []  # fills: (raw confidence, calibrated score, accepted, non-space characters)
+def _samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None):
+    """(path, sample) of every hole in `dlm-lsp eval --samples` files, of the eval label `model`
+    and the hole `kinds` when given."""
     for path in paths:
         for line in Path(path).read_text().splitlines():
             if not line.strip():
@@ -200,15 +160,53 @@ def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tu
             s = json.loads(line)
             if (model is not None and s.get("model") != model) or (kinds and s.get("kind") not in kinds):
                 continue
-            holes += 1
-            if s.get("features") is None or s.get("accepted") is None:
-                continue
-            x = dict(zip(FEATURES, s["features"]))
-            z = cal.bias + sum(w * x[n] for n, w in zip(cal.names, cal.weights))
-            fills.append((float(s["confidence"]), 1 / (1 + math.exp(-max(-700.0, z))), bool(s["accepted"]),
-                          round(math.expm1(x["log_chars"]))))
-    out: dict = {"holes": holes, "fills": len(fills), "accepted_ungated": round(sum(f[2] for f in fills) / max(1, len(fills)), 4),
-                 "at_shown": [], "curves": {}}
+            yield path, s
+
+
+def _hole_id(s: dict) -> tuple:
+    return s.get("key"), s.get("line"), s.get("col")
+
+
+def _has_fill(s: dict) -> bool:
+    """A fill the calibrator scores: features computed and its acceptance known (>= 2 characters)."""
+    return s.get("features") is not None and s.get("accepted") is not None
+
+
+def _sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-max(-700.0, z)))
+
+
+def hole_ids(paths: list[str]) -> set[tuple]:
+    """(key, line, col) of every hole in `dlm-lsp eval --samples` files."""
+    return {_hole_id(s) for _, s in _samples(paths)}
+
+
+def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None,
+                 exclude: set[tuple] | None = None):
+    """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files,
+    leaving out the holes in `exclude` ((key, line, col): the holes the gate will be judged on)."""
+    rows, labels = [], []
+    for path, s in _samples(paths, model, kinds):
+        if (exclude and _hole_id(s) in exclude) or not _has_fill(s):
+            continue
+        if s.get("feature_names") and tuple(s["feature_names"]) != FEATURES:
+            raise SystemExit(f"{path}: samples from another feature set; re-run dlm-lsp eval --samples")
+        rows.append(s["features"])
+        labels.append(int(bool(s["accepted"])))
+    return rows, labels
+
+
+def _fill(s: dict, score: float) -> tuple:
+    """(raw confidence, calibrated score, accepted, non-space characters) of a sample's fill."""
+    chars = round(math.expm1(s["features"][FEATURES.index("log_chars")]))
+    return float(s["confidence"]), score, bool(s["accepted"]), chars
+
+
+def _at_shares(fills: list[tuple], holes: int, shares, per_shown: bool) -> list[dict]:
+    """fills: _fill tuples. Per shown share: the accepted share of the top-ranked fills under each
+    gate, and the characters they give: per shown fill (`per_shown`, key `<gate>_chars_per_shown`)
+    or per accepted fill (key `<gate>_chars`; a gate that prefers short fills is accepted more often)."""
+    out = []
     for share in shares:
         k = int(round(share * holes))
         if k == 0 or k > len(fills):
@@ -216,10 +214,30 @@ def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tu
         row = {"shown": share}
         for name, i in (("confidence", 0), ("calibrated", 1)):
             top = sorted(fills, key=lambda f: -f[i])[:k]
-            row[name] = round(sum(f[2] for f in top) / k, 4)
-            # how much an accepted fill gives: a gate that prefers short fills is accepted more often
-            row[f"{name}_chars"] = round(sum(f[3] for f in top if f[2]) / max(1, sum(f[2] for f in top)), 1)
-        out["at_shown"].append(row)
+            accepted = sum(f[2] for f in top)
+            chars = sum(f[3] for f in top if f[2])
+            row[name] = round(accepted / k, 4)
+            if per_shown:
+                row[f"{name}_chars_per_shown"] = round(chars / k, 2)
+            else:
+                row[f"{name}_chars"] = round(chars / max(1, accepted), 1)
+        out.append(row)
+    return out
+
+
+def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tuple[str, ...] | None = None,
+          shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)) -> dict:
+    """The raw confidence and the calibrated score as gates on the same filled holes (eval
+    --samples files, every hole counted in `shown`'s denominator): accepted among the fills each
+    ranks highest when the top `share` of holes are shown, and each one's curve over gates."""
+    holes, fills = 0, []
+    for _, s in _samples(paths, model, kinds):
+        holes += 1
+        if _has_fill(s):
+            x = dict(zip(FEATURES, s["features"]))
+            fills.append(_fill(s, _sigmoid(cal.bias + sum(w * x[n] for n, w in zip(cal.names, cal.weights)))))
+    out: dict = {"holes": holes, "fills": len(fills), "accepted_ungated": round(sum(f[2] for f in fills) / max(1, len(fills)), 4),
+                 "at_shown": _at_shares(fills, holes, shares, per_shown=False), "curves": {}}
     for name, i in (("confidence", 0), ("calibrated", 1)):
         pts = []
         for g in [round(0.05 * j, 2) for j in range(21)]:
@@ -230,23 +248,6 @@ def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tu
     return out
 
 
-def _at_shares(fills: list[tuple], holes: int, shares) -> list[dict]:
-    """fills: (raw confidence, calibrated score, accepted, characters). Per shown share: the accepted
-    share and the accepted characters per shown fill of the top-ranked fills under each gate."""
-    out = []
-    for share in shares:
-        k = int(round(share * holes))
-        if k == 0 or k > len(fills):
-            continue
-        row = {"shown": share}
-        for name, i in (("confidence", 0), ("calibrated", 1)):
-            top = sorted(fills, key=lambda f: -f[i])[:k]
-            row[name] = round(sum(f[2] for f in top) / k, 4)
-            row[f"{name}_chars_per_shown"] = round(sum(f[3] for f in top if f[2]) / k, 2)
-        out.append(row)
-    return out
-
-
 def cross_validate(paths: list[str], names: tuple[str, ...], l2: float, folds: int, model: str | None = None,
                    kinds: tuple[str, ...] | None = None, shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)) -> dict:
     """Fits on all but one fold of files (sha256 of the hole's file key) and scores the held-out
@@ -254,34 +255,24 @@ def cross_validate(paths: list[str], names: tuple[str, ...], l2: float, folds: i
     samples (how a choice of features is made without the holes it will be judged on)."""
     import hashlib
 
-    per: list[tuple[int, list[float], int, float, int]] = []  # (fold, row, label, confidence, chars)
+    per: list[tuple[int, list[float], dict]] = []  # (fold, the fitted features, sample)
     holes = 0
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if not line.strip():
-                continue
-            s = json.loads(line)
-            if (model is not None and s.get("model") != model) or (kinds and s.get("kind") not in kinds):
-                continue
-            holes += 1
-            if s.get("features") is None or s.get("accepted") is None:
-                continue
+    for _, s in _samples(paths, model, kinds):
+        holes += 1
+        if _has_fill(s):
             fold = int(hashlib.sha256(str(s.get("key")).encode()).hexdigest()[:8], 16) % folds
             x = dict(zip(FEATURES, s["features"]))
-            per.append((fold, [x[n] for n in names], int(bool(s["accepted"])), float(s["confidence"]),
-                        round(math.expm1(x["log_chars"]))))
+            per.append((fold, [x[n] for n in names], s))
     fills = []
     for k in range(folds):
         train = [p for p in per if p[0] != k]
-        if not train or len({p[2] for p in train}) < 2:
+        labels = [int(bool(p[2]["accepted"])) for p in train]
+        if len(set(labels)) < 2:
             raise SystemExit("calibrate --folds: a fold's training side has one class only")
-        w, b = fit([p[1] for p in train], [p[2] for p in train], l2)
-        for p in per:
-            if p[0] == k:
-                z = b + sum(wi * xi for wi, xi in zip(w, p[1]))
-                fills.append((p[3], 1 / (1 + math.exp(-max(-700.0, z))), bool(p[2]), p[4]))
+        w, b = fit([p[1] for p in train], labels, l2)
+        fills += [_fill(p[2], _sigmoid(b + sum(wi * xi for wi, xi in zip(w, p[1])))) for p in per if p[0] == k]
     return {"folds": folds, "features": list(names), "holes": holes, "fills": len(fills),
-            "at_shown": _at_shares(fills, holes, shares)}
+            "at_shown": _at_shares(fills, holes, shares, per_shown=True)}
 
 
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
