@@ -93,3 +93,15 @@ class MockModel(nn.Module):
 
     def forward(self, ids, pos=None, key_valid=None):
         return self.hidden(ids, pos, key_valid)
+
+
+def cpu_vendor() -> str:
+    """GenuineIntel / AuthenticAMD (/proc/cpuinfo): the same ISA level rounds differently across
+    vendors (tests/test_families_default.py and its capture script compare on the same kind only)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from engine.checkpoint import load_checkpoint
 from engine.api import DecodeOptions
 from engine.sampler import Canvas, fill
-from tests.engine_models import peaked_model
+from tests.engine_models import cpu_vendor, peaked_model
 
 torch.set_num_threads(1)
 out = {}
@@ -48,17 +48,6 @@ with torch.no_grad():
             r2 = fill(m, Canvas.build(pre, suf, 12, cfg, o2))
             out["default_fill_nocache_ids"] = torch.tensor(r2.ids + [-1], dtype=torch.float32)
 rev = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-def cpu_vendor() -> str:
-    """GenuineIntel / AuthenticAMD (/proc/cpuinfo): the same ISA level rounds differently across vendors."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 meta.update(commit=rev, cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
             cpu_vendor=cpu_vendor())
 out = {k: v.contiguous() for k, v in out.items()}
