@@ -4,6 +4,8 @@ The server passes its `model` option to the engine factory, so a test picks the 
 `"model": "scripted:steps=20,step_ms=50,text=hello%20world"`:
   steps     denoising steps per job (default 4)
   step_ms   sleep per step (default 10)
+  slow_every, slow_ms  N > 0: every Nth job sleeps slow_ms per step instead (a mix of jobs that finish
+            between keystrokes and jobs that outlast them, whatever the machine's speed)
   load_ms   time spent "loading" before ready (default 0)
   text      the fill text, URL-quoted (default "x = 1")
   fail      1: every job raises EngineError
@@ -33,7 +35,8 @@ from engine.api import EngineError, Fill
 
 def parse_script(model: str | None) -> dict:
     params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0",
-              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0", "lookup": "0"}
+              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0", "lookup": "0",
+              "slow_every": "0", "slow_ms": "0"}
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
         k, _, v = part.partition("=")
@@ -90,6 +93,8 @@ class ScriptedEngine:
                 continue
             started = time.monotonic()
             steps, cancelled, hit = 0, False, False
+            slow = int(self.p["slow_every"]) > 0 and self.jobs_seen % int(self.p["slow_every"]) == 0
+            step_s = int(self.p["slow_ms" if slow else "step_ms"]) / 1000
             for _ in range(int(self.p["steps"])):
                 if job.cancelled:
                     cancelled = True
@@ -97,7 +102,7 @@ class ScriptedEngine:
                 if job.deadline is not None and time.monotonic() >= job.deadline:
                     hit = True
                     break
-                time.sleep(int(self.p["step_ms"]) / 1000)
+                time.sleep(step_s)
                 steps += 1
             n = int(self.p["echo"])
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
