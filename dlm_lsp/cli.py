@@ -52,6 +52,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holes", type=int, default=d.holes, help="holes per infill window (several canvases a window)")
     p.add_argument("--total-hours", type=float, default=None,
                    help="plan one warmup-stable-decay schedule over this many training hours, across resumes")
+    p.add_argument("--until-hours", type=float, default=None,
+                   help="stop and save once the run's hours reach this (the schedule stays --total-hours')")
     p.add_argument("--decay-share", type=float, default=d.decay_share, help="last share of --total-hours that decays the LR")
     p.add_argument("--tokenizer-mb", type=float, default=d.tokenizer_mb, help="MB of text the tokenizer is trained on")
     p.add_argument("--clock", choices=["wall", "cpu"], default=d.clock,

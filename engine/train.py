@@ -55,6 +55,9 @@ class TrainArgs:
     holes: int = 1  # holes per infill window (1: one canvas per window, the shipped recipe)
     total_hours: float | None = None  # warmup-stable-decay planned over this many training hours in all
     decay_share: float = 0.2  # last share of total_hours spent decaying the LR linearly to 10%
+    # stop (and save) once the run's hours reach this, without changing the schedule: a checkpoint at
+    # an exact point of the budget, to compare candidates at equal compute mid-run
+    until_hours: float | None = None
     clock: str = "wall"  # "cpu": hours are this process's CPU time (every thread), fair on a shared machine
     ar_loss: str = "all"  # AR twin: loss on every token of the FIM document ("middle": the middle only)
     # AR-to-diffusion adaptation (recipe (b)): resuming a causal checkpoint with objective "diffusion"
@@ -489,6 +492,9 @@ def train(args: TrainArgs) -> Path:
             break
         if args.total_hours is not None and hours_now() >= args.total_hours:
             print(f"planned budget of {args.total_hours} h reached", flush=True)
+            break
+        if args.until_hours is not None and hours_now() >= args.until_hours:
+            print(f"--until-hours {args.until_hours} reached", flush=True)
             break
         if args.total_hours is not None:  # one schedule over every segment of the run
             lr = wsd_lr(args, step, hours_now(), warm_from=0 if resumed_opt else step0)

@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HOURS=${HOURS:-3.5}       # CPU-hours per candidate, planned once
 MINUTES=${MINUTES:-600}   # wall-clock cap of this segment
+UNTIL=${UNTIL:-}          # stop (and save) at this many CPU-hours, to compare candidates at equal compute mid-run
 NICE=${NICE:-10}          # 0 when the trainings should not yield to the session's other work
 DLM=.venv/bin/dlm-lsp
 [ -f runs/corpus/corpus.json ] || $DLM corpus --out runs/corpus
@@ -31,9 +32,19 @@ declare -A RECIPE=(
   # committed in 2e32686) resumed with the diffusion objective of v2a, the AR head's logit shift kept
   # and attention annealed from causal to full over 1,000 steps; the same 3.5 CPU-hours in all
   [v2b]="--holes 4 --anneal-steps 1000"
+  # (f) AR first, then (c)'s causal diffusion with reordering (WeDLM's path): v2b's start (v2-ar at
+  # 0.99 CPU-hours), resumed with the reorder objective. Attention stays causal, so nothing is
+  # annealed and the AR weights keep their attention; its context K/V are exact, as (c)'s
+  [v2f]="--objective reorder --holes 4"
 )
-# where a candidate with no checkpoint of its own starts from (its first phase)
-declare -A START=([v2b]=models/bakeoff/v2-ar)
+# where a candidate with no checkpoint of its own starts from (its first phase): v2-ar at 0.99
+# CPU-hours, as committed in 2e32686 (models/bakeoff/v2-ar has moved on since), taken from git history
+AR_START=runs/start/v2-ar-0.99
+if [ ! -f $AR_START/optimizer.safetensors ]; then
+  mkdir -p runs/start/tmp && git archive 2e32686 models/bakeoff/v2-ar | tar -x -C runs/start/tmp
+  rm -rf $AR_START && mv runs/start/tmp/models/bakeoff/v2-ar $AR_START && rm -rf runs/start/tmp
+fi
+declare -A START=([v2b]=$AR_START [v2f]=$AR_START)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${!RECIPE[@]}")
 for name in "${names[@]}"; do
@@ -41,12 +52,14 @@ for name in "${names[@]}"; do
   out=runs/$name
   mkdir -p "$out"
   resume=()
+  until=()
+  [ -z "$UNTIL" ] || until=(--until-hours "$UNTIL")
   if [ -f "$out/last/optimizer.safetensors" ]; then resume=(--resume "$out/last")
   elif [ -f "models/bakeoff/$name/optimizer.safetensors" ]; then resume=(--resume "models/bakeoff/$name")  # a fresh clone
   elif [ -n "${START[$name]:-}" ]; then resume=(--resume "${START[$name]}")
   fi
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=1 setsid nohup nice -n "$NICE" $DLM train --corpus runs/corpus --out "$out" "${resume[@]}" \
+  OMP_NUM_THREADS=1 setsid nohup nice -n "$NICE" $DLM train --corpus runs/corpus --out "$out" "${resume[@]}" "${until[@]}" \
     --minutes "$MINUTES" --total-hours "$HOURS" --clock cpu --threads 1 --val-examples 192 --no-progress $args \
     >> "$out/stdout.log" 2>&1 &
   echo "$name: pid $! (${resume[*]:-fresh}), log $out/stdout.log"

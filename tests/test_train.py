@@ -222,6 +222,20 @@ def test_resume_restores_the_optimizer_and_skips_the_warm_up(tmp_path):
     assert fresh_lrs[0] == pytest.approx(6e-4 * 20 / 50)  # without the saved state it warms up again
 
 
+def test_until_hours_stops_at_a_point_of_the_budget_and_keeps_the_schedule(tmp_path):
+    args = {**TINY, "warmup": 50, "total_hours": 100.0}
+    first = tmp_path / "a"
+    train(TrainArgs(out=str(first), max_steps=4, **args))
+    done = json.loads((first / "last" / "training_state.json").read_text())
+    second = tmp_path / "b"  # the budget point is already behind: saved at once, no step taken
+    train(TrainArgs(out=str(second), resume=str(first / "last"), max_steps=20, until_hours=done["hours"], **args))
+    state = json.loads((second / "last" / "training_state.json").read_text())
+    assert state["step"] == 4 and state["args"]["total_hours"] == 100.0
+    third = tmp_path / "c"  # a point ahead: training goes on to it (max_steps ends it first here)
+    train(TrainArgs(out=str(third), resume=str(first / "last"), max_steps=3, until_hours=done["hours"] + 1, **args))
+    assert json.loads((third / "last" / "training_state.json").read_text())["step"] == 7
+
+
 def test_train_on_a_built_corpus_uses_its_sides(tmp_path):
     folder = tmp_path / "corpus"
     (folder / "files" / "p" / "p").mkdir(parents=True)
