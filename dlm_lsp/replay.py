@@ -1,7 +1,9 @@
 """`dlm-lsp replay PATH`: type a file into the real server, like an editor, and measure.
 
 The server runs as a subprocess over stdio. An empty document is opened and the file's text is
-typed at --cps characters per second, one incremental didChange per character, each followed by an
+typed (with --at N the document opens as the whole file less the --max-chars characters from offset N,
+and those are typed back at N: editing inside an existing file, with its text before and after the
+cursor in the context) at --cps characters per second, one incremental didChange per character, each followed by an
 inlineCompletion request at the new cursor (no $/cancelRequest, like Neovim 0.12; --cancel sends
 one for the previous request first, like VS Code). Reported (and written with --json):
   requests, answered (non-empty fills), empty, cancelled (server-side: superseded, client-cancelled
@@ -221,9 +223,14 @@ def forwarded_summary(job_rows: list) -> dict:
 
 async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: bool = False, model: str | None = None,
                  budget_ms: int | None = None, device: str | None = None, server_cmd: list[str] | None = None,
-                 log_path: str | None = None, ready_timeout: float = 180.0) -> dict:
+                 log_path: str | None = None, ready_timeout: float = 180.0, at: int | None = None) -> dict:
     """Types `path` into a fresh server and returns the measurements (see module docstring)."""
-    text = Path(path).read_text(encoding="utf-8")[:max_chars]
+    full = Path(path).read_text(encoding="utf-8")
+    start = 0 if at is None else at
+    if not 0 <= start <= len(full):
+        raise ValueError(f"--at {start} is outside {path} ({len(full)} characters)")
+    text = full[start:start + max_chars]
+    opened = "" if at is None else full[:start] + full[start + len(text):]
     lang = language_id_for_path(path)
     opts: dict = {}
     if model:
@@ -239,8 +246,9 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
         await client.initialize(opts)
         status = await client.wait_ready(ready_timeout)
         uri = Path(path).resolve().as_uri() + ".replay"
-        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": 1, "text": ""}})
-        line = char = 0  # cursor in UTF-16 units
+        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": 1, "text": opened}})
+        before = full[:start].split("\n")
+        line, char = len(before) - 1, units_len(before[-1])  # cursor in UTF-16 units
         records: list[dict] = []
         pending_prev: tuple[int, asyncio.Future] | None = None
         loop = asyncio.get_running_loop()
@@ -276,7 +284,7 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
         if stderr:
             stderr.close()
 
-    answered_lat, all_lat, shown, matched, prefix_share = [], [], 0, 0, []
+    answered_lat, all_lat, shown, matched, prefix_share, shown_fills = [], [], 0, 0, [], []
     errors = 0
     for r in records:
         fut = r["future"]
@@ -301,6 +309,7 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
         gap = (typed_at[nxt] - typed_at[nxt - 1]) if nxt < len(typed_at) else float("inf")
         if arrival <= gap:
             shown += 1
+            shown_fills.append({"i": r["i"], "fill": fill})
             truth = text[r["i"] : r["i"] + len(fill)]
             if len(truth) == len(fill) and truth == fill:
                 matched += 1
@@ -311,7 +320,7 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
                 common += 1
             prefix_share.append(common / len(fill))
     result = {
-        "path": str(path), "chars": len(text), "cps": cps, "cancel": cancel,
+        "path": str(path), "at": at, "chars": len(text), "cps": cps, "cancel": cancel,
         "model": status.get("model"), "device": status.get("device"), "budget_ms": budget_ms or 300,
         "requests": len(records), "answered": len(answered_lat), "empty": stats.get("empty"),
         "cancelled": (stats.get("cancelled") or 0) + (stats.get("stale") or 0),
@@ -329,6 +338,7 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
         **forwarded_summary(stats.get("engineJobRows")),
         "latencies_ms": [round(x, 1) for x in answered_lat],
         "response_latencies_ms": [round(x, 1) for x in all_lat],
+        "shown_fills": shown_fills,  # (keystroke, text) of each fill shown: in --json only
     }
     return result
 
@@ -369,6 +379,9 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="source file to type")
     p.add_argument("--cps", type=float, default=10.0, help="characters per second (default 10)")
     p.add_argument("--max-chars", type=int, default=400, help="type at most this many characters (default 400)")
+    p.add_argument("--at", type=int, default=None, metavar="N",
+                   help="open the whole file less the typed span and type it back at character offset N "
+                        "(default: type from an empty document)")
     p.add_argument("--cancel", action="store_true", help="send $/cancelRequest for the previous request (like VS Code)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--png", default=None, metavar="OUT", help="write a latency histogram PNG")
@@ -379,14 +392,18 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    res = asyncio.run(replay(args.path, cps=args.cps, max_chars=args.max_chars, cancel=args.cancel, model=args.model,
-                             budget_ms=args.budget_ms, device=args.device, log_path=args.server_log))
-    lat, rlat = res.pop("latencies_ms"), res.pop("response_latencies_ms")
+    try:
+        res = asyncio.run(replay(args.path, cps=args.cps, max_chars=args.max_chars, cancel=args.cancel, model=args.model,
+                                 budget_ms=args.budget_ms, device=args.device, log_path=args.server_log, at=args.at))
+    except ValueError as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return 2
+    lat, rlat, fills = res.pop("latencies_ms"), res.pop("response_latencies_ms"), res.pop("shown_fills")
     for k, v in res.items():
         print(f"{k:24} {v}")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({**res, "latencies_ms": lat, "response_latencies_ms": rlat}, indent=2) + "\n")
+        Path(args.json_out).write_text(json.dumps({**res, "latencies_ms": lat, "response_latencies_ms": rlat, "shown_fills": fills}, indent=2) + "\n")
     if args.png:
         write_histogram(lat, args.png, f"replay {Path(args.path).name} at {args.cps:g} cps, model {res['model']}",
                         res["budget_ms"], rlat)

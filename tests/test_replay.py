@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dlm_lsp.replay import _percentile, replay, write_histogram
 from tests.lsp_helpers import FAKE_SERVER, REPO, scripted
 from tests.tiny import make_tiny_checkpoint
@@ -31,6 +33,23 @@ async def test_replay_counts_typing_through_and_matches(tmp_path):
     assert res["wasted_step_share"] == 0.0  # nothing was superseded at this pace
     # this engine reports no forwarded rows: replay says so instead of making numbers up
     assert ROW_KEYS <= set(res) and res["forwarded_tokens_mean"] is None and res["reuse_share"] is None
+
+
+async def test_replay_at_types_a_span_back_into_the_existing_file(tmp_path):
+    # the document opens as the file less "bb = 2\n", which is typed back at offset 9; the scripted
+    # engine echoes the job's last 12 prefix characters (line breaks as U+23CE), so a shown fill
+    # starts with what the server had 12 characters before the cursor: the file's head, at the
+    # cursor's line and column
+    src = tmp_path / "x.py"
+    src.write_text("zq = 111\nbb = 2\ncc = 3\n")
+    res = await replay(str(src), cps=5, max_chars=7, at=9, model=scripted(steps=1, step_ms=1, echo=12),
+                       server_cmd=FAKE_SERVER)
+    assert res["at"] == 9 and res["chars"] == 7 and res["requests"] == 7
+    fills = {f["i"]: f["fill"] for f in res["shown_fills"]}
+    assert fills[1].startswith("zq ="), fills  # "zq = 111\nb": the head was there
+    assert fills[6].startswith("= 111"), fills  # "= 111\nbb = 2": and the cursor followed the typing
+    with pytest.raises(ValueError):
+        await replay(str(src), at=999, server_cmd=FAKE_SERVER)
 
 
 async def test_replay_fast_typing_wastes_and_cancels(tmp_path):
