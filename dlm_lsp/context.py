@@ -443,15 +443,16 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
         kinds = _IMPORTS.get(grammar_name(lang) or "", set())
         import_rows = [(c.start_point.row, c.end_point.row) for c in root.named_children
                        if c.type in kinds and c.end_point.row < row]
-    else:
+    if not import_rows:  # no grammar, or a syntax error that swallowed the imports into an ERROR node
         import_rows = [(r, r) for r in range(0, min(row, 400)) if _IMPORT_LINE.match(lines[r])]
     cur_indent = indent_width(line) if line.strip() else indent_width(before)
+    header_rows = []
     if root is not None:
         defs = _enclosing_definitions(root, probe)
         if blank and grammar_name(lang) == "python":
             defs = [d for d in defs if d.start_point.column < cur_indent]
         header_rows = [_header_rows(d) for d in defs]
-    else:
+    if root is None or (not header_rows and root.has_error):  # by indentation where the tree has none
         header_rows = _fallback_headers(lines, row, cur_indent)
     last_import_row = max((b for _, b in import_rows), default=-1)
     header_rows = [(a, b) for a, b in header_rows if a > last_import_row and a < row]
@@ -469,6 +470,11 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     else:
         rows = _fallback_statement_rows(lines, lo_row, row)
     start_row = min(rows, default=lo_row)
+    if start_row == row and lo_row < row:
+        # no statement of the tree starts before the cursor's row within the budget (a syntax error
+        # upstream makes one ERROR node of the lines above): cut at textual statement starts instead
+        # of losing every line above the cursor
+        start_row = min(_fallback_statement_rows(lines, lo_row, row - 1), default=lo_row)
     if offset - idx.starts[start_row] > window_budget:
         start_row = row
     window = text[idx.starts[start_row] : offset]

@@ -293,3 +293,16 @@ def test_options_defaults_and_bad_values():
 def test_block_indent_after_a_multi_line_header(lang, src, indent):
     req = request(lang, src)
     assert req.hole_kind == "block" and req.stop.block_indent == indent
+
+
+def test_window_keeps_the_lines_above_when_no_statement_of_the_tree_starts_in_it():
+    # mid-edit: a span deleted and being typed back, so the cursor's line dedents out of the class
+    # (" sum(...)" at column 0 after a header): the tree's module-level statement at the cursor is
+    # an ERROR node starting on the cursor's row, and the class began beyond the window. The window
+    # then starts at a textual statement start, not at the cursor's row (it lost every line above:
+    # the prefix was the imports alone)
+    methods = "".join(f"    def m{i}(self, x):\n        y = x * {i}\n        return y + 1\n\n" for i in range(80))
+    src = "import os\n\n\nclass Log:\n" + methods + "    def summaries(self) -> list:\n| sum(x) / len(x)))\n        return out\n"
+    req = request("python", src)
+    assert req.prefix.endswith("        return y + 1\n\n    def summaries(self) -> list:\n"), req.prefix[-200:]
+    assert req.prefix.startswith("import os\nclass Log:\n") and len(req.prefix) > 1000, req.prefix[:80]
