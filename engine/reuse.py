@@ -30,7 +30,10 @@ from that original, so rounding never accumulates over keystrokes (bf16 on CUDA)
 Why approximate: with full attention an unchanged token's K/V saw the old neighbours (the tokens
 that changed, and the relative offsets before the shift). Staleness policy: a request recomputes
 everything (and the entry starts afresh) when
-  - there is no entry, or it was made by another model or other DecodeOptions;
+  - there is no entry, or it was made by another model (DecodeOptions do not matter: they steer the
+    denoising steps, while a first forward's context K/V depend only on the model and the canvas's
+    tokens and positions, which the plan compares; a change of hole kind while typing, and with it
+    the stop or the slot count, keeps the entry);
   - the changed tokens accumulated since the last full forward would pass `DecodeOptions.reuse_budget`
     (a changed token is a new context row recomputed, an old row dropped, a slot more or fewer);
   - the cursor jumped (or the document is not the lineage of the entry's): the prefix's changed tail
@@ -49,7 +52,6 @@ layout's SessionCache, engine/reorder.py); this module only takes bidirectional 
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -132,8 +134,10 @@ class Plan:
 
 
 def fingerprint(model, c: "Canvas") -> tuple:
-    """What an entry must share with a request to be reused: the model and every decoding option."""
-    return (id(model), c.cfg.vocab_size, c.cfg.n_layers, dataclasses.astuple(c.opts))
+    """What an entry must share with a request to be reused: the model. Not the DecodeOptions: what
+    they change that the first forward sees (healing's re-typed tokens, the slot count, the window's
+    span) is in the canvas's ids and positions, which `plan` compares row by row."""
+    return (id(model), c.cfg.vocab_size, c.cfg.n_layers)
 
 
 def context_rows(c: "Canvas") -> tuple[torch.Tensor, int]:
@@ -149,7 +153,7 @@ class ReuseCache:
     """Per session key, the last first-forward's context (`Entry`); at most `size` sessions (least
     recent out). `stats` counts lookups by outcome and the rows reused (service stats, tests, bench)."""
 
-    OUTCOMES = ("reused", "full_new", "full_options", "full_stale", "full_jump")
+    OUTCOMES = ("reused", "full_new", "full_model", "full_stale", "full_jump")
 
     def __init__(self, size: int = 8):
         self.size = size
@@ -184,7 +188,7 @@ class ReuseCache:
         if e is None:
             return "full_new", None
         if e.fingerprint != fp:
-            return "full_options", None
+            return "full_model", None
         dev = ids.device
         P, S, oP, oS = split, ids.shape[0] - split, e.split, e.ids.shape[0] - e.split
         pj0, pj1, po = best_run(ids[:P], e.ids[:oP])

@@ -93,7 +93,7 @@ def test_incremental_bench_runs_approximate_reuse_for_a_bidirectional_model(tmp_
     assert res["reuse_budget"] == 32 and res["full_recomputes"] == sum(
         r["reuse_outcome"] != "reused" for r in res["per_keystroke"])
     for row in res["per_keystroke"]:
-        assert row["reuse_outcome"] in ("reused", "full_new", "full_options", "full_stale", "full_jump")
+        assert row["reuse_outcome"] in ("reused", "full_new", "full_model", "full_stale", "full_jump")
         assert (row["reuse_reused"] > 0) == (row["reuse_outcome"] == "reused")
     printed = capsys.readouterr().out
     assert "approximate reuse" in printed and "budget 32" in printed

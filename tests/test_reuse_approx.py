@@ -8,6 +8,7 @@ or cancelled request leaves the session's entry whole; the exact reorder path is
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -238,7 +239,7 @@ def test_a_full_recompute_once_the_changed_tokens_pass_the_budget(model):
     assert store.stats["full_new"] == 1 and store.stats["full_stale"] == 1 and store.stats["reused"] == 10
 
 
-def test_a_cursor_jump_another_text_or_other_options_recompute_in_full(model):
+def test_a_cursor_jump_another_text_or_another_model_recompute_in_full(model):
     prefix, suffix = _ids(50, 80), _ids(51, 20)
     store = ReuseCache()
 
@@ -257,8 +258,13 @@ def test_a_cursor_jump_another_text_or_other_options_recompute_in_full(model):
     assert outcome(prefix, suffix) == "reused"
     assert outcome(prefix[:10] + _ids(52, 40) + prefix[10:], suffix) == "full_jump"  # 40 tokens pasted before the cursor
     assert outcome(_ids(53, 80), _ids(54, 20)) == "full_jump"  # another text under the same key
-    assert outcome(_ids(53, 80), _ids(54, 20), dataclasses.replace(ON, threshold=0.6)) == "full_options"
-    assert outcome(_ids(53, 80), _ids(54, 20), dataclasses.replace(ON, threshold=0.6)) == "reused"
+    # options that steer only the steps keep the entry (a hole kind changing while typing)
+    assert outcome(_ids(53, 80), _ids(54, 20), dataclasses.replace(ON, threshold=0.6, stop_newline=True)) == "reused"
+    other = copy.deepcopy(model)  # another model under the same key: its K/V are not these
+    before = dict(store.stats)
+    sampler.forward(other, [_keyed(other, _ids(53, 80), _ids(54, 20), ON, store)])
+    assert store.stats["full_model"] == before["full_model"] + 1
+    assert outcome(_ids(53, 80), _ids(54, 20)) == "full_model"  # and back
 
 
 def test_a_sliding_window_shifts_the_prefix_and_counts_what_it_dropped(model):
