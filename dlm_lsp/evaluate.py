@@ -460,7 +460,10 @@ def plot_curves(curves: dict[str, list[dict]], png: str, gate: float | None = No
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no curve when every gate hid every fill (a tiny test model)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no fill shown at any gate", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("confidence gate: accepted vs shown" + (f" (square: gate {gate:g})" if gate is not None else ""))
     fig.tight_layout()
     fig.savefig(png, dpi=110)
