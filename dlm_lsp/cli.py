@@ -62,6 +62,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="AR twin: loss on every token of the FIM document, or on the middle only")
     p.add_argument("--anneal-steps", type=int, default=d.anneal_steps,
                    help="adapting a causal (AR) checkpoint with --objective diffusion: steps of causal-to-full attention annealing")
+    p.add_argument("--certainty", type=float, default=d.certainty,
+                   help="tokens-per-step phase: weight of the entropy of rows already predicted right (0: off)")
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument("--objective", choices=["diffusion", "ar", "reorder"], default=d.objective,
                    help="reorder: causal diffusion with observed tokens first, masks last (recipe (c), engine/reorder.py)")

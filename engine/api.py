@@ -63,6 +63,10 @@ class DecodeOptions:
     # follows them only there gains k x `copy_far` (one the near context already boosts gains nothing
     # more). 0: off; None: the model's setting, else off.
     copy_far: float | None = None
+    # identifier-aware decoding (engine/names.py): at the leftmost masked slot, a token that would
+    # make the identifier under way one that is in none of the job's texts (prefix, suffix, lookup)
+    # nor the keywords and builtins loses `names` nats. 0: off; None: the model's setting, else off.
+    names: float | None = None
     # a single-line fill ends at its line break: a slot predicting a whitespace-only token with a
     # line break in it (the tokenizer's `newline_ids`) is an end, like padding (it may be committed
     # only as the leftmost masked slot under pad_left, ends the fill, and "every masked slot
@@ -151,7 +155,7 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain")  # DecodeOptions a model's serving.json may set
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names")  # DecodeOptions a model's serving.json may set
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
@@ -159,7 +163,7 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
     (serving.json "decode"), else its off value."""
     import dataclasses
 
-    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False}
+    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0}
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

@@ -78,7 +78,7 @@ def serving_defaults(folder: Path) -> dict:
         out["min_confidence"] = float(gate)
     # decoding the model was tuned with (the context copy boost): only known keys, in range
     dec = raw.get("decode") if isinstance(raw.get("decode"), dict) else {}
-    ok = {k: v for k, v in dec.items() if (k in ("copy_bigram", "copy_unigram", "copy_far") and _number(v) and 0 <= v <= 20)
+    ok = {k: v for k, v in dec.items() if (k in ("copy_bigram", "copy_unigram", "copy_far", "names") and _number(v) and 0 <= v <= 20)
           or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
           or (k == "copy_chain" and isinstance(v, bool))}
     if ok:

@@ -240,9 +240,9 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError(f"steps must be None or >= 1, got {o.steps}")
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
-    if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 \
+    if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
             or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram, copy_unigram and copy_far must be >= 0 and copy_order in 1..8")
+        raise ValueError("copy_bigram, copy_unigram, copy_far and names must be >= 0 and copy_order in 1..8")
     if o.reuse_budget < 0:
         raise ValueError(f"reuse_budget must be >= 0, got {o.reuse_budget}")
 
@@ -293,6 +293,7 @@ class Canvas:
     heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
     copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
     copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
+    names: object = None  # engine.names.NameBias of identifier-aware decoding (DecodeOptions.names), None: off
     stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
     reuse: tuple | None = None  # (engine.reuse.ReuseCache, session key): approximate context reuse (None: off)
@@ -501,8 +502,12 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
     want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
     h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
-    if o.temperature > 0 or c.copy is not None:  # full logit rows (sampling, or the copy boost)
+    if o.temperature > 0 or c.copy is not None or c.names is not None:  # full logit rows
         logits = model.logits(h).float()  # (M, V)
+        if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
+            row = name_row(c, int(slot_idx[0]), final)
+            if row is not None:
+                logits[0] += row.to(logits.device, logits.dtype)
         if c.copy is not None:
             def restrict(r: int, row: torch.Tensor) -> torch.Tensor:  # what the row's pick must obey (chaining)
                 row = row.clone()
@@ -594,6 +599,16 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     return len(pick)
 
 
+def name_row(c: Canvas, j: int, final: bool) -> torch.Tensor | None:
+    """The identifier penalty (engine/names.py) of slot j, the leftmost masked one: None when a
+    committed slot before it ends the fill."""
+    done = c.ids[c.start : c.start + j].tolist()
+    if any(t in (c.cfg.pad_token_id, c.cfg.eos_token_id) for t in done):
+        return None
+    heal = c.heal_ids(final or c.last_step_due()).tolist() if c.heal_open and j == c.heal_slot else None
+    return c.names.slot_row(done, heal)
+
+
 def record_step(c: Canvas, was_full: bool, ms: float) -> None:
     """Keeps a step's wall time: the job's stats, and the estimate for its next step of that kind."""
     c.ms_per_step.append(ms)
@@ -659,10 +674,11 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
                    context_tokens: int = 512, heal: list[int] | None = None,
                    heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None,
-                   stop_ids: list[int] | None = None) -> list[int]:
+                   stop_ids: list[int] | None = None, names=None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
     in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
-    `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids); `stop_ids`: Canvas.stop_ids."""
+    `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids); `stop_ids`: Canvas.stop_ids;
+    `names`: Canvas.names (engine.names.NameBias)."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
@@ -716,8 +732,18 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)
             for r, j in enumerate(masked):
                 logits[s + j - shift] += bias[r]
-        logits[:, cfg.mask_token_id] = float("-inf")
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
+        if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed
+            j0 = masked[0]
+            done = seq[s : s + j0]
+            if not any(t in (cfg.pad_token_id, cfg.eos_token_id) for t in done):
+                cands = None
+                if h_slot is not None and j0 == h_slot:
+                    cands = sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)
+                row = names.slot_row(done, cands)
+                if row is not None:
+                    logits[s + j0 - shift] += row.double()
+        logits[:, cfg.mask_token_id] = float("-inf")
         if h_slot is not None:  # the healed slot: only its candidates (a last step at slot 0: whole ones)
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
             keep[sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)] = True

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import reuse, sampler
+from engine import names, reuse, sampler
 from engine.api import EngineError, Fill, FillJob, with_model_defaults
 from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
@@ -120,6 +120,7 @@ class EngineService:
         self.device: torch.device | None = None
         self.model = self.tok = self.cfg = None
         self.serving: dict = {}  # the model's serving defaults (checkpoint.serving_defaults)
+        self.corpus_names = names.NameSet(frozenset())  # the model's names.txt (engine/names.py)
         self._inbox: queue.Queue = queue.Queue()
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -184,6 +185,7 @@ class EngineService:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             self.model, self.tok, self.cfg = load_checkpoint(self.model_name, self.device, dtype)
             self.serving = serving_defaults(resolve_model_path(self.model_name))
+            self.corpus_names = names.NameSet(names.load_names(resolve_model_path(self.model_name)))
         except Exception as e:  # noqa: BLE001 - any load failure becomes the 'error' state
             log.error("could not load model %s: %s", self.model_name or "default", e)
             self._set_state("error", f"could not load model: {e}")
@@ -325,6 +327,10 @@ class EngineService:
                 canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
             if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
                 canvas.attach_far(self.tok.encode(job.lookup[-LOOKUP_CHARS:]))
+            if opts.names:  # identifier-aware decoding: the names of the job's texts
+                known = names.NameSet(names.names_in(job.prefix, job.suffix, job.lookup))
+                canvas.names = names.NameBias(names.vocab_for(self.tok), [known, self.corpus_names], opts.names,
+                                              self.tok.decode(p_ids[-48:]), self.tok.decode)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
             if job.session is not None and isinstance(canvas, ReorderCanvas):  # exact reuse across keystrokes
                 canvas.session, canvas.session_key = self._sessions, job.session

@@ -64,6 +64,11 @@ class TrainArgs:
     # keeps its head's one-position logit shift and anneals attention from causal to full over this
     # many steps (DiffuLLaMA: a random share of the future keys, rising linearly from 0 to 1)
     anneal_steps: int = 1000
+    # the tokens-per-step phase (dParallel's certainty forcing, without the teacher): on target rows
+    # the model already predicts right (argmax == target), `certainty` x the entropy of its
+    # distribution joins the loss, so that more slots clear the decoder's confidence threshold in one
+    # step. 0: off (the cross-entropy alone)
+    certainty: float = 0.0
     tokenizer_mb: float = 40.0  # text sample the tokenizer is trained on (whole files, spread over the corpus)
     vocab: int = 8192
     dim: int = 192
@@ -206,10 +211,12 @@ def shift_targets(tgt: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, tor
     return t, ww
 
 
-def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, attn_ratio: float = 1.0) -> torch.Tensor:
+def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, attn_ratio: float = 1.0,
+            certainty: float = 0.0) -> torch.Tensor:
     """Weighted cross-entropy on target positions only: the LM head runs on those rows alone.
     Shifted models read each target one position to the left; `attn_ratio` < 1 (a bidirectional
-    model being adapted from a causal one) trains under `anneal_mask`."""
+    model being adapted from a causal one) trains under `anneal_mask`. `certainty` > 0 adds that
+    times the entropy of the rows whose argmax is already the target (TrainArgs.certainty)."""
     ids, tgt, valid, w = (b[k].to(device) for k in ("ids", "targets", "key_valid", "weights"))
     if model.cfg.logits_shift and model.cfg.attention != "causal":
         tgt, w = shift_targets(tgt, w)
@@ -220,7 +227,13 @@ def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, at
     sel = tgt >= 0
     logits = model.logits(h[sel].float() if h.dtype != torch.float32 else h[sel])  # (N, V)
     ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
-    return (ce * w[sel]).sum() / ids.shape[0]
+    loss = (ce * w[sel]).sum() / ids.shape[0]
+    if certainty:
+        logp = logits.float().log_softmax(-1)
+        ent = -(logp.exp() * logp).sum(-1)
+        right = (logits.argmax(-1) == tgt[sel]).float()
+        loss = loss + certainty * (ent * right * w[sel]).sum() / ids.shape[0]
+    return loss
 
 
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -507,7 +520,7 @@ def train(args: TrainArgs) -> Path:
             g["lr"] = lr
         b = next(batches)
         ratio = 1.0 if anneal_from is None else min(1.0, (step - anneal_from) / max(1, args.anneal_steps))
-        loss = loss_on(model, b, device, autocast, attn_ratio=ratio)
+        loss = loss_on(model, b, device, autocast, attn_ratio=ratio, certainty=args.certainty)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -278,6 +278,37 @@ def test_shifted_loss_reads_each_target_one_position_to_the_left():
     assert t.tolist() == [[-1, 7, -1, 9, -1]] and ww.tolist() == [[0.0, 2.0, 0.0, 3.0, 0.0]]
 
 
+def test_certainty_adds_the_entropy_of_rows_already_predicted_right():
+    from contextlib import nullcontext
+
+    from engine.config import ModelConfig
+    from engine.model import Transformer
+    from engine.train import loss_on
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_dim=32, max_seq_len=16, mask_token_id=1,
+                      pad_token_id=0, eos_token_id=2)
+    model = Transformer(cfg).eval()
+    ids = torch.randint(3, 40, (2, 8))
+    with torch.no_grad():
+        logits = model(ids)
+    pred = logits.argmax(-1)
+    tgt = torch.full((2, 8), -1)
+    tgt[0, :4] = pred[0, :4]  # predicted right
+    tgt[1, :4] = (pred[1, :4] + 1) % 40  # predicted wrong: no entropy term
+    w = torch.where(tgt >= 0, 0.5, 0.0)
+    b = {"ids": ids, "targets": tgt, "key_valid": torch.ones(2, 8, dtype=torch.bool), "weights": w}
+    with torch.no_grad():
+        plain = float(loss_on(model, b, "cpu", nullcontext))
+        sure = float(loss_on(model, b, "cpu", nullcontext, certainty=0.3))
+    logp = logits[0, :4].log_softmax(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    assert sure == pytest.approx(plain + 0.3 * float((ent * 0.5).sum()) / 2, rel=1e-5)
+    b["targets"] = torch.where(tgt >= 0, (pred + 1) % 40, -1)  # every row wrong: the cross-entropy alone
+    with torch.no_grad():
+        assert float(loss_on(model, b, "cpu", nullcontext, certainty=0.3)) == float(loss_on(model, b, "cpu", nullcontext))
+
+
 def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path):
     from engine.train import OPTIMIZER_FILE, anneal_mask
 
