@@ -19,6 +19,8 @@ import bisect
 import builtins
 import keyword
 import re
+import threading
+from collections import OrderedDict
 
 import torch
 
@@ -56,12 +58,75 @@ class Vocab:
         self.non_id = torch.tensor(non_id, dtype=torch.long)
 
 
+CHUNK_LINES = 64  # names_in caches each text's names per run of this many lines
+MAX_CHUNKS = 4096  # chunks kept (about 4096 x 64 lines of distinct text)
+MAX_SETS = 16  # NameSets kept by known_names
+
+
+class _Chunks:
+    """The names of text chunks, least recently used dropped: between keystrokes the other open
+    files (FillJob.lookup) and all but the cursor's chunk of the document are the same text, so a
+    job pays the regex only for the chunks that changed (a line identifier never spans a chunk:
+    chunks are whole lines). Thread-safe: several engine workers may admit jobs at once."""
+
+    def __init__(self, cap: int = MAX_CHUNKS):
+        self.cap = cap
+        self._d: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def names(self, chunk: str) -> frozenset[str]:
+        with self._lock:
+            got = self._d.get(chunk)
+            if got is not None:
+                self._d.move_to_end(chunk)
+                self.hits += 1
+                return got
+        got = frozenset(_NAME.findall(chunk))
+        with self._lock:
+            self.misses += 1
+            self._d[chunk] = got
+            while len(self._d) > self.cap:
+                self._d.popitem(last=False)
+        return got
+
+
+_CHUNKS = _Chunks()
+
+
 def names_in(*texts: str) -> set[str]:
     """The identifiers of some texts (the end of each kept when long) plus keywords and builtins."""
     out = set(BASE_NAMES)
     for t in texts:
-        out.update(_NAME.findall(t[-MAX_TEXT:]))
+        t = t[-MAX_TEXT:]
+        if len(t) < 1024:  # the cursor's lines: cheaper to scan than to look up
+            out.update(_NAME.findall(t))
+            continue
+        lines = t.split("\n")
+        for i in range(0, len(lines), CHUNK_LINES):
+            out |= _CHUNKS.names("\n".join(lines[i : i + CHUNK_LINES]))
     return out
+
+
+_SETS: OrderedDict[frozenset[str], "NameSet"] = OrderedDict()
+_SETS_LOCK = threading.Lock()
+
+
+def known_names(*texts: str) -> "NameSet":
+    """NameSet(names_in(*texts)), the sorted set shared with the last jobs that had the same names
+    (typing inside a name the file already has changes none of them)."""
+    key = frozenset(names_in(*texts))
+    with _SETS_LOCK:
+        got = _SETS.get(key)
+        if got is not None:
+            _SETS.move_to_end(key)
+            return got
+    got = NameSet(key)
+    with _SETS_LOCK:
+        _SETS[key] = got
+        while len(_SETS) > MAX_SETS:
+            _SETS.popitem(last=False)
+    return got
 
 
 NAMES_FILE = "names.txt"  # in a model folder: identifiers common in its training corpus, one per line

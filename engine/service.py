@@ -328,7 +328,7 @@ class EngineService:
             if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
                 canvas.attach_far(self.tok.encode(job.lookup[-LOOKUP_CHARS:]))
             if opts.names:  # identifier-aware decoding: the names of the job's texts
-                known = names.NameSet(names.names_in(job.prefix, job.suffix, job.lookup))
+                known = names.known_names(job.prefix, job.suffix, job.lookup)
                 canvas.names = names.NameBias(names.vocab_for(self.tok), [known, self.corpus_names], opts.names,
                                               self.tok.decode(p_ids[-48:]), self.tok.decode)
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]

@@ -135,3 +135,31 @@ def test_names_off_builds_no_bias(service):
                          __import__("concurrent.futures").futures.Future())
     assert isinstance(act.canvas.names, names.NameBias) and act.canvas.names.weight == 1.5
     assert torch.is_tensor(act.canvas.names.vocab.id_start)
+
+
+def test_names_in_caches_whole_line_chunks_with_the_same_result():
+    """names_in scans each run of CHUNK_LINES lines once: the result is the plain regex's over the
+    whole texts, a second job with the same lookup text misses only the chunks that changed, and
+    known_names shares one sorted NameSet between jobs whose names are the same."""
+    import random
+
+    rng = random.Random(3)
+    words = [f"name_{i}" for i in range(300)] + ["x", "_y2", "déjà"]
+    lines = [" ".join(rng.choice(words) + rng.choice([".", "(", " = ", ""]) for _ in range(6)) for _ in range(700)]
+    lookup, doc = "\n".join(lines[:500]), "\n".join(lines[500:])
+    plain = set(names.BASE_NAMES).union(*(names._NAME.findall(t) for t in (doc, lookup)))
+    assert names.names_in(doc, lookup) == plain
+    before = names._CHUNKS.misses
+    typed = doc[:3000] + " brand_new_name " + doc[3000:]
+    got = names.names_in(typed, lookup)
+    assert got == set(names.BASE_NAMES).union(*(names._NAME.findall(t) for t in (typed, lookup)))
+    assert "brand_new_name" in got
+    assert names._CHUNKS.misses - before == 1  # only the edited chunk was scanned again
+    a = names.known_names(doc, lookup)
+    assert names.known_names(doc + " x", lookup) is a  # no new name: the same sorted set
+    assert names.known_names(doc + " fresh_one", lookup) is not a
+    assert a.sorted == sorted(plain)
+    small = names._Chunks(cap=2)
+    for c in ("a b", "c d", "e f"):
+        small.names(c)
+    assert list(small._d) == ["c d", "e f"] and small.names("a b") == {"a", "b"} and small.misses == 4
