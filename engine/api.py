@@ -67,6 +67,11 @@ class DecodeOptions:
     # make the identifier under way one that is in none of the job's texts (prefix, suffix, lookup)
     # nor the keywords and builtins loses `names` nats. 0: off; None: the model's setting, else off.
     names: float | None = None
+    # the bracket rule (engine/names.py, NameBias.bracket_row): at the leftmost masked slot, with a
+    # bracket open on the cursor's line, a token closing another kind loses `brackets` nats, and so
+    # do the ends (padding, end of text, the line-break stop) while a bracket the fill opened is
+    # open. 0: off; None: the model's setting, else off.
+    brackets: float | None = None
     # a single-line fill ends at its line break: a slot predicting a whitespace-only token with a
     # line break in it (the tokenizer's `newline_ids`) is an end, like padding (it may be committed
     # only as the leftmost masked slot under pad_left, ends the fill, and "every masked slot
@@ -155,7 +160,7 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names")  # DecodeOptions a model's serving.json may set
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets")  # DecodeOptions a model's serving.json may set
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
@@ -163,7 +168,7 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
     (serving.json "decode"), else its off value."""
     import dataclasses
 
-    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0}
+    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0}
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

@@ -27,6 +27,8 @@ import torch
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TAIL = re.compile(r"[A-Za-z0-9_]*\Z")
 _LEAD = re.compile(r"[A-Za-z0-9_]*")
+_OPEN, _CLOSE = {"(": ")", "[": "]", "{": "}"}, {")": "(", "]": "[", "}": "{"}
+_BRACKETISH = re.compile(r"[()\[\]{}'\"#]")
 BASE_NAMES = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins))
 MAX_TEXT = 256 * 1024  # characters of a job's text searched for names (its end kept)
 MAX_RANGE = 4096  # known names starting with the partial one beyond this: too open to constrain
@@ -56,6 +58,15 @@ class Vocab:
                 non_id.append(i)
         self.id_start = torch.tensor(id_start, dtype=torch.long)
         self.non_id = torch.tensor(non_id, dtype=torch.long)
+        # the bracket rule: tokens whose first bracket, quote or comment character closes a bracket
+        closers: dict[str, list[int]] = {c: [] for c in _CLOSE}
+        for i, t in enumerate(texts):
+            if i in special:
+                continue
+            m = _BRACKETISH.search(t)
+            if m and m.group(0) in _CLOSE:
+                closers[m.group(0)].append(i)
+        self.closers = {c: torch.tensor(ids, dtype=torch.long) for c, ids in closers.items()}
 
 
 CHUNK_LINES = 64  # names_in caches each text's names per run of this many lines
@@ -166,6 +177,31 @@ def in_code(left: str) -> bool:
     return quote is None
 
 
+def line_brackets(line: str, fill_from: int) -> list[tuple[str, bool]]:
+    """The brackets left open on `line` (a line's text up to the slot), outside strings and comments
+    (quotes by parity, as in_code), each with whether it opened at or after `fill_from` (in the fill)."""
+    stack: list[tuple[str, bool]] = []
+    quote = None
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            break
+        elif ch in _OPEN:
+            stack.append((ch, i >= fill_from))
+        elif ch in _CLOSE and stack and stack[-1][0] == _CLOSE[ch]:
+            stack.pop()
+        i += 1
+    return stack
+
+
 class NameSet:
     """Names, sorted once for prefix queries."""
 
@@ -188,11 +224,14 @@ class NameBias:
     slot's candidate ids, cached per partial identifier. `base`: the canvas's prefix text just
     before slot 0; `decode`: ids -> text (the job's tokenizer)."""
 
-    def __init__(self, vocab: Vocab, sets: list[NameSet], weight: float, base: str = "", decode=None):
+    def __init__(self, vocab: Vocab, sets: list[NameSet], weight: float, base: str = "", decode=None,
+                 brackets: float = 0.0, ends: tuple[int, ...] = ()):
         self.vocab, self.weight = vocab, float(weight)
         self.sets = [s for s in sets if s.sorted]
         self.base, self.decode = base, decode
+        self.brackets, self.ends = float(brackets), tuple(ends)
         self._rows: dict[str, torch.Tensor | None] = {}
+        self._brows: dict[tuple[str, int], torch.Tensor | None] = {}
         self._left: dict[tuple, str] = {}
 
     def left_of(self, slot_ids: list[int]) -> str:
@@ -206,7 +245,34 @@ class NameBias:
         """The penalty of the leftmost masked slot, the slots before it committed as `slot_ids`;
         `heal`: its candidates when it is the healed slot."""
         left = self.left_of(slot_ids)
-        return self.row(left) if heal is None else self.heal_row(left, heal)
+        if heal is not None:
+            return self.heal_row(left, heal) if self.weight else None
+        rows = [r for r in (self.row(left) if self.weight else None,
+                            self.bracket_row(left) if self.brackets else None) if r is not None]
+        return None if not rows else rows[0] if len(rows) == 1 else rows[0] + rows[1]
+
+    def bracket_row(self, left: str) -> torch.Tensor | None:
+        """(V,) the bracket rule's penalty for the slot after committed text `left` (DecodeOptions.
+        brackets), or None: with a bracket open on the cursor's line, a token that closes another
+        kind loses `brackets` nats, and while a bracket the fill opened is open, so do the ends
+        (`ends`: padding, end of text, the line-break stop)."""
+        start = left.rfind("\n") + 1
+        key = (left[start:], max(0, len(self.base) - start))
+        if key in self._brows:
+            return self._brows[key]
+        out = None
+        if in_code(left):
+            stack = line_brackets(*key)
+            if stack:
+                out = torch.zeros(self.vocab.size)
+                want = _OPEN[stack[-1][0]]
+                for c, ids in self.vocab.closers.items():
+                    if c != want and ids.numel():
+                        out[ids] = -self.brackets
+                if any(in_fill for _, in_fill in stack) and self.ends:
+                    out[torch.tensor(self.ends, dtype=torch.long)] = -self.brackets
+        self._brows[key] = out
+        return out
 
     def known(self, name: str) -> bool:
         return any(name in s.set for s in self.sets)

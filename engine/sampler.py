@@ -241,8 +241,8 @@ def check_options(o: DecodeOptions) -> None:
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
     if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
-            or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram, copy_unigram, copy_far and names must be >= 0 and copy_order in 1..8")
+            or (o.brackets or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
+        raise ValueError("copy_bigram, copy_unigram, copy_far, names and brackets must be >= 0 and copy_order in 1..8")
     if o.reuse_budget < 0:
         raise ValueError(f"reuse_budget must be >= 0, got {o.reuse_budget}")
 

@@ -327,10 +327,11 @@ class EngineService:
                 canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
             if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
                 canvas.attach_far(self.tok.encode(job.lookup[-LOOKUP_CHARS:]))
-            if opts.names:  # identifier-aware decoding: the names of the job's texts
-                known = names.known_names(job.prefix, job.suffix, job.lookup)
-                canvas.names = names.NameBias(names.vocab_for(self.tok), [known, self.corpus_names], opts.names,
-                                              self.tok.decode(p_ids[-48:]), self.tok.decode)
+            if opts.names or opts.brackets:  # identifier-aware decoding (the names of the job's texts), the bracket rule
+                known = names.known_names(job.prefix, job.suffix, job.lookup) if opts.names else names.NameSet(())
+                canvas.names = names.NameBias(names.vocab_for(self.tok), [known, self.corpus_names], opts.names or 0.0,
+                                              self.tok.decode(p_ids[-48:]), self.tok.decode, brackets=opts.brackets or 0.0,
+                                              ends=(self.cfg.pad_token_id, self.cfg.eos_token_id) + tuple(canvas.stop_ids or ()))
             canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
             if job.session is not None and isinstance(canvas, ReorderCanvas):  # exact reuse across keystrokes
                 canvas.session, canvas.session_key = self._sessions, job.session

@@ -163,3 +163,57 @@ def test_names_in_caches_whole_line_chunks_with_the_same_result():
     for c in ("a b", "c d", "e f"):
         small.names(c)
     assert list(small._d) == ["c d", "e f"] and small.names("a b") == {"a", "b"} and small.misses == 4
+
+
+BTEXTS = ["", ")", "]", "}", "x", "(", "),", "')", " #)", "<end>", "\n"]
+
+
+def test_bracket_rule_rows():
+    """DecodeOptions.brackets: with a bracket open on the cursor's line, a token that closes another
+    kind is penalized, and the ends are while a bracket the fill opened is still open; strings,
+    comments and brackets closed on the line are skipped."""
+    vocab = names.Vocab(BTEXTS, special={0, 9})
+    assert {c: ids.tolist() for c, ids in vocab.closers.items()} == {")": [1, 6], "]": [2], "}": [3]}
+    b = names.NameBias(vocab, [], 0.0, base="    y = f(a, ", brackets=2.0, ends=(9, 10))
+    pen = lambda row: {BTEXTS[i] for i in range(len(BTEXTS)) if row is not None and row[i] < 0}  # noqa: E731
+    assert pen(b.slot_row([], None)) == {"]", "}"}  # the prefix opened "(": ends are fine, ")" too
+    b.decode = lambda ids: "".join(BTEXTS[i] for i in ids)
+    assert pen(b.slot_row([5], None)) == {"]", "}", "<end>", "\n"}  # the fill opened "(": it may not end
+    assert pen(b.slot_row([5, 1], None)) == {"]", "}"}  # closed again
+    assert b.slot_row([5, 1, 1], None) is None  # nothing open on the line
+    assert b.slot_row([], [1, 2]) is None  # the healed slot: names only (off here)
+    assert names.line_brackets("f('(', [x  # (", 0) == [("(", True), ("[", True)]
+    assert names.line_brackets("g(a)[b", 3) == [("[", True)] and names.line_brackets("g(a)[b", 5) == [("[", False)]
+    assert names.NameBias(vocab, [], 0.0, base="s = '(", brackets=2.0, ends=(9,)).slot_row([], None) is None  # in a string
+    both = names.NameBias(names.Vocab(TEXTS, special={0}), [names.NameSet({"response"})], 3.0, base="f(resp", brackets=1.0)
+    assert both.slot_row([], None) is not None and float(both.slot_row([], None).min()) == -3.0
+
+
+def test_service_fill_with_brackets_equals_the_oracle(service):
+    tok = service.tok
+    cases = [("result = compute(alpha, beta", ")\n"), ("items = [first, (second", ""), ("call(x)[", "\n"), ("d = {'a': (1", "")]
+    changed = 0
+    for heal in (False, True):
+        for nm in (0.0, 4.0):
+            base = DecodeOptions(threshold=0.5, heal=heal, names=nm, brackets=0.0, stop_newline=True, refresh_every=1)
+            on = dataclasses.replace(base, brackets=20.0)
+            for prefix, suffix in cases:
+                job = FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=on)
+                got = service.run_now(job)
+                p_ids, s_ids = tok.encode_batch([prefix, suffix])
+                h = tok.heal(p_ids) if heal else None
+                if h:
+                    p_ids = p_ids[: -h.k]
+                known = names.known_names(prefix, suffix, "") if nm else names.NameSet(())
+                stops = list(tok.newline_ids())
+                bias = names.NameBias(names.vocab_for(tok), [known, service.corpus_names], nm, tok.decode(p_ids[-48:]),
+                                      tok.decode, brackets=20.0,
+                                      ends=(service.cfg.pad_token_id, service.cfg.eos_token_id) + tuple(stops))
+                want = sampler.reference_fill(service.model, p_ids, s_ids, 6 + (1 if h else 0), on, heal=h and h.first,
+                                              heal_then=h and h.then, stop_ids=stops, names=bias)
+                assert got.token_ids == want, (heal, nm, prefix)
+                plain = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=base))
+                changed += got.token_ids != plain.token_ids
+    assert changed  # the rule reached the canvas
+    with pytest.raises(ValueError, match="brackets"):
+        sampler.check_options(DecodeOptions(brackets=-1.0))
