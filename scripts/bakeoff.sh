@@ -6,7 +6,7 @@
 # committed models/bakeoff/<name>), optimizer state included, so
 # the warmup-stable-decay schedule planned over HOURS continues across sessions without re-warm-up.
 #
-#     bash scripts/bakeoff.sh [candidate ...]     # default: the candidates still running (LIVE)
+#     bash scripts/bakeoff.sh [candidate ...]     # default: the candidates still running (LIVE; none since session 11)
 #     HOURS=3.5 MINUTES=600 bash scripts/bakeoff.sh v2a v2-ar
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,9 +45,10 @@ if [ ! -f $AR_START/optimizer.safetensors ]; then
   rm -rf $AR_START && mv runs/start/tmp/models/bakeoff/v2-ar $AR_START && rm -rf runs/start/tmp
 fi
 declare -A START=([v2b]=$AR_START [v2f]=$AR_START)
-# v2b has reached its 3.5 hours; v2a and v2c were retired in session 9, behind at equal compute
-# (docs/MODEL.md, "Session 9"); they stay here to be reproduced by name
-LIVE=(v2f)
+# v2b and v2f have reached their 3.5 hours; v2a and v2c were retired in session 9 and v2f in session
+# 11, behind at equal compute (docs/MODEL.md, "Session 9", "Session 11"); they stay here to be
+# reproduced by name. The winner's long training is scripts/long_train.sh.
+LIVE=()
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${LIVE[@]}")
 for name in "${names[@]}"; do
