@@ -157,9 +157,9 @@ def load_names(folder) -> frozenset[str]:
     return frozenset(w for w in p.read_text(encoding="utf-8", errors="replace").split() if _NAME.fullmatch(w))
 
 
-def in_code(left: str) -> bool:
-    """False when the end of `left` is inside a string or a comment of its line (quotes by parity)."""
-    line = left[left.rfind("\n") + 1 :]
+def _scan(line: str, visit=None) -> bool:
+    """Walks `line` outside its strings (quotes by parity) up to a comment, calling `visit(i, ch)`
+    on each code character; True when the line's end is in code (not in a string or comment)."""
     quote = None
     i = 0
     while i < len(line):
@@ -173,32 +173,29 @@ def in_code(left: str) -> bool:
             quote = ch
         elif ch == "#":
             return False
+        elif visit is not None:
+            visit(i, ch)
         i += 1
     return quote is None
 
 
+def in_code(left: str) -> bool:
+    """False when the end of `left` is inside a string or a comment of its line (quotes by parity)."""
+    return _scan(left[left.rfind("\n") + 1 :])
+
+
 def line_brackets(line: str, fill_from: int) -> list[tuple[str, bool]]:
     """The brackets left open on `line` (a line's text up to the slot), outside strings and comments
-    (quotes by parity, as in_code), each with whether it opened at or after `fill_from` (in the fill)."""
+    (as in_code), each with whether it opened at or after `fill_from` (in the fill)."""
     stack: list[tuple[str, bool]] = []
-    quote = None
-    i = 0
-    while i < len(line):
-        ch = line[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#":
-            break
-        elif ch in _OPEN:
+
+    def visit(i: int, ch: str) -> None:
+        if ch in _OPEN:
             stack.append((ch, i >= fill_from))
         elif ch in _CLOSE and stack and stack[-1][0] == _CLOSE[ch]:
             stack.pop()
-        i += 1
+
+    _scan(line, visit)
     return stack
 
 
