@@ -525,8 +525,11 @@ def train(args: TrainArgs) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        # the EMA's horizon grows with the run, so an early checkpoint is not mostly the random init
-        ema_decay = min(args.ema, (1 + local) / (10 + local))
+        # the EMA's horizon grows with the run, so an early checkpoint is not mostly the random init; a
+        # resume that restored the optimizer continues the run, so its EMA (the checkpoint's weights)
+        # keeps the horizon it had instead of restarting from the raw weights at every segment
+        ema_step = step if resumed_opt else local
+        ema_decay = min(args.ema, (1 + ema_step) / (10 + ema_step))
         with torch.no_grad():
             for k, v in model.state_dict().items():
                 ema[k].mul_(ema_decay).add_(v.float(), alpha=1 - ema_decay)

@@ -367,3 +367,25 @@ def test_a_slimmed_optimizer_resumes_from_the_ema_without_re_warm_up(tmp_path):
     train(TrainArgs(out=str(second), resume=str(first / "last"), max_steps=20, **args))
     lrs = [r["lr"] for r in _log(second) if "lr" in r and r["step"] > 4]
     assert lrs[0] == pytest.approx(6e-4 * 24 / 50)  # the warm-up continues: the moments and steps were kept
+
+
+def test_a_resume_with_the_optimizer_continues_the_ema_horizon(tmp_path):
+    """The EMA in a checkpoint continues across segments: one resumed step moves it by the decay the
+    run's step count gives (5/14 at step 4), not by a ramp restarted at the segment's first step (1/10),
+    which replaced the EMA with the noisier raw weights at every resume."""
+    from engine.train import OPTIMIZER_FILE, load_raw_weights
+
+    args = {**TINY, "warmup": 50, "total_hours": 100.0}
+    first = tmp_path / "a"
+    train(TrainArgs(out=str(first), max_steps=4, **args))
+    ema_a = read_state_dict(first / "last")
+    second = tmp_path / "b"
+    train(TrainArgs(out=str(second), resume=str(first / "last"), max_steps=1, **args))
+    ema_b = read_state_dict(second / "last")
+    raw_b = load_raw_weights(second / "last" / OPTIMIZER_FILE)
+    decay = 5 / 14
+    moved = [k for k in raw_b if not torch.equal(raw_b[k], ema_a[k])]
+    assert moved
+    for k in moved:
+        want = ema_a[k].float() * decay + raw_b[k].float() * (1 - decay)
+        torch.testing.assert_close(ema_b[k].float(), want, rtol=1e-5, atol=1e-6)
