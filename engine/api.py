@@ -79,6 +79,13 @@ class DecodeOptions:
     # the steps spent past it. None: on for the line and middle holes of dlm_lsp.context
     # (to_fill_job), off for a bare job.
     stop_newline: bool | None = None
+    # stop when unsure: in a threshold step where no slot reaches the threshold and the leftmost masked
+    # slot's best token has a probability below `stop_below`, the fill ends at that slot (committed as
+    # the end, as pad_left does; every later slot becomes padding, text committed further right is
+    # cut) instead of forcing a guess there. A fill is then the text the model was sure of, and the
+    # steps a guessed tail would take are never run. Needs pad_left; not while a healed slot is open;
+    # never on a final (deadline / step-budget) step. 0: off; None: the model's setting, else off.
+    stop_below: float | None = None
     # draft chaining for the copy boost (prompt-lookup drafts in parallel): a predicted slot whose
     # left neighbour is a masked slot predicted in the same step takes its left run from that
     # neighbour's prediction (argmax, after its own boost), so a copied run can be boosted, and
@@ -160,7 +167,7 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets")  # DecodeOptions a model's serving.json may set
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below")  # DecodeOptions a model's serving.json may set
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
@@ -168,7 +175,8 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
     (serving.json "decode"), else its off value."""
     import dataclasses
 
-    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0}
+    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0,
+           "stop_below": 0.0}
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

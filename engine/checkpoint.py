@@ -80,7 +80,8 @@ def serving_defaults(folder: Path) -> dict:
     dec = raw.get("decode") if isinstance(raw.get("decode"), dict) else {}
     ok = {k: v for k, v in dec.items() if (k in ("copy_bigram", "copy_unigram", "copy_far", "names") and _number(v) and 0 <= v <= 20)
           or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
-          or (k == "copy_chain" and isinstance(v, bool))}
+          or (k == "copy_chain" and isinstance(v, bool))
+          or (k == "stop_below" and _number(v) and 0 <= v < 1)}
     if ok:
         out["decode"] = ok
     # the calibrated gate (dlm_lsp.calibrate.Calibrator), checked by the server that applies it

@@ -243,6 +243,10 @@ def check_options(o: DecodeOptions) -> None:
     if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
             or (o.brackets or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
         raise ValueError("copy_bigram, copy_unigram, copy_far, names and brackets must be >= 0 and copy_order in 1..8")
+    if o.stop_below is not None and not 0 <= o.stop_below < 1:
+        raise ValueError(f"stop_below must be in [0, 1), got {o.stop_below}")
+    if o.stop_below and not o.pad_left:
+        raise ValueError("stop_below ends a fill as pad_left does: it needs pad_left")
     if o.reuse_budget < 0:
         raise ValueError(f"reuse_budget must be >= 0, got {o.reuse_budget}")
 
@@ -565,6 +569,11 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         else:
             sub = select_threshold(conf_e, o.threshold)
         pick = [elig[i] for i in sub]
+        if o.stop_below and o.selection == "threshold" and cfg.family != "wedlm" and not c.heal_open and elig and elig[0] == 0 \
+                and all(x < o.threshold for x in conf_e) and maxp_l[0] < o.stop_below:
+            pick, pred_l[0] = [0], cfg.eos_token_id  # unsure at the leftmost masked slot: the fill ends there
+            pred = pred.clone()
+            pred[0] = cfg.eos_token_id
     values = pred.clone()
     n_tail = 0  # masked slots right of the window committed as padding
     if o.block > 0 or o.pad_left or o.window > 0:
@@ -749,7 +758,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             keep[sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)] = True
             logits[s + h_slot - shift, ~keep] = float("-inf")
         probs = F.softmax(logits, dim=-1)
-        cand = []
+        cand, max_p = [], {}
         for j in masked:
             p = probs[s + j - shift]
             top = torch.topk(p, 2)
@@ -759,6 +768,7 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             conf = {"max_prob": mp, "margin": mp - t2, "neg_entropy": -ent}[opts.confidence]
             is_pad = tok in ends_now
             cand.append((j, tok, conf, is_pad and mp >= opts.pad_stop))
+            max_p[j] = mp
         if opts.window > 0 and not budget_out:  # only the leftmost `window` masked slots are predicted
             cand = cand[: opts.window]
         if budget_out or all(x[3] for x in cand):
@@ -787,6 +797,10 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 chosen = ranked[: plan.pop(0) if plan else 1]
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
+                first = min(masked)
+                if opts.stop_below and cfg.family != "wedlm" and h_slot is None and cand_e and cand_e[0][0] == first \
+                        and not any(x[2] >= opts.threshold for x in cand_e) and max_p[first] < opts.stop_below:
+                    chosen = [(first, cfg.eos_token_id, 0, 0)]  # stop when unsure: the end, at the leftmost slot
         if opts.block > 0 or opts.pad_left or opts.window > 0:  # a committed padding/end slot ends the fill
             ends_at = [x[0] for x in chosen if x[1] in ends_now]
             if ends_at:
