@@ -13,6 +13,8 @@ EngineService.run_now(FillJob) (default DecodeOptions) -> post-processing. Per k
   p50/p95_ms    wall time per fill: context + engine + post-processing
   shown         share of holes where a fill of >= 2 non-space characters is shown (after the gate)
   accepted      share of those shown fills that the true text starts with: what a user would keep
+  kept chars    accepted_chars: characters of the accepted shown fills per hole (a share alone
+                rewards showing less; this one falls when fills are hidden or cut short needlessly)
 The confidence gate (the server's minConfidence) hides fills the engine is less sure of; --curve
 writes accepted vs shown over every gate as a PNG (and the points into --json), from one pass.
 --corpus DIR takes the holes from a corpus built by `dlm-lsp corpus`: --heldout files (its held-out
@@ -424,18 +426,22 @@ def _accepted(h: Hole, shown: str, replace_len: int) -> bool:
 
 
 def accept_curve(holes: list[Hole], samples: list[Sample], gates=None) -> list[dict]:
-    """(gate, shown, accepted) for each confidence gate: the ungated fills whose confidence passes."""
+    """(gate, shown, accepted, chars) for each confidence gate: the ungated fills whose confidence
+    passes; `chars` is the accepted characters per hole (accepted_chars)."""
     gates = gates or [round(0.05 * i, 2) for i in range(21)]
     out = []
     n = max(1, len(samples))
     for g in gates:
-        shown = acc = 0
+        shown = acc = chars = 0
         for h, s in zip(holes, samples):
             text = s.ungated if s.ungated is not None else s.shown
             if _shown(text) and s.confidence >= g:
                 shown += 1
-                acc += _accepted(h, text, s.ungated_replace_len if s.ungated is not None else s.replace_len)
-        out.append({"gate": g, "shown": round(shown / n, 4), "accepted": round(acc / max(1, shown), 4)})
+                ok = _accepted(h, text, s.ungated_replace_len if s.ungated is not None else s.replace_len)
+                acc += ok
+                chars += ok * len(text.rstrip())
+        out.append({"gate": g, "shown": round(shown / n, 4), "accepted": round(acc / max(1, shown), 4),
+                    "chars": round(chars / n, 3)})
     return out
 
 
@@ -503,6 +509,9 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
         "p95_ms": round(percentile(ms, 95), 1),
         "shown": round(len(shown_ok) / n, 4),
         "accepted": round(sum(_accepted(h, s.shown, s.replace_len) for h, s in shown_ok) / max(1, len(shown_ok)), 4),
+        # what the user keeps, per hole: the characters of the accepted shown fills over every hole. A
+        # share alone rewards showing less; this falls when fills are cut short or hidden needlessly
+        "accepted_chars": round(sum(len(s.shown.rstrip()) for h, s in shown_ok if _accepted(h, s.shown, s.replace_len)) / n, 3),
         # extras: syntax of the non-empty shown fills once accepted, decoding effort, share of holes
         # where nothing is shown, and what the server's context called the hole
         "syntax_clean_shown": round(clean_shown / max(1, shown_n), 4),
@@ -544,17 +553,22 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
     return results
 
 
+def _chars(r: dict) -> str:
+    return f"{r['accepted_chars']:.2f}" if "accepted_chars" in r else "-"
+
+
 def markdown_table(results: dict[str, dict[str, dict]]) -> str:
     """A Markdown table: one row per (model, kind)."""
-    rows = ["| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | p50 ms | p95 ms |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | kept chars | p50 ms | p95 ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, res in results.items():
         for kind in KINDS:
             if kind not in res:
                 continue
             r = res[kind]
             rows.append(f"| {label} | {kind} | {r['holes']} | {r['exact']:.3f} | {r['edit_sim']:.3f} | "
-                        f"{r['syntax_clean']:.3f} | {r['shown']:.3f} | {r['accepted']:.3f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
+                        f"{r['syntax_clean']:.3f} | {r['shown']:.3f} | {r['accepted']:.3f} | {_chars(r)} | "
+                        f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
     return "\n".join(rows)
 
 

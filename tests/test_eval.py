@@ -209,8 +209,10 @@ def test_shown_accepted_and_the_gate_curve():
     assert r["shown"] == pytest.approx(2 / 4)  # one char is not a shown fill; the gated one is hidden
     assert r["accepted"] == pytest.approx(1 / 2)  # a prefix of the true text counts, "return b" does not
     curve = {p["gate"]: p for p in accept_curve([h] * 4, [right, wrong, tiny, hidden])}
-    assert curve[0.0] == {"gate": 0.0, "shown": 0.75, "accepted": pytest.approx(2 / 3, abs=1e-3)}
-    assert curve[0.5] == {"gate": 0.5, "shown": 0.25, "accepted": 1.0}
+    assert r["accepted_chars"] == pytest.approx(len("return a") / 4)  # kept characters per hole
+    assert curve[0.0] == {"gate": 0.0, "shown": 0.75, "accepted": pytest.approx(2 / 3, abs=1e-3),
+                          "chars": pytest.approx((len("return a") + len("return a + 1")) / 4)}
+    assert curve[0.5] == {"gate": 0.5, "shown": 0.25, "accepted": 1.0, "chars": 2.0}
     assert curve[1.0]["shown"] == 0.0
 
 
