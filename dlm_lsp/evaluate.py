@@ -499,6 +499,7 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
     n = max(1, len(samples))
     ms = [s.ms for s in samples]
     shown_ok = [(h, s) for h, s in zip(holes, samples) if _shown(s.shown)]
+    kept = [s.shown for h, s in shown_ok if _accepted(h, s.shown, s.replace_len)]
     return {
         "holes": len(samples),
         "exact": round(exact / n, 4),
@@ -508,10 +509,10 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
         "p50_ms": round(percentile(ms, 50), 1),
         "p95_ms": round(percentile(ms, 95), 1),
         "shown": round(len(shown_ok) / n, 4),
-        "accepted": round(sum(_accepted(h, s.shown, s.replace_len) for h, s in shown_ok) / max(1, len(shown_ok)), 4),
+        "accepted": round(len(kept) / max(1, len(shown_ok)), 4),
         # what the user keeps, per hole: the characters of the accepted shown fills over every hole. A
         # share alone rewards showing less; this falls when fills are cut short or hidden needlessly
-        "accepted_chars": round(sum(len(s.shown.rstrip()) for h, s in shown_ok if _accepted(h, s.shown, s.replace_len)) / n, 3),
+        "accepted_chars": round(sum(len(t.rstrip()) for t in kept) / n, 3),
         # extras: syntax of the non-empty shown fills once accepted, decoding effort, share of holes
         # where nothing is shown, and what the server's context called the hole
         "syntax_clean_shown": round(clean_shown / max(1, shown_n), 4),

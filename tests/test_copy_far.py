@@ -10,7 +10,7 @@ from dlm_lsp.context import FAR_AFTER, FAR_BEFORE, build_request, to_fill_job
 from dlm_lsp.documents import Document
 from engine import sampler, wire
 from engine.api import DecodeOptions, FillJob
-from tests.tiny import make_tiny_checkpoint
+from tests.tiny import tiny_service
 
 
 def _doc(text: str) -> Document:
@@ -51,12 +51,7 @@ def test_lookup_crosses_the_engine_socket():
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    from engine.service import EngineService
-
-    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("far") / "m", seed=3)
-    svc = EngineService(str(folder), device="cpu", threads=1)
-    svc.load()
-    return svc
+    return tiny_service(tmp_path_factory.mktemp("far") / "m", seed=3)
 
 
 def test_service_fill_with_lookup_equals_the_oracle_and_copy_far_0_ignores_it(service):

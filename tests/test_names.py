@@ -11,7 +11,7 @@ import torch
 from engine import names, sampler
 from engine.api import DecodeOptions, FillJob
 from engine.checkpoint import serving_defaults
-from tests.tiny import make_tiny_checkpoint
+from tests.tiny import tiny_service
 
 TEXTS = ["", "onse", "ond", "ite", "(", " =", "resp", "response", "respond", "onse(", "x", " foo", "\ufffd", "é"]
 
@@ -90,12 +90,7 @@ def test_serving_json_may_set_names(tmp_path):
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    from engine.service import EngineService
-
-    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("names") / "m", seed=3)
-    svc = EngineService(str(folder), device="cpu", threads=1)
-    svc.load()
-    return svc
+    return tiny_service(tmp_path_factory.mktemp("names") / "m", seed=3)
 
 
 def _oracle(service, job: FillJob):

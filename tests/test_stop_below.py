@@ -9,7 +9,7 @@ from engine.api import DecodeOptions, FillJob, with_model_defaults
 from engine.checkpoint import serving_defaults
 from engine.sampler import Canvas, check_options, fill, reference_fill
 from tests.engine_models import peaked_model
-from tests.tiny import make_tiny_checkpoint
+from tests.tiny import tiny_service
 
 # exact loops (a full forward every step, or no cache), so the oracle's full recompute is comparable
 OPTS = [DecodeOptions(threshold=0.9, refresh_every=1), DecodeOptions(threshold=0.9, window=3, cache=False), DecodeOptions(threshold=0.6, window=4, refresh_every=1)]
@@ -66,11 +66,7 @@ def test_bad_values_are_refused_and_serving_json_may_set_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    from engine.service import EngineService
-
-    svc = EngineService(str(make_tiny_checkpoint(tmp_path_factory.mktemp("sb") / "m", seed=5)), device="cpu", threads=1)
-    svc.load()
-    return svc
+    return tiny_service(tmp_path_factory.mktemp("sb") / "m", seed=5)
 
 
 def test_service_fills_stop_early_with_healing_and_the_copy_boost_and_keep_a_prefix_of_the_full_fill(service):

@@ -9,7 +9,7 @@ from dlm_lsp.documents import Document
 from engine import sampler
 from engine.api import DecodeOptions, FillJob
 from engine.sampler import Canvas, fill, reference_fill
-from tests.tiny import make_tiny_checkpoint
+from tests.tiny import tiny_service
 
 
 def _model(shift: bool):
@@ -51,11 +51,7 @@ def test_to_fill_job_stops_single_line_holes_only():
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    from engine.service import EngineService
-
-    svc = EngineService(str(make_tiny_checkpoint(tmp_path_factory.mktemp("nl") / "m", seed=5)), device="cpu", threads=1)
-    svc.load()
-    return svc
+    return tiny_service(tmp_path_factory.mktemp("nl") / "m", seed=5)
 
 
 def test_newline_ids_are_whitespace_with_a_line_break(service):

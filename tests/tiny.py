@@ -41,3 +41,13 @@ def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift:
                     model.tok_embeddings.weight[tid].zero_()
     save_checkpoint(folder, model, tok)
     return Path(folder)
+
+
+def tiny_service(folder, seed: int):
+    """A loaded one-thread EngineService on a tiny checkpoint written to `folder` (the module-scoped
+    `service` fixture of the decoding-option tests)."""
+    from engine.service import EngineService
+
+    svc = EngineService(str(make_tiny_checkpoint(folder, seed=seed)), device="cpu", threads=1)
+    svc.load()
+    return svc
