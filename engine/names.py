@@ -26,6 +26,7 @@ import torch
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TAIL = re.compile(r"[A-Za-z0-9_]*\Z")
+_RUN = re.compile(r"[^A-Za-z0-9_]*([A-Za-z0-9_]*)")  # a candidate token's first identifier run
 _LEAD = re.compile(r"[A-Za-z0-9_]*")
 _OPEN, _CLOSE = {"(": ")", "[": "]", "{": "}"}, {")": "(", "]": "[", "}": "{"}
 _BRACKETISH = re.compile(r"[()\[\]{}'\"#]")
@@ -229,6 +230,7 @@ class NameBias:
         self.brackets, self.ends = float(brackets), tuple(ends)
         self._rows: dict[str, torch.Tensor | None] = {}
         self._brows: dict[tuple[str, int], torch.Tensor | None] = {}
+        self._hrows: dict[tuple[str, tuple[int, ...]], torch.Tensor | None] = {}
         self._left: dict[tuple, str] = {}
 
     def left_of(self, slot_ids: list[int]) -> str:
@@ -318,6 +320,11 @@ class NameBias:
         if not in_code(left):
             return None
         p = _TAIL.search(left).group(0)
+        if p and (p[0].isdigit() or not self.known_start(p)):
+            return None  # a number, or a new name: nothing to hold its candidates to
+        key = (p, tuple(ids))
+        if key in self._hrows:  # the same partial identifier and candidates: every step of a fill
+            return self._hrows[key]
         out = torch.zeros(self.vocab.size)
         hit = False
         for i in ids:
@@ -326,18 +333,15 @@ class NameBias:
                 lead = self.vocab.lead[i]
                 run, ended = p + lead, lead != s
             else:
-                m = re.match(r"[^A-Za-z0-9_]*([A-Za-z0-9_]*)", s)
+                m = _RUN.match(s)
                 run, ended = m.group(1), m.end() < len(s)
                 if not run:
                     continue
-            if p and p[0].isdigit():
-                continue
-            if p and not self.known_start(p):
-                continue
             if not self.ok(run, ended):
                 out[i] = -self.weight
                 hit = True
-        return out if hit else None
+        self._hrows[key] = out if hit else None
+        return self._hrows[key]
 
 
 _VOCABS: dict[int, Vocab] = {}

@@ -16,7 +16,9 @@ import json
 import math
 import random
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -499,9 +501,13 @@ def train(args: TrainArgs) -> Path:
 
     model.train()
     local = 0
+    stop = _StopOnSignal()
     while True:
         elapsed = time.time() - t0
         if elapsed >= budget_s or (args.max_steps is not None and local >= args.max_steps):
+            break
+        if stop.asked:
+            print(f"signal {stop.asked}: stopping at step {step}, the checkpoint saved", flush=True)
             break
         if args.total_hours is not None and hours_now() >= args.total_hours:
             print(f"planned budget of {args.total_hours} h reached", flush=True)
@@ -548,7 +554,30 @@ def train(args: TrainArgs) -> Path:
         if time.time() - last_save > args.save_every_min * 60:
             save()
     save(final=True)
+    stop.restore()
     if bar is not None:
         bar.close()
     log.close()
     return out
+
+
+class _StopOnSignal:
+    """SIGTERM / SIGINT during training end it after the step under way, with the final save (a
+    background run is stopped with `kill PID` and loses nothing); the old handlers come back at the
+    end. Only in the main thread, where Python delivers signals."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.asked: str | None = None
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.old[sig] = signal.signal(sig, self._ask)
+
+    def _ask(self, signum, frame) -> None:
+        self.asked = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, old in self.old.items():
+            signal.signal(sig, old)

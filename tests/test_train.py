@@ -389,3 +389,27 @@ def test_a_resume_with_the_optimizer_continues_the_ema_horizon(tmp_path):
     for k in moved:
         want = ema_a[k].float() * decay + raw_b[k].float() * (1 - decay)
         torch.testing.assert_close(ema_b[k].float(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_sigterm_ends_training_after_the_step_under_way_with_the_final_save(tmp_path, monkeypatch):
+    import signal
+
+    from engine import train as train_mod
+
+    calls = []
+    real = train_mod.loss_on
+
+    def loss_then_term(*a, **k):  # the third step is asked to stop while it runs (a `kill PID`)
+        if torch.is_grad_enabled():  # a training step, not the held-out loss of a save
+            calls.append(1)
+        if len(calls) == 3 and torch.is_grad_enabled():
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(train_mod, "loss_on", loss_then_term)
+    out = tmp_path / "run"
+    train(TrainArgs(out=str(out), max_steps=50, minutes=30, **TINY))
+    state = json.loads((out / "last" / "training_state.json").read_text())
+    assert state["step"] == 3 and len(calls) == 3  # the step under way finished and was saved; no more
+    assert signal.getsignal(signal.SIGTERM) is before  # the process's own handler is back
