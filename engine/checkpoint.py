@@ -177,7 +177,8 @@ def _shard_names(index: Path) -> list[str]:
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """Reads model.safetensors or the shards listed in model.safetensors.index.json."""
+    """Reads model.safetensors, the shards listed in model.safetensors.index.json, or a delta folder
+    (delta.json + delta.safetensors over a base found on this machine: engine/delta.py)."""
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.exists():
@@ -187,6 +188,10 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         for s in _shard_names(index):
             sd.update(_load_safetensors(folder / s))
         return sd
+    if (folder / "delta.json").exists():
+        from engine.delta import load_delta_state_dict
+
+        return load_delta_state_dict(folder)
     pickles = sorted(p.name for ext in ("bin", "pt", "pth", "ckpt") for p in folder.glob(f"*.{ext}"))
     if pickles:
         raise CheckpointError(f"{folder} has only pickle weights ({', '.join(pickles)}), which are never loaded "
