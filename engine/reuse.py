@@ -73,16 +73,42 @@ def applies(c: "Canvas") -> bool:
     return bool(c.opts.reuse and c.opts.cache and c.cfg.attention == "bidirectional" and c.middle is None)
 
 
-def rerotate(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Keys rotated (RoPE, rotate-half layout) for positions `old` -> the same keys rotated for `new`.
-    k: (..., R, Dh); old, new: (R,); cos, sin: the model's tables (max_seq_len, Dh). The difference's
-    cos/sin come from the tables' own values (cos(a - b) = cos a cos b + sin a sin b, sin(a - b) =
-    sin a cos b - cos a sin b), so the result equals a recomputation at `new` to fp32 rounding."""
+def rotation(cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of (new - old) per row and frequency, (R, Dh), from the model's RoPE tables' own
+    values (cos(a - b) = cos a cos b + sin a sin b, sin(a - b) = sin a cos b - cos a sin b)."""
     co, so, cn, sn = cos[old], sin[old], cos[new], sin[new]  # (R, Dh)
-    cd, sd = cn * co + sn * so, sn * co - cn * so  # cos, sin of (new - old), per frequency
+    return cn * co + sn * so, sn * co - cn * so
+
+
+def rotate(k: torch.Tensor, cd: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
+    """Keys (..., R, Dh) turned by a rotation from `rotation` (rotate-half layout)."""
     kf = k.float()
     x1, x2 = kf.chunk(2, dim=-1)
     return (kf * cd + torch.cat([-x2, x1], dim=-1) * sd).to(k.dtype)
+
+
+def rerotate(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Keys rotated (RoPE, rotate-half layout) for positions `old` -> the same keys rotated for `new`.
+    k: (..., R, Dh); old, new: (R,); cos, sin: the model's tables (max_seq_len, Dh). The difference's
+    cos/sin come from the tables' own values (`rotation`), so the result equals a recomputation at
+    `new` to fp32 rounding."""
+    return rotate(k, *rotation(cos, sin, old, new))
+
+
+def segments(*idx: torch.Tensor) -> list[tuple[int, ...]]:
+    """Equal-length 1-D index tensors cut where any of them stops counting up by one: per piece,
+    (each tensor's first index, ..., the piece's length). The reuse plan's rows are a few contiguous
+    runs, and a slice copy is many times cheaper than an index copy on these small tensors."""
+    n = idx[0].shape[0]
+    if n == 0:
+        return []
+    if n == 1:
+        cuts = [0, 1]
+    else:
+        steps = torch.stack([x[1:] - x[:-1] for x in idx])
+        cuts = [0, *(torch.nonzero((steps != 1).any(0)).flatten() + 1).tolist(), n]
+    firsts = [x[torch.tensor(cuts[:-1], device=x.device)].tolist() for x in idx]
+    return [(*(f[i] for f in firsts), cuts[i + 1] - cuts[i]) for i in range(len(cuts) - 1)]
 
 
 def best_run(new: torch.Tensor, old: torch.Tensor, max_shift: int = MAX_SHIFT) -> tuple[int, int, int]:
@@ -234,16 +260,23 @@ def forward_first(model, c: "Canvas") -> Rows:
     run = torch.cat([pos[p.run_rows], act])  # (C + A,) positions run: changed context rows, the active span
     new_pos, old_kpos = pos[p.new_rows], e.kpos[p.old_rows]
     moved = torch.nonzero(new_pos != old_kpos).flatten()
+    # the rows as contiguous pieces (slices): reused rows <- the entry's, moved keys, recomputed rows
+    take = segments(torch.arange(R, device=moved.device), p.old_rows)
+    turn = [(m0, ln, *rotation(model.rope_cos, model.rope_sin, old_kpos[m0 : m0 + ln], new_pos[m0 : m0 + ln]))
+            for m0, ln in segments(moved)]
+    keep = segments(p.new_rows, p.old_rows)
+    fresh = segments(p.run_rows)
     L = c.ids.shape[0]
     k0 = e.kv[0][0]
     shape = (1, k0.shape[1], L, k0.shape[3])  # room for the context and the active span, as forward_full's
     kv = []
     for ek, ev in e.kv:
         kb, vb = torch.empty(shape, dtype=ek.dtype, device=ek.device), torch.empty(shape, dtype=ev.dtype, device=ev.device)
-        kb[0, :, :R] = ek[0, :, p.old_rows]
-        vb[0, :, :R] = ev[0, :, p.old_rows]
-        if moved.numel():  # rows whose position moved: their keys re-rotated by the difference
-            kb[0, :, moved] = rerotate(kb[0, :, moved], model.rope_cos, model.rope_sin, old_kpos[moved], new_pos[moved])
+        for r0, o0, ln in take:
+            kb[0, :, r0 : r0 + ln] = ek[0, :, o0 : o0 + ln]
+            vb[0, :, r0 : r0 + ln] = ev[0, :, o0 : o0 + ln]
+        for m0, ln, cd, sd in turn:  # rows whose position moved: their keys re-rotated by the difference
+            kb[0, :, m0 : m0 + ln] = rotate(kb[0, :, m0 : m0 + ln], cd, sd)
         kv.append((kb, vb))
     # the run rows' K/V land in place after the reused ones: [reused][recomputed context][active span]
     h, kvs = model.hidden(c.ids[run][None], pos=run[None], ctx=[(kb, vb, R) for kb, vb in kv], return_kv=True)  # (1, C+A, D)
@@ -256,8 +289,12 @@ def forward_first(model, c: "Canvas") -> Rows:
     for (ek, ev), (rk, rv) in zip(e.kv, kvs):
         nk = torch.empty((1, ek.shape[1], Lc, ek.shape[3]), dtype=ek.dtype, device=ek.device)
         nv = torch.empty((1, ev.shape[1], Lc, ev.shape[3]), dtype=ev.dtype, device=ev.device)
-        nk[0, :, p.new_rows], nv[0, :, p.new_rows] = ek[0, :, p.old_rows], ev[0, :, p.old_rows]
-        nk[0, :, p.run_rows], nv[0, :, p.run_rows] = rk[0, :, :C], rv[0, :, :C]
+        for n0, o0, ln in keep:
+            nk[0, :, n0 : n0 + ln], nv[0, :, n0 : n0 + ln] = ek[0, :, o0 : o0 + ln], ev[0, :, o0 : o0 + ln]
+        done = 0
+        for r0, ln in fresh:
+            nk[0, :, r0 : r0 + ln], nv[0, :, r0 : r0 + ln] = rk[0, :, done : done + ln], rv[0, :, done : done + ln]
+            done += ln
         entry_kv.append((nk, nv))
     # the canvas as forward_full leaves it (every slot masked: nothing frozen)
     c.kv = kv
@@ -276,4 +313,4 @@ def forward_first(model, c: "Canvas") -> Rows:
 
 
 __all__ = ["Entry", "JUMP_TOKENS", "MAX_SHIFT", "Plan", "ReuseCache", "applies", "best_run", "context_rows",
-           "fingerprint", "forward_first", "rerotate"]
+           "fingerprint", "forward_first", "rerotate", "rotate", "rotation", "segments"]

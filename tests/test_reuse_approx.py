@@ -17,7 +17,7 @@ import torch
 from engine import reuse, sampler
 from engine.api import DecodeOptions, EngineError, FillJob
 from engine.model import apply_rope
-from engine.reuse import ReuseCache, best_run, rerotate
+from engine.reuse import ReuseCache, best_run, rerotate, segments
 from engine.sampler import Canvas
 from engine.service import EngineService
 from tests.engine_models import peaked_checkpoint, peaked_model
@@ -209,6 +209,24 @@ def test_a_shifted_suffix_reuses_its_keys_rotated_to_the_new_positions(model, mo
 
 
 # ---------------------------------------------------------------- matching and the staleness policy
+
+
+def test_segments_cut_index_tensors_into_slices():
+    t = torch.tensor
+    assert segments(t([], dtype=torch.long)) == []
+    assert segments(t([7])) == [(7, 1)]
+    assert segments(t([0, 1, 2, 5, 6, 9])) == [(0, 3), (5, 2), (9, 1)]
+    # pairs: a piece ends where either stops counting up by one
+    assert segments(t([0, 1, 2, 3, 4]), t([3, 4, 5, 9, 10])) == [(0, 3, 3), (3, 9, 2)]
+    new, old = t([0, 1, 2, 3, 10, 11, 12]), t([1, 2, 3, 4, 12, 13, 14])
+    rows = torch.zeros(15)
+    rows[old] = torch.arange(7.0) + 1
+    got = torch.zeros(15)
+    for n0, o0, ln in segments(new, old):
+        got[n0 : n0 + ln] = rows[o0 : o0 + ln]
+    want = torch.zeros(15)
+    want[new] = rows[old]
+    assert torch.equal(got, want)
 
 
 def test_best_run_finds_the_unchanged_tokens_on_their_diagonal():

@@ -672,6 +672,34 @@ def test_copy_tables_and_bias():
     assert left_runs([4, 5, 2, 7, 8, 2], [2, 5, 0], 2, mask_id=2) == [(4, 5), (7, 8), ()]
 
 
+def _copy_tables_plainly(context: list[int], special: tuple, order: int) -> dict[tuple, list[int]]:
+    """The near table written out: every run of 1..order non-special ids -> the non-special ids after it."""
+    succ: dict[tuple, set[int]] = {}
+    for i in range(1, len(context)):
+        for k in range(1, order + 1):
+            run = tuple(context[i - k : i])
+            if i - k >= 0 and context[i] not in special and not any(t in special for t in run):
+                succ.setdefault(run, set()).add(context[i])
+    return {r: sorted(v) for r, v in succ.items()}
+
+
+def test_lazy_successors_match_the_whole_table():
+    from engine.sampler import copy_tables
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        ctx = rng.integers(0, 7, size=int(rng.integers(0, 50))).tolist()
+        order = int(rng.integers(1, 4))
+        uni, succ = copy_tables(ctx, special=(0, 3), order=order)
+        want = _copy_tables_plainly(ctx, (0, 3), order)
+        assert uni == sorted(set(ctx) - {0, 3})
+        for _ in range(10):  # looked up one run at a time, longest first as copy_bias does, in any order
+            run = tuple(rng.integers(1, 7, size=int(rng.integers(1, order + 1))).tolist())
+            for k in range(len(run), 0, -1):
+                assert succ.get(run[-k:], []) == want.get(run[-k:], []) and (run[-k:] in succ) == (run[-k:] in want)
+        assert dict(succ) == want  # the whole mapping, after the lookups filled part of its memo
+
+
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("window,cache,order", [(0, False, 1), (0, True, 1), (3, True, 1), (3, True, 3)])
 def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, cache, order):
