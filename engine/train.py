@@ -71,6 +71,12 @@ class TrainArgs:
     # distribution joins the loss, so that more slots clear the decoder's confidence threshold in one
     # step. 0: off (the cross-entropy alone)
     certainty: float = 0.0
+    # candidate (e), distillation (engine/distill.py): a folder of `dlm-lsp distill-targets`; that share
+    # of the masked-diffusion windows comes from its teacher windows, whose masked rows mix the hard
+    # cross-entropy with the teacher's soft targets', the latter weighted `kd_weight`
+    distill: str | None = None
+    kd_share: float = 0.25
+    kd_weight: float = 0.5
     tokenizer_mb: float = 40.0  # text sample the tokenizer is trained on (whole files, spread over the corpus)
     vocab: int = 8192
     dim: int = 192
@@ -135,6 +141,13 @@ class Batches:
                     self.stream.append(self.ids.eos)
         # sample files by size so big files are not under-represented
         self.cum_weights = list(itertools.accumulate(len(t) for t in texts))
+        self.targets = None
+        if args.distill:
+            from engine.distill import load_targets
+
+            if args.objective != "diffusion":
+                raise SystemExit(f"--distill trains a diffusion student; --objective {args.objective} is not one")
+            self.targets = load_targets(args.distill, tok)
 
     def example(self):
         a = self.args
@@ -156,6 +169,10 @@ class Batches:
                                               ordered=a.infill_ordered)
                 else:
                     ex = infill_example(text, self.tok, a.seq_len, self.ids, self.rng, ordered=a.infill_ordered)
+            elif self.targets is not None and self.rng.random() < a.kd_share:
+                from engine.distill import kd_example
+
+                ex = kd_example(self.targets, self.ids.mask, self.rng)
             else:
                 ex = mdlm_example(self.stream, a.seq_len, self.ids, self.rng)
             if ex is not None:
@@ -213,22 +230,38 @@ def shift_targets(tgt: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, tor
     return t, ww
 
 
+def shift_rows(x: torch.Tensor) -> torch.Tensor:
+    """shift_targets for per-position rows (B, L, ...): row i takes row i+1's, the last row zeros."""
+    out = torch.zeros_like(x)
+    out[:, :-1] = x[:, 1:]
+    return out
+
+
 def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, attn_ratio: float = 1.0,
-            certainty: float = 0.0) -> torch.Tensor:
+            certainty: float = 0.0, kd_weight: float = 0.0) -> torch.Tensor:
     """Weighted cross-entropy on target positions only: the LM head runs on those rows alone.
     Shifted models read each target one position to the left; `attn_ratio` < 1 (a bidirectional
     model being adapted from a causal one) trains under `anneal_mask`. `certainty` > 0 adds that
-    times the entropy of the rows whose argmax is already the target (TrainArgs.certainty)."""
+    times the entropy of the rows whose argmax is already the target (TrainArgs.certainty). With soft
+    targets in the batch (distillation) and `kd_weight` > 0, their rows' loss is distill.kd_loss."""
     ids, tgt, valid, w = (b[k].to(device) for k in ("ids", "targets", "key_valid", "weights"))
+    soft = (b["soft_ids"].to(device), b["soft_p"].to(device)) if kd_weight and "soft_p" in b else None
     if model.cfg.logits_shift and model.cfg.attention != "causal":
         tgt, w = shift_targets(tgt, w)
+        if soft is not None:
+            soft = (shift_rows(soft[0]), shift_rows(soft[1]))
     mask = anneal_mask(valid, attn_ratio) if attn_ratio < 1.0 and not model.causal else None
     with autocast():
         pos = b["pos"].to(device) if "pos" in b else None  # the reorder layout's logical positions
         h = model.hidden(ids, pos=pos, key_valid=valid, attn_mask=mask)  # (B, L, D)
     sel = tgt >= 0
     logits = model.logits(h[sel].float() if h.dtype != torch.float32 else h[sel])  # (N, V)
-    ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
+    if soft is not None:
+        from engine.distill import kd_loss
+
+        ce = kd_loss(logits, tgt[sel], soft[0][sel], soft[1][sel], kd_weight)
+    else:
+        ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")
     loss = (ce * w[sel]).sum() / ids.shape[0]
     if certainty:
         logp = logits.float().log_softmax(-1)
@@ -434,7 +467,8 @@ def train(args: TrainArgs) -> Path:
     data = Batches(texts, tok, args, seed=args.seed + step0)
     batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
-    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle", "reorder_ar": 0.0})  # server-shaped: one hole a window
+    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle", "reorder_ar": 0.0,
+                                   "distill": None})  # server-shaped: one hole a window
     val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
     val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
 
@@ -526,7 +560,8 @@ def train(args: TrainArgs) -> Path:
             g["lr"] = lr
         b = next(batches)
         ratio = 1.0 if anneal_from is None else min(1.0, (step - anneal_from) / max(1, args.anneal_steps))
-        loss = loss_on(model, b, device, autocast, attn_ratio=ratio, certainty=args.certainty)
+        loss = loss_on(model, b, device, autocast, attn_ratio=ratio, certainty=args.certainty,
+                       kd_weight=args.kd_weight if args.distill else 0.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
