@@ -160,3 +160,17 @@ def test_training_draws_teacher_windows_and_their_soft_targets_change_the_loss(t
     assert state["args"]["distill"] == str(out) and state["step"] == 3
     with pytest.raises(SystemExit, match="diffusion student"):
         Batches(texts, s_tok, TrainArgs(distill=str(out), objective="ar"), seed=0)
+
+
+def test_soft_targets_move_left_with_the_hard_targets_of_a_shifted_model():
+    from engine.train import shift_rows, shift_targets
+
+    tgt = torch.tensor([[-1, 5, -1, 7]])
+    w = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+    p = torch.zeros(1, 4, 2)
+    p[0, 1, 0], p[0, 3, 1] = 0.9, 0.8
+    t, _ = shift_targets(tgt, w)
+    sp = shift_rows(p)
+    assert t.tolist() == [[5, -1, 7, -1]]
+    assert torch.equal(sp[0, :3], p[0, 1:]) and float(sp[0, 3].abs().sum()) == 0
+    assert torch.equal((sp.sum(-1) > 0), (t >= 0))  # each soft row sits where its hard target went
