@@ -101,12 +101,15 @@ def window_targets(teacher, teacher_tok: TextTokenizer, proj: torch.Tensor, stud
     rows = [(i, at[c]) for i, c in enumerate(student_starts) if i > 0 and c in at]
     if not rows:
         return top_ids, top_p, has
-    logits = teacher(torch.tensor(t_ids)[None])[0].float()  # (T, V_teacher)
-    js = torch.tensor([j for _, j in rows])
+    dev = next(teacher.parameters()).device  # the teacher's device (a GPU builds targets ~300x faster)
+    logits = teacher(torch.tensor(t_ids, device=dev)[None])[0].float()  # (T, V_teacher)
+    js = torch.tensor([j for _, j in rows], device=dev)
     p = (logits[js] / temperature).softmax(-1)  # (M, V_teacher)
+    proj = proj.to(dev)
     ok = proj >= 0
-    ps = torch.zeros(len(rows), student_vocab).index_add_(1, proj[ok], p[:, ok])  # (M, V_student)
+    ps = torch.zeros(len(rows), student_vocab, device=dev).index_add_(1, proj[ok], p[:, ok])  # (M, V_student)
     vals, idx = ps.topk(min(k, student_vocab), dim=-1)
+    vals, idx = vals.cpu(), idx.cpu()
     ii = torch.tensor([i for i, _ in rows])
     top_ids[ii, : idx.shape[1]], top_p[ii, : vals.shape[1]] = idx, vals
     has[ii] = True
@@ -292,6 +295,7 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="the teacher's softmax temperature")
     p.add_argument("--shard-windows", type=int, default=64, help="windows per shard file")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where the teacher runs (fp32; cuda builds targets far faster)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-files", type=int, default=None, help="only the first N train files (smoke runs)")
 
@@ -305,7 +309,7 @@ def run_distill(args: argparse.Namespace) -> int:
         print("distill-targets: give --windows or --minutes", flush=True)
         return 2
     try:
-        teacher, t_tok, _ = base_models.load_causal_lm(args.teacher)
+        teacher, t_tok, _ = base_models.load_causal_lm(args.teacher, device=args.device)  # fp32 on either device
         s_tok = TextTokenizer.load(args.student)
         files = corpus.built_files(args.corpus)["train"]
     except (CheckpointError, OSError, FileNotFoundError) as e:
