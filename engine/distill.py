@@ -48,14 +48,6 @@ class DistillError(RuntimeError):
     """Targets that cannot be built or used; the message says what to do."""
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def tokenizer_digest(tok: TextTokenizer) -> str:
     """sha256 of the tokenizer's serialized JSON: the student's ids mean nothing under another one."""
     return hashlib.sha256(tok.tok.to_str().encode("utf-8")).hexdigest()
@@ -319,7 +311,7 @@ def run_distill(args: argparse.Namespace) -> int:
         files = files[: args.max_files]
     texts = [t for t in (f.read() for f in files) if t]
     weights = sorted(Path(args.teacher).glob("*.safetensors"))
-    teacher_id = {"folder": Path(args.teacher).name, "sha256": [sha256_file(w) for w in weights]}
+    teacher_id = {"folder": Path(args.teacher).name, "sha256": [base_models.sha256_file(w) for w in weights]}
     try:
         man = build_targets(teacher, t_tok, s_tok, texts, args.out, windows=args.windows, minutes=args.minutes, k=args.k,
                             seq_len=args.seq_len, temperature=args.temperature, shard_windows=args.shard_windows,
