@@ -127,9 +127,11 @@ class Successors(Mapping):
         self._memo: dict[tuple, list[int]] = {}
 
     def _lookup(self, run: tuple) -> list[int]:
+        if not 0 < len(run) <= self.order:
+            return []  # not a key (and no tail of it is memoized from here)
         got = self._memo.get(run)
         if got is None:
-            found = far_successors(self._arr, run) if self._arr is not None and 0 < len(run) <= self.order else []
+            found = far_successors(self._arr, run) if self._arr is not None else []
             for k in range(1, len(run) + 1):
                 self._memo[run[len(run) - k :]] = found[k - 1] if k <= len(found) else []
             got = self._memo[run]

@@ -697,6 +697,7 @@ def test_lazy_successors_match_the_whole_table():
             run = tuple(rng.integers(1, 7, size=int(rng.integers(1, order + 1))).tolist())
             for k in range(len(run), 0, -1):
                 assert succ.get(run[-k:], []) == want.get(run[-k:], []) and (run[-k:] in succ) == (run[-k:] in want)
+        assert succ.get((1,) * (order + 1)) is None  # longer than the order: not a key, nothing memoized
         assert dict(succ) == want  # the whole mapping, after the lookups filled part of its memo
 
 
