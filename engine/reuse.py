@@ -111,13 +111,30 @@ def segments(*idx: torch.Tensor) -> list[tuple[int, ...]]:
     return [(*(f[i] for f in firsts), cuts[i + 1] - cuts[i]) for i in range(len(cuts) - 1)]
 
 
-def best_run(new: torch.Tensor, old: torch.Tensor, max_shift: int = MAX_SHIFT) -> tuple[int, int, int]:
+def best_run(new: torch.Tensor, old: torch.Tensor, max_shift: int = MAX_SHIFT, near: int = 4) -> tuple[int, int, int]:
     """(j0, j1, o) with new[j0:j1] == old[j0 + o : j1 + o] the longest such run over |o| <= max_shift
-    (ties: the smallest |o|, then the earliest run); (0, 0, 0) when no token matches."""
+    (ties: the smallest |o|, then the earliest run); (0, 0, 0) when no token matches.
+
+    The diagonals |o| <= `near` are searched first: a farther diagonal overlaps the other text on
+    fewer rows than its |o| takes away, so when none of them overlaps on more rows than the run found
+    near, none can beat it (a tie goes to the nearer one anyway) and they are not searched. A keystroke
+    leaves the run on diagonal 0 or 1, so this is the common case; the answer is the same either way."""
     Ln, Lo = new.shape[0], old.shape[0]
     if Ln == 0 or Lo == 0:
         return 0, 0, 0
     offs = sorted(range(-min(max_shift, Ln - 1), min(max_shift, Lo - 1) + 1), key=lambda o: (abs(o), o))
+    first = [o for o in offs if abs(o) <= near]
+    j0, j1, o = _best_on(new, old, first)
+    rest = offs[len(first):]
+    # rows a diagonal o can match on: new rows j with 0 <= j + o < Lo
+    if not rest or j1 - j0 >= max(min(Ln, Lo - o) - max(0, -o) for o in rest):
+        return j0, j1, o
+    return _best_on(new, old, offs)
+
+
+def _best_on(new: torch.Tensor, old: torch.Tensor, offs: list[int]) -> tuple[int, int, int]:
+    """best_run over the diagonals `offs`, in that order of preference."""
+    Ln, Lo = new.shape[0], old.shape[0]
     o_t = torch.tensor(offs, device=new.device)  # (O,)
     j = torch.arange(Ln, device=new.device)  # (Ln,)
     src = j[None] + o_t[:, None]  # (O, Ln) the old row each new row would be on that diagonal
@@ -140,11 +157,15 @@ class Entry:
     ids: torch.Tensor  # (Lc,)
     pos: torch.Tensor  # (Lc,) positions in that request's canvas
     kpos: torch.Tensor  # (Lc,) the position each cached key is rotated for (its row's pos when computed)
-    kv: list  # per layer (k, v) (1, Hkv, Lc, Dh), each row as it was computed
+    kv: torch.Tensor  # (n_layers, 2, Hkv, Lc, Dh): every layer's K and V, each row as it was computed
     split: int
     n: int  # that request's slots
     stale: int  # changed tokens reused over since the last full forward
     fingerprint: tuple
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) views (1, Hkv, Lc, Dh), the layout of Canvas.kv."""
+        return [(kv[0][None], kv[1][None]) for kv in self.kv]
 
 
 @dataclass
@@ -242,7 +263,11 @@ def forward_first(model, c: "Canvas") -> Rows:
     """The first forward of a canvas with a session (`Canvas.reuse` = (ReuseCache, key)): with a
     plan, only the changed context rows and the active span run, against the reused rows' K/V
     (re-rotated where their position moved); else the full forward. Either way the session's entry
-    is then replaced by this request's context. Returns what cache.forward_full returns for it."""
+    is then replaced by this request's context. Returns what cache.forward_full returns for it.
+
+    Every layer's K and V live in one (n_layers, 2, Hkv, L, Dh) buffer whose per-layer views are the
+    canvas's `kv`: a contiguous piece of rows is one copy for all layers, not one per layer and
+    tensor (this path runs at every keystroke; its copies are what reuse costs beyond the model)."""
     store, key = c.reuse
     pos, split = context_rows(c)
     ids = c.ids[pos]
@@ -251,7 +276,7 @@ def forward_first(model, c: "Canvas") -> Rows:
     if p is None:
         rows = forward_full(model, [c])[0]
         Lc = c.ctx_len  # forward_full's context: every row but the active span, in position order
-        kv = [(k[:, :, :Lc].clone(), v[:, :, :Lc].clone()) for k, v in c.kv]
+        kv = torch.stack([torch.stack([k[0, :, :Lc], v[0, :, :Lc]]) for k, v in c.kv])
         store.put(key, Entry(ids.clone(), pos.clone(), pos.clone(), kv, split, c.n, 0, fp))
         return rows
     e = p.entry
@@ -260,42 +285,30 @@ def forward_first(model, c: "Canvas") -> Rows:
     run = torch.cat([pos[p.run_rows], act])  # (C + A,) positions run: changed context rows, the active span
     new_pos, old_kpos = pos[p.new_rows], e.kpos[p.old_rows]
     moved = torch.nonzero(new_pos != old_kpos).flatten()
-    # the rows as contiguous pieces (slices): reused rows <- the entry's, moved keys, recomputed rows
-    take = segments(torch.arange(R, device=moved.device), p.old_rows)
-    turn = [(m0, ln, *rotation(model.rope_cos, model.rope_sin, old_kpos[m0 : m0 + ln], new_pos[m0 : m0 + ln]))
-            for m0, ln in segments(moved)]
-    keep = segments(p.new_rows, p.old_rows)
-    fresh = segments(p.run_rows)
     L = c.ids.shape[0]
-    k0 = e.kv[0][0]
-    shape = (1, k0.shape[1], L, k0.shape[3])  # room for the context and the active span, as forward_full's
-    kv = []
-    for ek, ev in e.kv:
-        kb, vb = torch.empty(shape, dtype=ek.dtype, device=ek.device), torch.empty(shape, dtype=ev.dtype, device=ev.device)
-        for r0, o0, ln in take:
-            kb[0, :, r0 : r0 + ln] = ek[0, :, o0 : o0 + ln]
-            vb[0, :, r0 : r0 + ln] = ev[0, :, o0 : o0 + ln]
-        for m0, ln, cd, sd in turn:  # rows whose position moved: their keys re-rotated by the difference
-            kb[0, :, m0 : m0 + ln] = rotate(kb[0, :, m0 : m0 + ln], cd, sd)
-        kv.append((kb, vb))
+    nl, _, hkv, _, dh = e.kv.shape
+    buf = torch.empty((nl, 2, hkv, L, dh), dtype=e.kv.dtype, device=e.kv.device)  # room for the context and the span
+    # the rows as contiguous pieces (slices): reused rows <- the entry's, moved keys re-rotated by the difference
+    for r0, o0, ln in segments(torch.arange(R, device=moved.device), p.old_rows):
+        buf[:, :, :, r0 : r0 + ln] = e.kv[:, :, :, o0 : o0 + ln]
+    for m0, ln in segments(moved):
+        cd, sd = rotation(model.rope_cos, model.rope_sin, old_kpos[m0 : m0 + ln], new_pos[m0 : m0 + ln])
+        buf[:, 0, :, m0 : m0 + ln] = rotate(buf[:, 0, :, m0 : m0 + ln], cd, sd)
+    kv = [(buf[i, 0][None], buf[i, 1][None]) for i in range(nl)]
     # the run rows' K/V land in place after the reused ones: [reused][recomputed context][active span]
-    h, kvs = model.hidden(c.ids[run][None], pos=run[None], ctx=[(kb, vb, R) for kb, vb in kv], return_kv=True)  # (1, C+A, D)
+    h = model.hidden(c.ids[run][None], pos=run[None], ctx=[(kb, vb, R) for kb, vb in kv])  # (1, C+A, D)
     # the new entry, in position order: reused rows as the entry had them (original keys and kpos), the
-    # recomputed rows as computed now
+    # recomputed rows as computed now (in the buffer after the reused ones)
     Lc = pos.shape[0]
     kpos = pos.clone()
     kpos[p.new_rows] = old_kpos
-    entry_kv = []
-    for (ek, ev), (rk, rv) in zip(e.kv, kvs):
-        nk = torch.empty((1, ek.shape[1], Lc, ek.shape[3]), dtype=ek.dtype, device=ek.device)
-        nv = torch.empty((1, ev.shape[1], Lc, ev.shape[3]), dtype=ev.dtype, device=ev.device)
-        for n0, o0, ln in keep:
-            nk[0, :, n0 : n0 + ln], nv[0, :, n0 : n0 + ln] = ek[0, :, o0 : o0 + ln], ev[0, :, o0 : o0 + ln]
-        done = 0
-        for r0, ln in fresh:
-            nk[0, :, r0 : r0 + ln], nv[0, :, r0 : r0 + ln] = rk[0, :, done : done + ln], rv[0, :, done : done + ln]
-            done += ln
-        entry_kv.append((nk, nv))
+    entry_kv = torch.empty((nl, 2, hkv, Lc, dh), dtype=e.kv.dtype, device=e.kv.device)
+    for n0, o0, ln in segments(p.new_rows, p.old_rows):
+        entry_kv[:, :, :, n0 : n0 + ln] = e.kv[:, :, :, o0 : o0 + ln]
+    done = R
+    for r0, ln in segments(p.run_rows):
+        entry_kv[:, :, :, r0 : r0 + ln] = buf[:, :, :, done : done + ln]
+        done += ln
     # the canvas as forward_full leaves it (every slot masked: nothing frozen)
     c.kv = kv
     c.ctx_len = R + C
@@ -306,8 +319,9 @@ def forward_first(model, c: "Canvas") -> Rows:
     c.rows_forwarded += run.shape[0]
     c.reused = R
     if c.opts.window > 0:  # the slots' K/V as of now (masked slots right of later windows read them)
-        s0 = C + c.start - c.active[0]  # slot 0's row in this run
-        c.slot_kv = [(k[:, :, s0 : s0 + c.n].clone(), v[:, :, s0 : s0 + c.n].clone()) for k, v in kvs]
+        s0 = R + C + c.start - c.active[0]  # slot 0's row in the buffer
+        slots = buf[:, :, :, s0 : s0 + c.n].clone()
+        c.slot_kv = [(slots[i, 0][None], slots[i, 1][None]) for i in range(nl)]
     store.put(key, Entry(ids.clone(), pos.clone(), kpos, entry_kv, split, c.n, e.stale + p.changed, e.fingerprint))
     return h[0, C:], act
 

@@ -12,7 +12,6 @@ naive oracle the fast loop is tested against, token for token.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Mapping
@@ -383,7 +382,8 @@ class Canvas:
         if heal:
             then = heal_then or {}
             special = (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)
-            if any(not 0 <= i < cfg.vocab_size or i in special for i in [*heal, *itertools.chain(*then.values())]):
+            every = set(heal).union(*then.values())  # set operations: a heal list may hold a thousand ids
+            if min(every) < 0 or max(every) >= cfg.vocab_size or not every.isdisjoint(special):
                 raise ValueError("heal ids must be ordinary tokens of the vocabulary")
             if not set(then) <= set(heal) or not all(then.values()) or (then and n < 2):
                 raise ValueError("heal_then: pieces must be heal ids with ids for slot 1, on 2+ slots")
@@ -564,13 +564,18 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
         if c.heal_open:  # the healed slot (the first row) only among its candidates
             logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
         probs = logits.softmax(-1)
+        top2 = probs.topk(2, dim=-1)
         if o.temperature > 0:
             pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
-        else:
+            max_p = probs.gather(1, pred[:, None]).flatten()
+        elif bool((top2.values[:, 0] > top2.values[:, 1]).all()):  # a unique top: argmax's answer, one pass fewer
+            pred, max_p = top2.indices[:, 0], top2.values[:, 0]
+        else:  # a tie at the top: argmax's first index, as ever
             pred = probs.argmax(-1)
-        top2 = probs.topk(2, dim=-1).values
-        max_p, top2_p = probs.gather(1, pred[:, None]).flatten(), top2[:, 1]
-        ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+            max_p = probs.gather(1, pred[:, None]).flatten()
+        top2_p = top2.values[:, 1]
+        # the entropy only where the confidence is made of it (two passes over the rows otherwise)
+        ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1) if o.confidence == "neg_entropy" else None
     elif c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
         max_p, pred, top2_p, ent = dreamon.stats_without_expand(model, h, cfg)
     else:

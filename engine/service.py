@@ -21,6 +21,7 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
@@ -135,6 +136,8 @@ class EngineService:
         self._batch_ctx = BatchContext()
         self._sessions = SessionCache()  # per document: the last context's K/V (reorder layout only)
         self._reuse = reuse.ReuseCache()  # per document, full attention: DecodeOptions.reuse (engine/reuse.py)
+        # per document: its last request's texts and their ids, so the next one re-tokenizes near the edit
+        self._texts: OrderedDict[str, tuple[str, list[int], str, list[int]]] = OrderedDict()
         self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
         self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
                       "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
@@ -314,7 +317,7 @@ class EngineService:
                 raise EngineError("the model is not loaded")
             if job.max_tokens < 1:
                 raise EngineError("max_tokens must be at least 1")
-            p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
+            p_ids, s_ids = self._encode(job)
             # DreamOn's middle grows and shrinks: no slot stays slot 0 to re-type a healed tail
             heal = self.tok.heal(p_ids) if job.options.heal and self.cfg.expand_token_id is None else None
             if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
@@ -343,6 +346,23 @@ class EngineService:
                 self.stats["failed_jobs"] += 1
             return None
         return _Active(job, canvas, fut, started, heal.text if heal else "")
+
+    def _encode(self, job: FillJob) -> tuple[list[int], list[int]]:
+        """The job's prefix and suffix ids. With a session key, its last request's texts and ids let
+        TextTokenizer.encode_edit tokenize only from the line before the first change on (the same
+        ids as tokenizing the whole texts); a new session, or a tokenizer that can't, tokenizes all."""
+        last = self._texts.get(job.session) if job.session is not None else None
+        if last is None:
+            p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
+        else:
+            p_ids = self.tok.encode_edit(last[0], last[1], job.prefix)
+            s_ids = self.tok.encode_edit(last[2], last[3], job.suffix)
+        if job.session is not None:
+            self._texts[job.session] = (job.prefix, p_ids, job.suffix, s_ids)
+            self._texts.move_to_end(job.session)
+            while len(self._texts) > max(8, self._reuse.size):
+                self._texts.popitem(last=False)
+        return p_ids, s_ids
 
     def _finish(self, a: _Active) -> None:
         c = a.canvas
@@ -395,6 +415,7 @@ class EngineService:
         ctx.clear()
         self._sessions.clear()
         self._reuse.clear()
+        self._texts.clear()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
 

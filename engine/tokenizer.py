@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import bisect
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 # Names of the special tokens in tokenizers this project trains. Their ids are whatever the trained
@@ -94,6 +96,62 @@ class TextTokenizer:
         hi = bisect.bisect_left(self._sorted, (text + "\U0010ffff",))
         return [i for _, i in self._sorted[lo:hi]]
 
+    def encode_edit(self, old_text: str, old_ids: list[int], text: str) -> list[int]:
+        """encode(text), given an earlier text and its ids (a document's previous request): the ids
+        before the last safe boundary ahead of the first changed character are taken over and only
+        the text from there on is tokenized (per keystroke: the current line, not the whole prefix).
+
+        A safe boundary b (`_boundary`): text[b-1] and text[b] are whitespace and text[b+1] is not:
+        an indented line's last indent character, or a blank line's break. The GPT-2 byte-level
+        pre-tokenizer always ends a piece there (a whitespace run before a non-space ends, less its
+        last character, as one piece; no piece reaches into a run from before it), and what it does
+        after b depends only on the text from b on, while byte-level BPE merges within a piece. So
+        tokenizing text[b:] gives exactly the whole text's ids after b. Only for tokenizers of that
+        kind (`edit_ok`); any other, no boundary, or the old ids not ending a token at b: the whole
+        text is tokenized. tests/test_tokenizer_edit.py checks it against encode on edited files."""
+        text, old_text = _no_lone_surrogates(text), _no_lone_surrogates(old_text)
+        if text == old_text:
+            return list(old_ids)
+        if not self.edit_ok:
+            return self.encode(text)
+        b = _boundary(text, _common_prefix(old_text, text))
+        if b is None:
+            return self.encode(text)
+        nbytes = len(text[:b].encode("utf-8"))
+        ids = np.asarray(old_ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self._byte_len.size):
+            return self.encode(text)
+        ends = np.cumsum(self._byte_len[ids])  # byte offset after each old token
+        i = int(np.searchsorted(ends, nbytes))  # the old tokens before byte nbytes: i of them, if one ends there
+        if nbytes and (i >= ends.size or ends[i] != nbytes):
+            return self.encode(text)  # no old token ends at the boundary (not the text those ids were of)
+        keep = i + 1 if nbytes else 0
+        return list(old_ids[:keep]) + self.encode(text[b:])
+
+    @property
+    def edit_ok(self) -> bool:
+        """True when encode_edit's boundary argument holds for this tokenizer: byte-level BPE with the
+        GPT-2 split pattern, no prefix space, no normalizer, no added token with whitespace in it."""
+        if getattr(self, "_edit_ok", None) is None:
+            spec = json.loads(self.tok.to_str())
+            pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+            self._edit_ok = (spec.get("normalizer") is None and model.get("type") == "BPE"
+                             and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
+                             and not pre.get("add_prefix_space", False)
+                             and not any(re.search(r"\s", a["content"]) for a in spec.get("added_tokens") or []))
+            if self._edit_ok:  # bytes per id: a byte-level token's string has one character per byte
+                added = {a["id"]: len(a["content"].encode("utf-8")) for a in spec.get("added_tokens") or []}
+                vocab = model.get("vocab") or {}
+                lengths = [0] * self.vocab_size
+                for t, i in vocab.items():
+                    if 0 <= i < len(lengths):
+                        lengths[i] = len(t)
+                for i, n in added.items():
+                    if 0 <= i < len(lengths):
+                        lengths[i] = n
+                self._byte_len = np.asarray(lengths, dtype=np.int64)
+        return self._edit_ok
+
     def newline_ids(self) -> tuple[int, ...]:
         """Ids of the ordinary tokens whose text is whitespace with a line break in it (`\\n`,
         `\\n    `, `\\n\\n`): where a single-line fill ends (DecodeOptions.stop_newline). Built once."""
@@ -124,6 +182,42 @@ def _no_lone_surrogates(text: str) -> str:
     """`text` with each lone surrogate (an editor may send one; a str holds no valid pairs) as U+FFFD:
     `tokenizers` takes only valid Unicode. One character for one, so offsets do not move."""
     return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of a and b (slice compares: C speed, log n of them)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo], a[:hi+1] != b[:hi+1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+_WS = " \t\n"
+
+
+def _boundary(text: str, limit: int, lines: int = 64) -> int | None:
+    """The last b with b + 1 < limit where text[b-1], text[b] are whitespace (space, tab, line break)
+    and text[b+1] is printable ASCII other than space (TextTokenizer.encode_edit): per line, the
+    last indent character. Looks back over at most `lines` lines; None when there is none."""
+    end = min(limit, len(text))
+    for _ in range(lines):
+        s = text.rfind("\n", 0, end) + 1  # the line start (0: the text's first line)
+        f = s
+        while f < len(text) and text[f] in " \t":
+            f += 1
+        b = f - 1
+        if b >= 1 and b + 1 < limit and f < len(text) and text[b] in _WS and text[b - 1] in _WS and "!" <= text[f] <= "~":
+            return b
+        if s == 0:
+            return None
+        end = s - 1
+    return None
 
 
 def train_bpe(texts, vocab_size: int = 8192) -> TextTokenizer:

@@ -239,6 +239,23 @@ def test_best_run_finds_the_unchanged_tokens_on_their_diagonal():
     assert best_run(t([]), old) == (0, 0, 0) and best_run(t([1, 1]), t([2, 2])) == (0, 0, 0)
 
 
+def test_best_run_searching_near_diagonals_first_gives_the_whole_search_answer():
+    # the near-first shortcut must never change the answer: against the search of every diagonal at
+    # once (near = max_shift), on edits near and far, shifts past `near`, repeats and short texts
+    g = torch.Generator().manual_seed(3)
+    for trial in range(400):
+        vocab = 3 if trial % 4 == 0 else 50  # few distinct tokens: many equal runs on many diagonals
+        old = torch.randint(0, vocab, (int(torch.randint(0, 90, (1,), generator=g)),), generator=g)
+        new = old.clone()
+        shift = int(torch.randint(-12, 13, (1,), generator=g))
+        new = new[shift:] if shift > 0 else torch.cat([torch.randint(0, vocab, (-shift,), generator=g), new])
+        for _ in range(int(torch.randint(0, 4, (1,), generator=g))):  # a few edits anywhere
+            if new.numel():
+                new[int(torch.randint(0, new.numel(), (1,), generator=g))] = int(torch.randint(0, vocab, (1,), generator=g))
+        for ms in (4, 16, 64):
+            assert best_run(new, old, ms) == best_run(new, old, ms, near=ms), (trial, ms)
+
+
 def test_a_full_recompute_once_the_changed_tokens_pass_the_budget(model):
     prefix, suffix = _ids(40, 60), _ids(41, 20)
     opts = dataclasses.replace(ON, reuse_budget=6)
@@ -329,11 +346,11 @@ def test_a_failed_or_cancelled_request_leaves_the_session_whole(svc, monkeypatch
     key, slow = "fragile-doc", dataclasses.replace(ON, threshold=0.999)  # a slot a step: cancellable
     svc.run_now(_job(0, key, slow))
     e0 = svc._reuse.get(key)
-    snapshot = [(k.clone(), v.clone()) for k, v in e0.kv]
+    snapshot = [(k.clone(), v.clone()) for k, v in e0.layers()]
     ids0 = e0.ids.clone()
 
     def untouched():
-        assert all(torch.equal(k, a) and torch.equal(v, b) for (k, v), (a, b) in zip(e0.kv, snapshot))
+        assert all(torch.equal(k, a) and torch.equal(v, b) for (k, v), (a, b) in zip(e0.layers(), snapshot))
         assert torch.equal(e0.ids, ids0)
 
     # the reusing forward fails: the job fails alone, the entry stays as it was
@@ -359,7 +376,7 @@ def test_a_failed_or_cancelled_request_leaves_the_session_whole(svc, monkeypatch
     e = svc._reuse.get(key)
     assert e is not e0 and e.stale > 0
     n = e.ids.shape[0]
-    assert e.pos.shape[0] == e.kpos.shape[0] == n and all(k.shape[2] == v.shape[2] == n for k, v in e.kv)
+    assert e.pos.shape[0] == e.kpos.shape[0] == n and all(k.shape[2] == v.shape[2] == n for k, v in e.layers())
     untouched()  # the old entry's tensors were never written: the new one shares no buffer with it
     again = svc.run_now(_job(12, key, slow))  # the same request again: every context row reused
     assert again.reused_tokens == n and svc._reuse.get(key).stale == e.stale
