@@ -96,3 +96,22 @@ def test_another_kind_of_tokenizer_tokenizes_the_whole_text():
     seen = []
     other.encode = lambda t: (seen.append(t), [len(t)])[1]  # noqa: E731
     assert other.encode_edit("a\n    b", [0], "a\n    bc") == [8] and seen == ["a\n    bc"]
+
+
+def test_the_engine_tokenizes_a_session_as_it_would_afresh():
+    # EngineService._encode: a document typed into (with its session key) gets the ids of tokenizing
+    # its whole texts at every keystroke, its suffix edited too; other sessions and keyless jobs as ever
+    from engine.api import FillJob
+    from engine.service import EngineService
+
+    svc = EngineService(str(ROOT / "models" / "default"), device="cpu", threads=1)
+    svc.load()
+    text = (ROOT / "engine" / "reuse.py").read_text(encoding="utf-8")
+    cut = text.index("\n", len(text) // 2) + 1
+    before, typed, after = text[:cut], "        for x in items:\n            y = x", text[cut:]
+    for k in range(len(typed) + 1):
+        for key in ("doc-a", "doc-b", None):
+            suffix = after if k % 7 else ")" + after  # now and then the text after the cursor changes too
+            job = FillJob(prefix=before + typed[:k], suffix=suffix, session=key)
+            assert svc._encode(job) == tuple(svc.tok.encode_batch([job.prefix, job.suffix])), (k, key)
+    assert set(svc._texts) == {"doc-a", "doc-b"}
