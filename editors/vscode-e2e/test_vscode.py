@@ -8,6 +8,7 @@ Run by editors/run-tests.sh (after editors/setup.sh vscode and `vsce package`); 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -193,7 +194,9 @@ def test_status_shows_last_latency(vs):
         while we wait, and then the bar follows it)."""
         last = [m["params"] for m in vs.sent("dlm/status")][-1]["lastLatencyMs"]
         assert last is not None
-        return f"DLM {round(last)} ms"
+        # The extension rounds with JavaScript's Math.round (halves up: 28.5 -> 29), not Python's
+        # round (halves to even: 28.5 -> 28); the server sends latencies to 0.1 ms, so halves occur.
+        return f"DLM {math.floor(last + 0.5)} ms"
 
     wait_for(lambda: latest() in vs.status(), 5, f"the status bar to say {latest()!r} (it says {vs.status()!r})")
 
