@@ -11,6 +11,7 @@ FROM=${FROM:-models/bakeoff/v2b-long}
 NAME=${NAME:-v2b-cool}
 DECAY=${DECAY:-0.75}
 NICE=${NICE:-10}
+EXTRA=${EXTRA:-}   # more `dlm-lsp train` flags, e.g. EXTRA="--infill-share 0.9"
 DLM=.venv/bin/dlm-lsp
 [ -f runs/corpus/corpus.json ] || $DLM corpus --out runs/corpus
 # the plan ends DECAY hours after the checkpoint's point and decays over exactly that share of it
@@ -23,5 +24,5 @@ out=runs/$NAME
 mkdir -p "$out"
 OMP_NUM_THREADS=1 setsid nohup nice -n "$NICE" $DLM train --corpus runs/corpus --out "$out" --resume "$FROM" \
   --minutes 600 --total-hours "$TOTAL" --decay-share "$SHARE" --clock cpu --threads 1 --val-examples 192 \
-  --no-progress --holes 4 --anneal-steps 1000 >> "$out/stdout.log" 2>&1 &
+  --no-progress --holes 4 --anneal-steps 1000 $EXTRA >> "$out/stdout.log" 2>&1 &
 echo "$NAME: pid $! (from $FROM, decay over $DECAY CPU-h to $TOTAL), log $out/stdout.log"
