@@ -89,13 +89,7 @@ def grow_checkpoint(src: Path, dst: Path, after: list[int]) -> ModelConfig:
         for moment in ("exp_avg.", "exp_avg_sq."):
             grown.update(grow_state({k: v for k, v in tensors.items() if k.startswith(moment)}, plan, moment,
                                     new_blocks=False))
-        steps = grow_state({k: torch.tensor(0.0) for k in json.loads(meta.get("steps", "{}"))}, plan,
-                           new_blocks=False)
-        old_steps = json.loads(meta.get("steps", "{}"))
-        renamed = {}
-        for k in steps:  # the step count of the source parameter each kept key came from
-            m = _LAYER.match(k)
-            src_key = k if m is None else f"layers.{plan[int(m.group(1))][0]}.{m.group(2)}"
-            renamed[k] = old_steps[src_key]
-        save_file(grown, str(dst / "optimizer.safetensors"), metadata={**meta, "steps": json.dumps(renamed)})
+        steps = {k: torch.tensor(v) for k, v in json.loads(meta.get("steps", "{}")).items()}
+        steps = {k: float(v) for k, v in grow_state(steps, plan, new_blocks=False).items()}
+        save_file(grown, str(dst / "optimizer.safetensors"), metadata={**meta, "steps": json.dumps(steps)})
     return cfg
