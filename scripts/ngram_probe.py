@@ -1,0 +1,179 @@
+"""A probe, not a server feature: does a corpus n-gram memory help the 4 M default's fills?
+
+The default model is capacity-bound (docs/MODEL.md, sessions 14-17: more training and a bigger model
+no longer buy line holes). This probe asks whether the training corpus itself, as an n-gram table,
+adds what 4 M parameters cannot hold. It measures before anything is built into the engine (as
+scripts/jedi_ceiling.py did for jedi).
+
+    .venv/bin/python scripts/ngram_probe.py build --corpus runs/corpus --out runs/ngram/table6.npz
+    .venv/bin/python scripts/ngram_probe.py eval --table runs/ngram/table6.npz --weight 8 --min-order 2 \
+        -- --corpus runs/corpus --heldout all --threads 1 --neighbours 3 --min-confidence 0 --kinds line --per-kind 1000
+
+`build` tokenizes the corpus's train side with the default model's tokenizer and counts, for every
+context of k = 1..orders tokens (a 64-bit hash of the ids; no context crosses a file), the tokens
+that follow it: the context's total count and its 8 most frequent next tokens among those seen in at
+least 2 different packages (the stdlib counts as one), with their counts and package counts.
+`eval` runs `dlm-lsp eval` in this process with one change to decoding: where the context copy
+boost is computed (engine.sampler.Canvas.copy_bias), a masked slot whose committed left run of
+`min-order`.. `orders` tokens matches a stored context (the longest match, total count >= `min-count`,
+next tokens seen in >= `min-packages` packages) gets `weight` x P_ngram(next | context) added to
+its logits. With --weight 0 it reproduces `dlm-lsp eval` to the digit. The table is ~1 GB in
+memory for 6 orders; nothing here ships with the server.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+MULT = 0x9E3779B97F4A7C15
+M64 = (1 << 64) - 1
+TOP = 8
+FIELDS = ("ctx", "tot", "sctx", "nxt", "cnt", "pf")
+
+
+def context_hash(ids) -> int:
+    """The hash `build` gives a context (oldest id first): h = (h + id + 1) * MULT mod 2^64."""
+    h = 0
+    for t in ids:
+        h = ((h + int(t) + 1) * MULT) & M64
+    return h
+
+
+def tokens(corpus: str, model: str) -> tuple[np.ndarray, np.ndarray]:
+    """The train side as one id array (-1 between files) and each position's package number."""
+    from engine.corpus import built_files
+    from engine.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.load(model)
+    texts, pkg, labels = [], [], {}
+    for f in built_files(corpus)["train"]:
+        t = f.read()
+        if t:
+            texts.append(t)
+            pkg.append(labels.setdefault(f.key.split(":", 1)[0], len(labels)))
+    ids, pks = [], []
+    for i in range(0, len(texts), 256):
+        for j, row in enumerate(tok.encode_batch(texts[i : i + 256])):
+            ids.append(np.asarray(row + [-1], dtype=np.int64))
+            pks.append(np.full(len(row) + 1, pkg[i + j], dtype=np.int64))
+    print(f"{len(texts)} files, {len(labels)} packages", flush=True)
+    return np.concatenate(ids), np.concatenate(pks)
+
+
+def build(args) -> None:
+    t0 = time.time()
+    a, pk = tokens(args.corpus, args.model)
+    n, au, mult = a.size, a.astype(np.uint64), np.uint64(MULT)
+    print(f"{n / 1e6:.1f} M tokens, {time.time() - t0:.0f} s", flush=True)
+    out = {}
+    for k in range(1, args.orders + 1):
+        ok = a[k:] >= 0
+        h = np.zeros(n - k, dtype=np.uint64)
+        for j in range(k, 0, -1):  # oldest id first, as context_hash
+            ok &= a[k - j : n - j] >= 0
+            h = (h + au[k - j : n - j] + np.uint64(1)) * mult
+        h, nx, pg = h[ok], a[k:][ok], pk[k:][ok]
+        order = np.lexsort((pg, nx, h))
+        h, nx, pg = h[order], nx[order], pg[order]
+        pair = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (nx[1:] != nx[:-1])])
+        new_pkg = np.r_[True, (h[1:] != h[:-1]) | (nx[1:] != nx[:-1]) | (pg[1:] != pg[:-1])]
+        pf = np.add.reduceat(new_pkg.astype(np.int64), pair)  # packages each (context, next) is seen in
+        ph, pn, pc = h[pair], nx[pair], np.diff(np.r_[pair, h.size])
+        del h, nx, pg, order, new_pkg
+        first = np.r_[True, ph[1:] != ph[:-1]]
+        starts = np.flatnonzero(first)
+        tot = np.add.reduceat(pc, starts)
+        gid = np.cumsum(first) - 1
+        good = pf >= 2
+        o2 = np.lexsort((-pc, ~good, gid))  # per context: kept pairs first, most frequent first
+        ph, pn, pc, pf, gid, good = ph[o2], pn[o2], pc[o2], pf[o2], gid[o2], good[o2]
+        sel = (np.arange(ph.size) - starts[gid] < TOP) & good
+        has = np.zeros(starts.size, dtype=bool)
+        has[gid[sel]] = True
+        out[k] = dict(ctx=ph[starts][has], tot=tot[has], sctx=ph[sel], nxt=pn[sel].astype(np.int16),
+                      cnt=pc[sel].astype(np.int32), pf=pf[sel].astype(np.int16))
+        print(f"order {k}: {int(has.sum())} contexts, {int(sel.sum())} entries, {time.time() - t0:.0f} s", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(args.out, **{f"{k}_{f}": v for k, d in out.items() for f, v in d.items()})
+
+
+class Table:
+    def __init__(self, path: str, min_order: int, min_count: int, min_packages: int):
+        z = np.load(path)  # plain arrays: allow_pickle stays False
+        orders = sorted({int(name.split("_")[0]) for name in z.files})
+        self.tab = {k: {f: z[f"{k}_{f}"] for f in FIELDS} for k in orders}
+        self.max_order, self.min_order = max(orders), min_order
+        self.min_count, self.min_packages = min_count, min_packages
+
+    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        """(next ids, P(next | context)) for the longest stored context that ends `run`, or None."""
+        for k in range(min(self.max_order, len(run)), self.min_order - 1, -1):
+            d, key = self.tab[k], np.uint64(context_hash(run[-k:]))
+            i = int(np.searchsorted(d["ctx"], key))
+            if i == d["ctx"].size or d["ctx"][i] != key or d["tot"][i] < self.min_count:
+                continue
+            lo, hi = np.searchsorted(d["sctx"], key), np.searchsorted(d["sctx"], key, side="right")
+            keep = d["pf"][lo:hi] >= self.min_packages
+            if keep.any():
+                return d["nxt"][lo:hi][keep].astype(np.int64), d["cnt"][lo:hi][keep] / float(d["tot"][i])
+        return None
+
+
+def evaluate(args, rest: list[str]) -> int:
+    import torch
+
+    import engine.sampler as S
+    from dlm_lsp.cli import main
+
+    table = Table(args.table, args.min_order, args.min_count, args.min_packages)
+    plain = S.Canvas.copy_bias
+
+    def copy_bias(self, slot_idx, logits=None, restrict=None):
+        bias = plain(self, slot_idx, logits, restrict)
+        if not args.weight:
+            return bias
+        cfg = self.cfg
+        special = {cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id}
+        runs = S.left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order,
+                           cfg.mask_token_id)
+        for r, run in enumerate(runs):
+            if special.isdisjoint(run) and (hit := table.next_probs(run)) is not None:
+                ids, p = hit
+                bias[r, torch.from_numpy(ids)] += torch.from_numpy(args.weight * p).to(bias.dtype)
+        return bias
+
+    S.Canvas.copy_bias = copy_bias  # only reached with the copy boost on (the default's serving.json)
+    return main(["eval", *rest])
+
+
+def cli() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--corpus", default="runs/corpus")
+    b.add_argument("--model", default=str(ROOT / "models" / "default"))
+    b.add_argument("--orders", type=int, default=6)
+    b.add_argument("--out", default="runs/ngram/table6.npz")
+    e = sub.add_parser("eval")
+    e.add_argument("--table", default="runs/ngram/table6.npz")
+    e.add_argument("--weight", type=float, default=8.0)
+    e.add_argument("--min-order", type=int, default=2)
+    e.add_argument("--min-count", type=int, default=3)
+    e.add_argument("--min-packages", type=int, default=2)
+    argv = sys.argv[1:]
+    rest = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.cmd == "build":
+        build(args)
+        return 0
+    return evaluate(args, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
