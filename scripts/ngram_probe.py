@@ -8,6 +8,7 @@ scripts/jedi_ceiling.py did for jedi).
     .venv/bin/python scripts/ngram_probe.py build --corpus runs/corpus --out runs/ngram/table6.npz
     .venv/bin/python scripts/ngram_probe.py eval --table runs/ngram/table6.npz --weight 8 --min-order 2 \
         -- --corpus runs/corpus --heldout all --threads 1 --neighbours 3 --min-confidence 0 --kinds line --per-kind 1000
+    .venv/bin/python scripts/ngram_probe.py prune --table runs/ngram/table6.npz --out runs/ngram/table_pruned.npz
 
 `build` tokenizes the corpus's train side with the default model's tokenizer and counts, for every
 context of k = 1..orders tokens (a 64-bit hash of the ids; no context crosses a file), the tokens
@@ -103,6 +104,25 @@ def build(args) -> None:
     np.savez(args.out, **{f"{k}_{f}": v for k, d in out.items() for f, v in d.items()})
 
 
+def prune(args) -> None:
+    """A smaller table: only orders `orders`, contexts seen >= `min_count` times, their `top` most
+    frequent kept next tokens (what W 20 from 4 tokens of context uses; docs/MODEL.md, "Session 18")."""
+    z = np.load(args.table)
+    out = {}
+    for k in (int(x) for x in args.orders.split(",")):
+        d = {f: z[f"{k}_{f}"] for f in FIELDS}
+        keep = d["tot"] >= args.min_count
+        ctx, s = d["ctx"][keep], d["sctx"]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        rank = np.arange(s.size) - np.repeat(starts, np.diff(np.r_[starts, s.size]))
+        sel = (rank < args.top) & np.isin(s, ctx)
+        out.update({f"{k}_ctx": ctx, f"{k}_tot": d["tot"][keep].astype(np.int32), f"{k}_sctx": s[sel],
+                    **{f"{k}_{f}": d[f][sel] for f in ("nxt", "cnt", "pf")}})
+        print(f"order {k}: {ctx.size} contexts, {int(sel.sum())} entries", flush=True)
+    np.savez(args.out, **out)
+    print(f"{sum(v.nbytes for v in out.values()) / 1e6:.1f} MB", flush=True)
+
+
 class Table:
     def __init__(self, path: str, min_order: int, min_count: int, min_packages: int):
         z = np.load(path)  # plain arrays: allow_pickle stays False
@@ -160,6 +180,12 @@ def cli() -> int:
     b.add_argument("--model", default=str(ROOT / "models" / "default"))
     b.add_argument("--orders", type=int, default=6)
     b.add_argument("--out", default="runs/ngram/table6.npz")
+    pr = sub.add_parser("prune")
+    pr.add_argument("--table", default="runs/ngram/table6.npz")
+    pr.add_argument("--orders", default="4,5,6")
+    pr.add_argument("--top", type=int, default=2)
+    pr.add_argument("--min-count", type=int, default=3)
+    pr.add_argument("--out", default="runs/ngram/table_pruned.npz")
     e = sub.add_parser("eval")
     e.add_argument("--table", default="runs/ngram/table6.npz")
     e.add_argument("--weight", type=float, default=8.0)
@@ -169,8 +195,8 @@ def cli() -> int:
     argv = sys.argv[1:]
     rest = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    if args.cmd == "build":
-        build(args)
+    if args.cmd in ("build", "prune"):
+        (build if args.cmd == "build" else prune)(args)
         return 0
     return evaluate(args, rest)
 
