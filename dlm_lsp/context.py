@@ -594,4 +594,4 @@ def to_fill_job(req: FillRequest, deadline: float | None, context_tokens: int = 
     # fills longer and fewer of them accepted (docs/MODEL.md, session 7 levers)
     lookup = req.far if req.hole_kind in FAR_KINDS else ""
     return FillJob(prefix=req.prefix, suffix=req.suffix, max_tokens=req.mask_slots, deadline=deadline,
-                   options=options, context_tokens=context_tokens, lookup=lookup)
+                   options=options, context_tokens=context_tokens, lookup=lookup, kind=req.hole_kind)

@@ -67,6 +67,12 @@ class DecodeOptions:
     # make the identifier under way one that is in none of the job's texts (prefix, suffix, lookup)
     # nor the keywords and builtins loses `names` nats. 0: off; None: the model's setting, else off.
     names: float | None = None
+    # the corpus n-gram memory (engine/ngram.py, the model folder's ngram.safetensors): a masked slot
+    # whose committed left run ends in a stored context of the training corpus (the longest, 4-6
+    # tokens) gains `ngram` x P(next | context) nats on the context's stored next tokens. 0: off;
+    # None: the model's setting for the job's hole kind (serving.json "decode": "ngram", and
+    # "ngram_kinds" per FillJob.kind), else off. Needs the table beside the weights.
+    ngram: float | None = None
     # the bracket rule (engine/names.py, NameBias.bracket_row): at the leftmost masked slot, with a
     # bracket open on the cursor's line, a token closing another kind loses `brackets` nats, and so
     # do the ends (padding, end of text, the line-break stop) while a bracket the fill opened is
@@ -122,6 +128,9 @@ class FillJob:
     # text from beyond the context window (the rest of the document, other open files): never
     # forwarded through the model, only searched by the copy boost (DecodeOptions.copy_far)
     lookup: str = ""
+    # the hole's kind (dlm_lsp.context: "line", "args", "middle", "block"), None for a bare job: picks
+    # the model's per-kind decoding (serving.json "decode" "ngram_kinds")
+    kind: str | None = None
     job_id: int = field(default_factory=lambda: next(_ids))
     submitted_at: float = field(default_factory=time.monotonic)
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -167,16 +176,21 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below")  # DecodeOptions a model's serving.json may set
+MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below",
+                     "ngram")  # DecodeOptions a model's serving.json may set
 
 
-def with_model_defaults(o: DecodeOptions, model_decode: dict) -> DecodeOptions:
+def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None = None) -> DecodeOptions:
     """`o` with each model-tunable field left at None taken from the model's serving defaults
-    (serving.json "decode"), else its off value."""
+    (serving.json "decode"; for a job of hole kind `kind`, "ngram_kinds"[kind] before "ngram"),
+    else its off value."""
     import dataclasses
 
     off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0,
-           "stop_below": 0.0}
+           "stop_below": 0.0, "ngram": 0.0}
+    model_decode = dict(model_decode)
+    if kind is not None and kind in model_decode.get("ngram_kinds", {}):
+        model_decode["ngram"] = model_decode["ngram_kinds"][kind]
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

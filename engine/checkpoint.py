@@ -60,7 +60,8 @@ SERVING_FILE = "serving.json"  # per-model serving defaults written by the proje
 def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
     [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
-    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS) and {"calibrator": {...}} (the
+    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS, and "ngram_kinds": the n-gram
+    weight per hole kind) and {"calibrator": {...}} (the
     gate's acceptance model, dlm_lsp.calibrate). Missing, unreadable or
     out-of-range values are left out (the server's own defaults), never an error."""
     path = Path(folder) / SERVING_FILE
@@ -82,6 +83,12 @@ def serving_defaults(folder: Path) -> dict:
           or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
           or (k == "copy_chain" and isinstance(v, bool))
           or (k == "stop_below" and _number(v) and 0 <= v < 1)}
+    if _number(dec.get("ngram")) and 0 <= dec["ngram"] <= 50:  # the corpus n-gram memory (engine/ngram.py)
+        ok["ngram"] = float(dec["ngram"])
+    kinds = dec.get("ngram_kinds") if isinstance(dec.get("ngram_kinds"), dict) else {}
+    kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v <= 50}
+    if kinds:
+        ok["ngram_kinds"] = kinds
     if ok:
         out["decode"] = ok
     # the calibrated gate (dlm_lsp.calibrate.Calibrator), checked by the server that applies it
@@ -112,9 +119,10 @@ def _regular_file(path: Path) -> os.stat_result:
     return st
 
 
-def check_safetensors(path: Path) -> dict:
+def check_safetensors(path: Path, dtypes: dict[str, int] = WEIGHT_DTYPES) -> dict:
     """Returns the safetensors header of `path` after checking it against the file, before any
-    parser sees it; raises CheckpointError naming the file and what is wrong."""
+    parser sees it; raises CheckpointError naming the file and what is wrong. `dtypes`: the
+    allowed dtypes and their sizes (weights: floats; engine/ngram.py's table: its integer ids too)."""
     size = _regular_file(path).st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -143,11 +151,11 @@ def check_safetensors(path: Path) -> dict:
                 and len(t["data_offsets"]) == 2
                 and all(isinstance(x, int) and x >= 0 for x in t["shape"] + t["data_offsets"])):
             raise CheckpointError(f"{path}: bad safetensors header entry for tensor {name!r}")
-        if t.get("dtype") not in WEIGHT_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {t.get('dtype')!r}; weights must be one of "
-                                  f"{', '.join(WEIGHT_DTYPES)}")
+        if t.get("dtype") not in dtypes:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {t.get('dtype')!r}; "
+                                  f"{'weights' if dtypes is WEIGHT_DTYPES else 'its tensors'} must be one of {', '.join(dtypes)}")
         begin, end = t["data_offsets"]
-        if end - begin != math.prod(t["shape"]) * WEIGHT_DTYPES[t["dtype"]]:
+        if end - begin != math.prod(t["shape"]) * dtypes[t["dtype"]]:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {t['shape']} but {end - begin} bytes")
         if end > data:
             raise CheckpointError(f"{path} is truncated: tensor {name!r} ends at byte {end:,} of the data, the file "

@@ -255,6 +255,11 @@ def left_runs(ids: list[int], slot_pos: list[int], order: int, mask_id: int) -> 
     return out
 
 
+def ngram_skip(cfg) -> tuple:
+    """Ids that keep a left run out of the n-gram memory: its contexts never hold them."""
+    return (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id)
+
+
 def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
     """Fill tokens without padding, cut at the first end-of-text."""
     out = []
@@ -277,8 +282,8 @@ def check_options(o: DecodeOptions) -> None:
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
     if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
-            or (o.brackets or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram, copy_unigram, copy_far, names and brackets must be >= 0 and copy_order in 1..8")
+            or (o.brackets or 0) < 0 or (o.ngram or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
+        raise ValueError("copy_bigram, copy_unigram, copy_far, names, brackets and ngram must be >= 0 and copy_order in 1..8")
     if o.stop_below is not None and not 0 <= o.stop_below < 1:
         raise ValueError(f"stop_below must be in [0, 1), got {o.stop_below}")
     if o.stop_below and not o.pad_left:
@@ -334,6 +339,7 @@ class Canvas:
     copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
     copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
     names: object = None  # engine.names.NameBias of identifier-aware decoding (DecodeOptions.names), None: off
+    ngram: object = None  # engine.ngram.NgramTable of the corpus n-gram memory (DecodeOptions.ngram), None: off
     stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
     reuse: tuple | None = None  # (engine.reuse.ReuseCache, session key): approximate context reuse (None: off)
@@ -462,6 +468,12 @@ class Canvas:
         chain = [r > 0 and slots[r - 1] == j - 1 for r, j in enumerate(slots)]
         return chain_copy_bias(left, chain, logits, self.copy, self.opts, order, self.copy_far, restrict)
 
+    def ngram_bias(self, slot_idx: torch.Tensor) -> torch.Tensor:
+        """(M, V) bias of the corpus n-gram memory for these slots, from the committed ids left of them."""
+        cfg, table = self.cfg, self.ngram
+        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order, cfg.mask_token_id)
+        return table.bias(left, cfg.vocab_size, self.opts.ngram, ngram_skip(cfg), device=self.ids.device)
+
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
         forward (which slots to run) and the commit."""
@@ -543,7 +555,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
     want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
     h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
-    if o.temperature > 0 or c.copy is not None or c.names is not None:  # full logit rows
+    if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None:  # full logit rows
         logits = model.logits(h).float()  # (M, V)
         if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
             row = name_row(c, int(slot_idx[0]), final)
@@ -556,6 +568,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
                 return heal_logits(row, c.heal_ids(final or c.last_step_due())) if r == 0 and c.heal_open else row
             chained = c.middle is None and cfg.family != "wedlm"
             logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
+        if c.ngram is not None:  # the corpus n-gram memory, from the committed left runs (not chained)
+            logits += c.ngram_bias(slot_idx)
         if o.temperature > 0:
             logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
@@ -725,11 +739,11 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
                    context_tokens: int = 512, heal: list[int] | None = None,
                    heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None,
-                   stop_ids: list[int] | None = None, names=None) -> list[int]:
+                   stop_ids: list[int] | None = None, names=None, ngram=None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
     in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
     `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids); `stop_ids`: Canvas.stop_ids;
-    `names`: Canvas.names (engine.names.NameBias)."""
+    `names`: Canvas.names (engine.names.NameBias); `ngram`: Canvas.ngram (engine.ngram.NgramTable)."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
@@ -783,6 +797,18 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)
             for r, j in enumerate(masked):
                 logits[s + j - shift] += bias[r]
+        if ngram is not None and opts.ngram:  # the corpus n-gram memory, from each masked slot's committed left run
+            for j in masked:
+                run, q = [], s + j - 1
+                while q >= 0 and len(run) < max(ngram.orders) and seq[q] != cfg.mask_token_id:
+                    run.insert(0, seq[q])
+                    q -= 1
+                if run and not set(run) & set(ngram_skip(cfg)):
+                    for k in sorted(ngram.orders, reverse=True):  # the longest stored context
+                        if k <= len(run) and (hit := ngram.next_probs(tuple(run[-k:]))) is not None:
+                            for t, p in zip(*hit):
+                                logits[s + j - shift, int(t)] += opts.ngram * float(p)
+                            break
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed
             j0 = masked[0]

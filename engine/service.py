@@ -23,11 +23,12 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from engine import names, reuse, sampler
+from engine import names, ngram, reuse, sampler
 from engine.api import EngineError, Fill, FillJob, with_model_defaults
 from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
@@ -122,6 +123,7 @@ class EngineService:
         self.model = self.tok = self.cfg = None
         self.serving: dict = {}  # the model's serving defaults (checkpoint.serving_defaults)
         self.corpus_names = names.NameSet(frozenset())  # the model's names.txt (engine/names.py)
+        self.ngram: ngram.NgramTable | None = None  # the model's ngram.safetensors (engine/ngram.py)
         self._inbox: queue.Queue = queue.Queue()
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -189,6 +191,11 @@ class EngineService:
             self.model, self.tok, self.cfg = load_checkpoint(self.model_name, self.device, dtype)
             self.serving = serving_defaults(resolve_model_path(self.model_name))
             self.corpus_names = names.NameSet(names.load_names(resolve_model_path(self.model_name)))
+            try:
+                self.ngram = ngram.load_table(resolve_model_path(self.model_name))
+            except ngram.NgramError as e:  # the model still serves; the memory is off (a job asking for it fails)
+                log.warning("corpus n-gram memory off: %s", e)
+                self.ngram = None
         except Exception as e:  # noqa: BLE001 - any load failure becomes the 'error' state
             log.error("could not load model %s: %s", self.model_name or "default", e)
             self._set_state("error", f"could not load model: {e}")
@@ -322,7 +329,12 @@ class EngineService:
             heal = self.tok.heal(p_ids) if job.options.heal and self.cfg.expand_token_id is None else None
             if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
                 p_ids = p_ids[: -heal.k]
-            opts = with_model_defaults(job.options, self.serving.get("decode", {}))  # the model's tuned decoding
+            opts = with_model_defaults(job.options, self.serving.get("decode", {}), job.kind)  # the model's tuned decoding
+            if opts.ngram and self.ngram is None:
+                if job.options.ngram:
+                    raise EngineError(f"ngram {job.options.ngram}: this model has no n-gram table "
+                                      f"({ngram.NGRAM_FILE}; `dlm-lsp ngram` builds one)")
+                opts = dataclasses.replace(opts, ngram=0.0)  # the model's setting, its table missing: off
             canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
                                           job.context_tokens, self.device, heal=heal and heal.first,
                                           heal_then=heal and heal.then)
@@ -330,6 +342,8 @@ class EngineService:
                 canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
             if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
                 canvas.attach_far(self.tok.encode(job.lookup[-LOOKUP_CHARS:]))
+            if opts.ngram:  # the corpus n-gram memory
+                canvas.ngram = self.ngram
             if opts.names or opts.brackets:  # identifier-aware decoding (the names of the job's texts), the bracket rule
                 known = names.known_names(job.prefix, job.suffix, job.lookup) if opts.names else names.NameSet(())
                 canvas.names = names.NameBias(names.vocab_for(self.tok), [known, self.corpus_names], opts.names or 0.0,

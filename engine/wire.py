@@ -277,6 +277,7 @@ def job_message(job: FillJob, now: float | None = None) -> dict:
         "context_tokens": job.context_tokens, "options": dataclasses.asdict(job.options),
         "remaining_s": None if job.deadline is None else job.deadline - now,
         "age_s": max(0.0, now - job.submitted_at), "session": job.session, "lookup": job.lookup,
+        "kind": job.kind,
     }
 
 
@@ -309,7 +310,10 @@ def job_from_message(m: dict, now: float | None = None) -> FillJob:
     lookup = m.get("lookup", "")
     if not isinstance(lookup, str):
         raise ValueError("lookup must be a string")
-    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session, lookup=lookup,
+    kind = m.get("kind")
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError("kind must be a string or null")
+    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session, lookup=lookup, kind=kind,
                    deadline=None if remaining is None else now + remaining,
                    submitted_at=now - max(0.0, age), **ints)
 

@@ -1,0 +1,241 @@
+"""The corpus n-gram memory (DecodeOptions.ngram): what the training corpus says follows the last
+few committed tokens, added to a masked slot's logits.
+
+The default model is capacity-bound: more training and a bigger model stopped buying line holes
+(docs/MODEL.md, sessions 14-17). A table of the corpus's own continuations holds what 4 M parameters
+cannot. For every context of 4-6 tokens of the model's tokenizer (no context crosses a file) that
+occurs at least `min_count` times in the train side of the corpus, the table keeps its `top` most
+frequent next tokens among those seen in at least `min_packages` different packages (the stdlib
+counts as one; a continuation only one project writes is that project's memory, not Python's), with
+P(next | context) = count / the context's count. At a masked slot whose committed left run ends in a
+stored context (the longest one), each stored next token gains `weight` x P nats.
+
+The table is `ngram.safetensors` in the model's folder (`dlm-lsp ngram` builds it from a corpus):
+`ctx` (N,) the contexts' 64-bit hashes, sorted; `next` (N, top) token ids, -1 where a context has
+fewer; `prob` (N, top) float16. Its metadata names the orders and the sha256 of the tokenizer.json
+it was counted with: a table whose tokenizer is not the model's is refused. Read with safetensors
+after the header is checked (engine.checkpoint.check_safetensors): nothing is unpickled.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+NGRAM_FILE = "ngram.safetensors"
+MULT = 0x9E3779B97F4A7C15
+M64 = (1 << 64) - 1
+TABLE_DTYPES = {"U64": 8, "I16": 2, "I32": 4, "F16": 2, "F32": 4}
+
+
+class NgramError(RuntimeError):
+    """A table that cannot be built or loaded; the message says why."""
+
+
+def context_hash(ids) -> int:
+    """A context's 64-bit hash (oldest id first): h = (h + id + 1) * MULT mod 2^64."""
+    h = 0
+    for t in ids:
+        h = ((h + int(t) + 1) * MULT) & M64
+    return h
+
+
+def tokenizer_digest(folder: Path) -> str:
+    return hashlib.sha256((Path(folder) / "tokenizer.json").read_bytes()).hexdigest()
+
+
+class NgramTable:
+    """The loaded table. `bias(runs, vocab)`: the (M, V) logit bias for M slots' left runs."""
+
+    def __init__(self, ctx: np.ndarray, nxt: np.ndarray, prob: np.ndarray, orders: tuple[int, ...]):
+        if ctx.ndim != 1 or nxt.shape != prob.shape or nxt.ndim != 2 or nxt.shape[0] != ctx.shape[0]:
+            raise NgramError(f"table shapes do not agree: ctx {ctx.shape}, next {nxt.shape}, prob {prob.shape}")
+        if ctx.size > 1 and not bool((ctx[1:] > ctx[:-1]).all()):
+            raise NgramError("table contexts must be sorted and unique")
+        if not orders or min(orders) < 1 or max(orders) > 16:
+            raise NgramError(f"table orders must be in 1..16, got {orders}")
+        self.ctx, self.nxt, self.prob = ctx.astype(np.uint64, copy=False), nxt.astype(np.int64), prob.astype(np.float32)
+        self.orders = tuple(sorted(orders, reverse=True))  # longest first
+        self.max_order = self.orders[0]
+
+    def __len__(self) -> int:
+        return int(self.ctx.size)
+
+    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        """(next ids, P(next | context)) for the longest stored context that ends `run`, or None."""
+        for k in self.orders:
+            if k > len(run):
+                continue
+            key = np.uint64(context_hash(run[-k:]))
+            i = int(np.searchsorted(self.ctx, key))
+            if i < self.ctx.size and self.ctx[i] == key:
+                keep = self.nxt[i] >= 0
+                return self.nxt[i][keep], self.prob[i][keep]
+        return None
+
+    def bias(self, runs: list[tuple], vocab: int, weight: float, skip: tuple = (), dtype=torch.float32,
+             device="cpu") -> torch.Tensor:
+        """(M, V): row r gains `weight` x P(next | the longest stored context ending runs[r]) on
+        each stored next token; a run holding an id of `skip` (padding, end, mask) gains nothing."""
+        out = torch.zeros(len(runs), vocab, dtype=dtype, device=device)
+        for r, run in enumerate(runs):
+            if not run or not set(skip).isdisjoint(run):
+                continue
+            hit = self.next_probs(run)
+            if hit is None:
+                continue
+            ids, p = hit
+            ok = ids < vocab
+            if ok.any():
+                out[r, torch.from_numpy(ids[ok])] += torch.from_numpy(weight * p[ok]).to(dtype).to(device)
+        return out
+
+    def save(self, path: Path, tokenizer_sha256: str, about: dict | None = None) -> None:
+        from safetensors.numpy import save_file
+
+        meta = {"orders": json.dumps(sorted(self.orders)), "tokenizer_sha256": tokenizer_sha256,
+                "about": json.dumps(about or {})}
+        nxt_dtype = np.int16 if int(self.nxt.max(initial=0)) < 32768 else np.int32
+        save_file({"ctx": self.ctx, "next": self.nxt.astype(nxt_dtype), "prob": self.prob.astype(np.float16)},
+                  str(path), metadata=meta)
+
+
+def load_table(folder) -> NgramTable | None:
+    """The model folder's table (NGRAM_FILE), None when it has none; NgramError when the file is bad
+    or was counted with another tokenizer."""
+    from engine.checkpoint import CheckpointError, check_safetensors
+
+    path = Path(folder) / NGRAM_FILE
+    if not path.exists():
+        return None
+    try:
+        header = check_safetensors(path, dtypes=TABLE_DTYPES)
+    except CheckpointError as e:
+        raise NgramError(str(e)) from None
+    meta = header.get("__metadata__") or {}
+    names = {k for k in header if k != "__metadata__"}
+    if names != {"ctx", "next", "prob"} or header["ctx"].get("dtype") != "U64":
+        raise NgramError(f"{path}: expected tensors ctx (U64), next and prob, found {sorted(names)}")
+    want = tokenizer_digest(folder) if (Path(folder) / "tokenizer.json").exists() else None
+    if meta.get("tokenizer_sha256") != want:
+        raise NgramError(f"{path} was counted with another tokenizer than {Path(folder) / 'tokenizer.json'}; "
+                         "rebuild it with `dlm-lsp ngram`")
+    try:
+        orders = tuple(int(k) for k in json.loads(meta.get("orders", "[]")))
+        from safetensors.numpy import load_file
+
+        z = load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - whatever safetensors or json finds, the message names the file
+        raise NgramError(f"{path}: not a readable n-gram table ({e})") from None
+    return NgramTable(z["ctx"], z["next"], z["prob"], orders)
+
+
+# ---------------------------------------------------------------- building
+
+
+def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int, min_packages: int):
+    """The contexts of exactly k ids in `a` (-1 between files) and their kept continuations:
+    (hashes (C,), next (C, top), prob (C, top)), for contexts seen >= min_count times with at least
+    one next id seen in >= min_packages packages (`pk`: each position's package); ranked by count,
+    ties by id."""
+    n, au, mult = a.size, a.astype(np.uint64), np.uint64(MULT)
+    ok = a[k:] >= 0
+    h = np.zeros(n - k, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(k, 0, -1):  # oldest id first, as context_hash
+            ok &= a[k - j : n - j] >= 0
+            h = (h + au[k - j : n - j] + np.uint64(1)) * mult
+    h, nx, pg = h[ok], a[k:][ok], pk[k:][ok]
+    order = np.lexsort((pg, nx, h))
+    h, nx, pg = h[order], nx[order], pg[order]
+    del order
+    brk = np.r_[True, (h[1:] != h[:-1]) | (nx[1:] != nx[:-1])]
+    pair = np.flatnonzero(brk)
+    new_pkg = brk | np.r_[True, pg[1:] != pg[:-1]]
+    pf = np.add.reduceat(new_pkg.astype(np.int64), pair)  # packages each (context, next) is seen in
+    ph, pn, pc = h[pair], nx[pair], np.diff(np.r_[pair, h.size])
+    del h, nx, pg, brk, new_pkg
+    first = np.r_[True, ph[1:] != ph[:-1]]
+    starts = np.flatnonzero(first)
+    tot = np.add.reduceat(pc, starts)
+    gid = np.cumsum(first) - 1
+    good = pf >= min_packages
+    o2 = np.lexsort((-pc, ~good, gid))  # per context: kept pairs first, most frequent first (stable: by id)
+    pn, pc, gid, good = pn[o2], pc[o2], gid[o2], good[o2]
+    rank = np.arange(pn.size) - starts[gid]
+    sel = (rank < top) & good & (tot[gid] >= min_count)
+    has = np.zeros(starts.size, dtype=bool)
+    has[gid[sel]] = True
+    row = np.cumsum(has) - 1  # each kept context's row
+    nxt = np.full((int(has.sum()), top), -1, dtype=np.int64)
+    prob = np.zeros((int(has.sum()), top), dtype=np.float32)
+    nxt[row[gid[sel]], rank[sel]] = pn[sel]
+    prob[row[gid[sel]], rank[sel]] = pc[sel] / tot[gid[sel]]
+    return ph[starts][has], nxt, prob
+
+
+def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, top: int = 2,
+                min_packages: int = 2, max_files: int | None = None) -> NgramTable:
+    """Counts the train side of a `dlm-lsp corpus` folder with `model`'s tokenizer."""
+    from engine.corpus import built_files
+    from engine.tokenizer import TextTokenizer
+
+    t0 = time.time()
+    tok = TextTokenizer.load(model)
+    texts, pkg, labels = [], [], {}
+    for f in built_files(corpus)["train"][:max_files]:
+        t = f.read()
+        if t:
+            texts.append(t)
+            pkg.append(labels.setdefault(f.key.split(":", 1)[0], len(labels)))
+    if not texts:
+        raise NgramError(f"{corpus}: no training files")
+    ids, pks = [], []
+    for i in range(0, len(texts), 256):
+        for j, row in enumerate(tok.encode_batch(texts[i : i + 256])):
+            ids.append(np.asarray(row + [-1], dtype=np.int64))
+            pks.append(np.full(len(row) + 1, pkg[i + j], dtype=np.int64))
+    a, pk = np.concatenate(ids), np.concatenate(pks)
+    del ids, pks, texts
+    log.info("%d packages, %.1f M tokens, %.0f s", len(labels), a.size / 1e6, time.time() - t0)
+    parts = []
+    for k in orders:
+        parts.append(count_order(a, pk, k, min_count, top, min_packages))
+        log.info("order %d: %d contexts, %.0f s", k, parts[-1][0].size, time.time() - t0)
+    ctx = np.concatenate([p[0] for p in parts])
+    ctx, first = np.unique(ctx, return_index=True)  # sorted; a hash two orders share (2^-64) keeps one
+    nxt = np.concatenate([p[1] for p in parts])[first]
+    prob = np.concatenate([p[2] for p in parts])[first]
+    return NgramTable(ctx, nxt, prob, tuple(orders))
+
+
+def add_ngram_args(p) -> None:
+    p.add_argument("--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is counted)")
+    p.add_argument("--model", default="default", help="the model whose tokenizer counts it (and whose folder gets the table)")
+    p.add_argument("--out", default=None, help=f"where to write it (default: MODEL/{NGRAM_FILE})")
+    p.add_argument("--orders", default="4,5,6", help="context lengths in tokens")
+    p.add_argument("--min-count", type=int, default=3, help="contexts seen fewer times are left out")
+    p.add_argument("--top", type=int, default=2, help="next tokens kept per context")
+    p.add_argument("--min-packages", type=int, default=2, help="a next token is kept only if this many packages write it")
+    p.add_argument("--max-files", type=int, default=None, help="count only the first N training files (smoke runs)")
+
+
+def run_ngram(args) -> int:
+    from engine.checkpoint import resolve_model_path
+
+    folder = resolve_model_path(args.model)
+    orders = tuple(int(x) for x in args.orders.split(","))
+    table = build_table(args.corpus, str(folder), orders, args.min_count, args.top, args.min_packages, args.max_files)
+    out = Path(args.out) if args.out else folder / NGRAM_FILE
+    about = {"corpus": Path(args.corpus).name, "min_count": args.min_count, "top": args.top,
+             "min_packages": args.min_packages, "contexts": len(table)}
+    table.save(out, tokenizer_digest(folder), about)
+    print(f"{out}: {len(table)} contexts, orders {orders}, {out.stat().st_size / 1e6:.1f} MB")
+    return 0
