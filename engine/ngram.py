@@ -61,7 +61,8 @@ class NgramTable:
             raise NgramError("table contexts must be sorted and unique")
         if not orders or min(orders) < 1 or max(orders) > 16:
             raise NgramError(f"table orders must be in 1..16, got {orders}")
-        self.ctx, self.nxt, self.prob = ctx.astype(np.uint64, copy=False), nxt.astype(np.int64), prob.astype(np.float32)
+        # kept as stored (int16 ids, float16 probabilities: 32 MB for the default's 2 M contexts), widened per lookup
+        self.ctx, self.nxt, self.prob = ctx.astype(np.uint64, copy=False), nxt, prob
         self.orders = tuple(sorted(orders, reverse=True))  # longest first
         self.max_order = self.orders[0]
 
@@ -77,7 +78,7 @@ class NgramTable:
             i = int(np.searchsorted(self.ctx, key))
             if i < self.ctx.size and self.ctx[i] == key:
                 keep = self.nxt[i] >= 0
-                return self.nxt[i][keep], self.prob[i][keep]
+                return self.nxt[i][keep].astype(np.int64), self.prob[i][keep].astype(np.float32)
         return None
 
     def bias(self, runs: list[tuple], vocab: int, weight: float, skip: tuple = (), dtype=torch.float32,
@@ -102,7 +103,7 @@ class NgramTable:
 
         meta = {"orders": json.dumps(sorted(self.orders)), "tokenizer_sha256": tokenizer_sha256,
                 "about": json.dumps(about or {})}
-        nxt_dtype = np.int16 if int(self.nxt.max(initial=0)) < 32768 else np.int32
+        nxt_dtype = np.int16 if int(self.nxt.max(initial=0)) < 32768 else np.int32  # -1: none
         save_file({"ctx": self.ctx, "next": self.nxt.astype(nxt_dtype), "prob": self.prob.astype(np.float16)},
                   str(path), metadata=meta)
 
@@ -121,8 +122,10 @@ def load_table(folder) -> NgramTable | None:
         raise NgramError(str(e)) from None
     meta = header.get("__metadata__") or {}
     names = {k for k in header if k != "__metadata__"}
-    if names != {"ctx", "next", "prob"} or header["ctx"].get("dtype") != "U64":
-        raise NgramError(f"{path}: expected tensors ctx (U64), next and prob, found {sorted(names)}")
+    if names != {"ctx", "next", "prob"} or header["ctx"].get("dtype") != "U64" \
+            or header["next"].get("dtype") not in ("I16", "I32") or header["prob"].get("dtype") not in ("F16", "F32"):
+        raise NgramError(f"{path}: expected tensors ctx (U64), next (I16 or I32) and prob (F16 or F32), found "
+                         f"{ {k: header[k].get('dtype') for k in sorted(names)} }")
     want = tokenizer_digest(folder) if (Path(folder) / "tokenizer.json").exists() else None
     if meta.get("tokenizer_sha256") != want:
         raise NgramError(f"{path} was counted with another tokenizer than {Path(folder) / 'tokenizer.json'}; "

@@ -100,6 +100,10 @@ def test_the_file_round_trips_and_is_refused_when_bad_or_for_another_tokenizer(t
               metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"})
     with pytest.raises(ngram.NgramError, match="expected tensors"):
         ngram.load_table(folder)
+    save_file({"ctx": t.ctx, "next": t.prob.astype(np.float16), "prob": t.prob}, str(folder / ngram.NGRAM_FILE),
+              metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"})
+    with pytest.raises(ngram.NgramError, match="expected tensors"):  # ids stored as floats
+        ngram.load_table(folder)
     t.save(folder / ngram.NGRAM_FILE, ngram.tokenizer_digest(folder))
     raw = (folder / ngram.NGRAM_FILE).read_bytes()
     (folder / ngram.NGRAM_FILE).write_bytes(raw[:-10])
