@@ -143,11 +143,10 @@ def load_table(folder) -> NgramTable | None:
 # ---------------------------------------------------------------- building
 
 
-def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int, min_packages: int):
-    """The contexts of exactly k ids in `a` (-1 between files) and their kept continuations:
-    (hashes (C,), next (C, top), prob (C, top)), for contexts seen >= min_count times with at least
-    one next id seen in >= min_packages packages (`pk`: each position's package); ranked by count,
-    ties by id."""
+def pair_counts(a: np.ndarray, pk: np.ndarray, k: int):
+    """Every (context of exactly k ids, next id) pair in `a` (-1 between files; no context crosses
+    one), sorted by (context hash, next id): (hashes, next ids, counts, packages each pair is seen in;
+    `pk`: each position's package)."""
     n, au, mult = a.size, a.astype(np.uint64), np.uint64(MULT)
     ok = a[k:] >= 0
     h = np.zeros(n - k, dtype=np.uint64)
@@ -162,9 +161,16 @@ def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int,
     brk = np.r_[True, (h[1:] != h[:-1]) | (nx[1:] != nx[:-1])]
     pair = np.flatnonzero(brk)
     new_pkg = brk | np.r_[True, pg[1:] != pg[:-1]]
-    pf = np.add.reduceat(new_pkg.astype(np.int64), pair)  # packages each (context, next) is seen in
-    ph, pn, pc = h[pair], nx[pair], np.diff(np.r_[pair, h.size])
-    del h, nx, pg, brk, new_pkg
+    pf = np.add.reduceat(new_pkg.astype(np.int64), pair)
+    return h[pair], nx[pair], np.diff(np.r_[pair, h.size]), pf
+
+
+def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int, min_packages: int):
+    """The contexts of exactly k ids in `a` (-1 between files) and their kept continuations:
+    (hashes (C,), next (C, top), prob (C, top)), for contexts seen >= min_count times with at least
+    one next id seen in >= min_packages packages (`pk`: each position's package); ranked by count,
+    ties by id."""
+    ph, pn, pc, pf = pair_counts(a, pk, k)
     first = np.r_[True, ph[1:] != ph[:-1]]
     starts = np.flatnonzero(first)
     tot = np.add.reduceat(pc, starts)
@@ -184,13 +190,12 @@ def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int,
     return ph[starts][has], nxt, prob
 
 
-def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, top: int = 2,
-                min_packages: int = 2, max_files: int | None = None) -> NgramTable:
-    """Counts the train side of a `dlm-lsp corpus` folder with `model`'s tokenizer."""
+def corpus_tokens(corpus: str, model: str, max_files: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """The train side of a `dlm-lsp corpus` folder as one id array (-1 after each file), each
+    position's package number, and the number of packages (the stdlib counts as one)."""
     from engine.corpus import built_files
     from engine.tokenizer import TextTokenizer
 
-    t0 = time.time()
     tok = TextTokenizer.load(model)
     texts, pkg, labels = [], [], {}
     for f in built_files(corpus)["train"][:max_files]:
@@ -205,9 +210,15 @@ def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, t
         for j, row in enumerate(tok.encode_batch(texts[i : i + 256])):
             ids.append(np.asarray(row + [-1], dtype=np.int64))
             pks.append(np.full(len(row) + 1, pkg[i + j], dtype=np.int64))
-    a, pk = np.concatenate(ids), np.concatenate(pks)
-    del ids, pks, texts
-    log.info("%d packages, %.1f M tokens, %.0f s", len(labels), a.size / 1e6, time.time() - t0)
+    return np.concatenate(ids), np.concatenate(pks), len(labels)
+
+
+def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, top: int = 2,
+                min_packages: int = 2, max_files: int | None = None) -> NgramTable:
+    """Counts the train side of a `dlm-lsp corpus` folder with `model`'s tokenizer."""
+    t0 = time.time()
+    a, pk, packages = corpus_tokens(corpus, model, max_files)
+    log.info("%d packages, %.1f M tokens, %.0f s", packages, a.size / 1e6, time.time() - t0)
     parts = []
     for k in orders:
         parts.append(count_order(a, pk, k, min_count, top, min_packages))

@@ -1,4 +1,6 @@
-"""A probe, not a server feature: does a corpus n-gram memory help the 4 M default's fills?
+"""A probe (session 18): does a corpus n-gram memory help the 4 M default's fills? Since session 19
+the lever is in the engine (engine/ngram.py, `dlm-lsp ngram`, DecodeOptions.ngram); this script
+stays to reproduce session 18's tables, counting with the engine's own functions.
 
 The default model is capacity-bound (docs/MODEL.md, sessions 14-17: more training and a bigger model
 no longer buy line holes). This probe asks whether the training corpus itself, as an n-gram table,
@@ -19,7 +21,7 @@ boost is computed (engine.sampler.Canvas.copy_bias), a masked slot whose committ
 `min-order`.. `orders` tokens matches a stored context (the longest match, total count >= `min-count`,
 next tokens seen in >= `min-packages` packages) gets `weight` x P_ngram(next | context) added to
 its logits. With --weight 0 it reproduces `dlm-lsp eval` to the digit. The table is 176 MB
-for 6 orders on the v2 corpus; nothing here ships with the server.
+for 6 orders on the v2 corpus; the server's table is `dlm-lsp ngram`'s (32 MB, orders 4-6).
 """
 from __future__ import annotations
 
@@ -32,61 +34,19 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MULT = 0x9E3779B97F4A7C15
-M64 = (1 << 64) - 1
+from engine.ngram import context_hash, corpus_tokens, pair_counts  # noqa: E402 - the engine's own counting
+
 TOP = 8
 FIELDS = ("ctx", "tot", "sctx", "nxt", "cnt", "pf")
 
 
-def context_hash(ids) -> int:
-    """The hash `build` gives a context (oldest id first): h = (h + id + 1) * MULT mod 2^64."""
-    h = 0
-    for t in ids:
-        h = ((h + int(t) + 1) * MULT) & M64
-    return h
-
-
-def tokens(corpus: str, model: str) -> tuple[np.ndarray, np.ndarray]:
-    """The train side as one id array (-1 between files) and each position's package number."""
-    from engine.corpus import built_files
-    from engine.tokenizer import TextTokenizer
-
-    tok = TextTokenizer.load(model)
-    texts, pkg, labels = [], [], {}
-    for f in built_files(corpus)["train"]:
-        t = f.read()
-        if t:
-            texts.append(t)
-            pkg.append(labels.setdefault(f.key.split(":", 1)[0], len(labels)))
-    ids, pks = [], []
-    for i in range(0, len(texts), 256):
-        for j, row in enumerate(tok.encode_batch(texts[i : i + 256])):
-            ids.append(np.asarray(row + [-1], dtype=np.int64))
-            pks.append(np.full(len(row) + 1, pkg[i + j], dtype=np.int64))
-    print(f"{len(texts)} files, {len(labels)} packages", flush=True)
-    return np.concatenate(ids), np.concatenate(pks)
-
-
 def build(args) -> None:
     t0 = time.time()
-    a, pk = tokens(args.corpus, args.model)
-    n, au, mult = a.size, a.astype(np.uint64), np.uint64(MULT)
-    print(f"{n / 1e6:.1f} M tokens, {time.time() - t0:.0f} s", flush=True)
+    a, pk, packages = corpus_tokens(args.corpus, args.model)
+    print(f"{packages} packages, {a.size / 1e6:.1f} M tokens, {time.time() - t0:.0f} s", flush=True)
     out = {}
     for k in range(1, args.orders + 1):
-        ok = a[k:] >= 0
-        h = np.zeros(n - k, dtype=np.uint64)
-        for j in range(k, 0, -1):  # oldest id first, as context_hash
-            ok &= a[k - j : n - j] >= 0
-            h = (h + au[k - j : n - j] + np.uint64(1)) * mult
-        h, nx, pg = h[ok], a[k:][ok], pk[k:][ok]
-        order = np.lexsort((pg, nx, h))
-        h, nx, pg = h[order], nx[order], pg[order]
-        pair = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (nx[1:] != nx[:-1])])
-        new_pkg = np.r_[True, (h[1:] != h[:-1]) | (nx[1:] != nx[:-1]) | (pg[1:] != pg[:-1])]
-        pf = np.add.reduceat(new_pkg.astype(np.int64), pair)  # packages each (context, next) is seen in
-        ph, pn, pc = h[pair], nx[pair], np.diff(np.r_[pair, h.size])
-        del h, nx, pg, order, new_pkg
+        ph, pn, pc, pf = pair_counts(a, pk, k)
         first = np.r_[True, ph[1:] != ph[:-1]]
         starts = np.flatnonzero(first)
         tot = np.add.reduceat(pc, starts)
