@@ -183,9 +183,18 @@ def _drop_reason(rel: str, data: bytes) -> str | None:
 
 
 def build(out: Path, manifest: Path = MANIFEST, include_stdlib: bool = True, wheels: Path | None = None,
-          pins: list[Pin] | None = None, stdlib_root: Path | None = None, log=print) -> dict:
-    """Builds the corpus into `out` and returns its summary (also written to out/corpus.json)."""
+          pins: list[Pin] | None = None, stdlib_root: Path | None = None, log=print,
+          extra_manifest: Path | None = None) -> dict:
+    """Builds the corpus into `out` and returns its summary (also written to out/corpus.json).
+    `extra_manifest`: more pinned packages after the manifest's (engine/data/ngram_extra_manifest.txt:
+    the n-gram table's corpus, whose held-out side holds every held-out file of the manifest's alone)."""
     pins = pins if pins is not None else read_manifest(manifest)
+    if extra_manifest is not None:
+        extra = read_manifest(extra_manifest)
+        twice = {_norm(p.name) for p in pins} & {_norm(p.name) for p in extra}
+        if twice:
+            raise CorpusError(f"{extra_manifest}: {', '.join(sorted(twice))} already in {manifest}")
+        pins = pins + extra
     wheels = wheels or out / "wheels"
     files_dir = out / "files"
     # (key, side hint, text, package); the stdlib's files come first so a package's copy of a stdlib
@@ -315,6 +324,8 @@ def build(out: Path, manifest: Path = MANIFEST, include_stdlib: bool = True, whe
         p.files, p.bytes = count[(label, side)], nbytes[(label, side)]
     summary = {
         "manifest": str(manifest), "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.exists() else None,
+        **({"extra_manifest": str(extra_manifest), "extra_manifest_sha256": hashlib.sha256(extra_manifest.read_bytes()).hexdigest()}
+           if extra_manifest is not None else {}),
         "python": sys.version.split()[0], "stdlib": include_stdlib,
         "rules": {"heldout": f"sha256(key)[:8] % 100 < {corpus.HELDOUT_PERCENT}, plus every file of a heldout package",
                   "max_file_bytes": MAX_FILE_BYTES, "package_cap": PACKAGE_CAP, "near_heldout": NEAR_HELDOUT,
@@ -344,13 +355,16 @@ def _collect_dir(label: str, root: Path) -> list[corpus.SourceFile]:
 def add_corpus_args(p) -> None:
     p.add_argument("--out", default="runs/corpus", help="folder to build into (wheels are cached in OUT/wheels)")
     p.add_argument("--manifest", default=str(MANIFEST), help="pinned packages, one `name==version [heldout]` a line")
+    p.add_argument("--extra-manifest", default=None,
+                   help="more pinned packages after --manifest's (engine/data/ngram_extra_manifest.txt: the n-gram table's corpus)")
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")
 
 
 def run_corpus(args) -> int:
     out = Path(args.out)
     try:
-        s = build(out, Path(args.manifest), include_stdlib=args.stdlib)
+        s = build(out, Path(args.manifest), include_stdlib=args.stdlib,
+                  extra_manifest=Path(args.extra_manifest) if args.extra_manifest else None)
     except CorpusError as e:
         print(f"dlm-lsp corpus: {e}", file=sys.stderr)
         return 2

@@ -126,3 +126,29 @@ def test_package_cap(tmp_path, monkeypatch):
               pins=[Pin("huge", "1.0"), Pin("small", "1.0")], log=lambda *_: None)
     kept_huge = [k for k in s["train"] + s["heldout"] if k.startswith("huge:")]
     assert s["dropped"]["package_cap"] >= 1 and len(kept_huge) < 10
+
+
+def test_extra_manifest_adds_packages_and_keeps_the_heldout_side(tmp_path, monkeypatch):
+    import engine.corpus_build as cb
+
+    monkeypatch.setattr(cb, "PACKAGE_CAP", 1.0)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    heldmod = _module("held", 20)
+    _wheel(wheels, "alpha", "1.0", {"alpha/core.py": _module("alpha")}, license_expr="MIT")
+    _wheel(wheels, "beta", "2.0", {"beta/held.py": heldmod}, license_expr="MIT")
+    _wheel(wheels, "gamma", "3.0", {"gamma/own.py": _module("gamma"),
+                                    "gamma/copy.py": "\n".join(heldmod.splitlines()[:14]) + "\n" + _module("g2", 2)},
+           license_expr="Apache-2.0")
+    main, extra = tmp_path / "main.txt", tmp_path / "extra.txt"
+    main.write_text("alpha==1.0\nbeta==2.0 heldout\n")
+    extra.write_text("# more\ngamma==3.0\n")
+    s = build(tmp_path / "out", manifest=main, extra_manifest=extra, wheels=wheels, include_stdlib=False,
+              log=lambda *_: None)
+    assert "gamma:gamma/own.py" in set(s["train"]) | set(s["heldout"])
+    assert "gamma:gamma/copy.py" not in s["train"] and s["dropped"]["near_heldout"] == 1  # near the held-out package
+    assert s["heldout_packages"] == ["beta:beta/held.py"] and s["extra_manifest"] == str(extra)
+    extra.write_text("alpha==1.0\n")
+    with pytest.raises(CorpusError, match="alpha already in"):
+        build(tmp_path / "out2", manifest=main, extra_manifest=extra, wheels=wheels, include_stdlib=False,
+              log=lambda *_: None)
