@@ -16,6 +16,7 @@ workers the service goes to the 'error' state and fails every job at once instea
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -23,7 +24,6 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError
-import dataclasses
 from dataclasses import dataclass
 
 import torch
