@@ -152,3 +152,11 @@ def test_extra_manifest_adds_packages_and_keeps_the_heldout_side(tmp_path, monke
     with pytest.raises(CorpusError, match="alpha already in"):
         build(tmp_path / "out2", manifest=main, extra_manifest=extra, wheels=wheels, include_stdlib=False,
               log=lambda *_: None)
+
+
+def test_shipped_extra_manifest_is_pinned_and_disjoint_from_the_training_manifest():
+    from engine.corpus_build import _norm
+
+    extra = read_manifest(MANIFEST.parent / "ngram_extra_manifest.txt")
+    assert len(extra) >= 100 and all(p.version and not p.heldout for p in extra)
+    assert not {_norm(p.name) for p in extra} & {_norm(p.name) for p in read_manifest(MANIFEST)}
