@@ -81,13 +81,13 @@ class NgramTable:
                 return self.nxt[i][keep].astype(np.int64), self.prob[i][keep].astype(np.float32)
         return None
 
-    def bias(self, runs: list[tuple], vocab: int, weight: float, skip: tuple = (), dtype=torch.float32,
-             device="cpu") -> torch.Tensor:
-        """(M, V): row r gains `weight` x P(next | the longest stored context ending runs[r]) on
-        each stored next token; a run holding an id of `skip` (padding, end, mask) gains nothing."""
-        out = torch.zeros(len(runs), vocab, dtype=dtype, device=device)
+    def add_bias(self, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
+        """Adds to `logits` (M, V), in place: row r gains `weight` x P(next | the longest stored
+        context ending runs[r]) on each stored next token; a run holding an id of `skip` (padding,
+        end, mask) gains nothing. Returns `logits`."""
+        skip, vocab = set(skip), logits.shape[-1]
         for r, run in enumerate(runs):
-            if not run or not set(skip).isdisjoint(run):
+            if not run or not skip.isdisjoint(run):
                 continue
             hit = self.next_probs(run)
             if hit is None:
@@ -95,8 +95,8 @@ class NgramTable:
             ids, p = hit
             ok = ids < vocab
             if ok.any():
-                out[r, torch.from_numpy(ids[ok])] += torch.from_numpy(weight * p[ok]).to(dtype).to(device)
-        return out
+                logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(logits.device, logits.dtype)
+        return logits
 
     def save(self, path: Path, tokenizer_sha256: str, about: dict | None = None) -> None:
         from safetensors.numpy import save_file

@@ -468,11 +468,12 @@ class Canvas:
         chain = [r > 0 and slots[r - 1] == j - 1 for r, j in enumerate(slots)]
         return chain_copy_bias(left, chain, logits, self.copy, self.opts, order, self.copy_far, restrict)
 
-    def ngram_bias(self, slot_idx: torch.Tensor) -> torch.Tensor:
-        """(M, V) bias of the corpus n-gram memory for these slots, from the committed ids left of them."""
+    def add_ngram(self, logits: torch.Tensor, slot_idx: torch.Tensor) -> None:
+        """Adds the corpus n-gram memory to these slots' (M, V) logits in place, from the committed
+        ids left of them."""
         cfg, table = self.cfg, self.ngram
         left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order, cfg.mask_token_id)
-        return table.bias(left, cfg.vocab_size, self.opts.ngram, ngram_skip(cfg), device=self.ids.device)
+        table.add_bias(logits, left, self.opts.ngram, ngram_skip(cfg))
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
@@ -569,7 +570,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             chained = c.middle is None and cfg.family != "wedlm"
             logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
         if c.ngram is not None:  # the corpus n-gram memory, from the committed left runs (not chained)
-            logits += c.ngram_bias(slot_idx)
+            c.add_ngram(logits, slot_idx)
         if o.temperature > 0:
             logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
@@ -803,12 +804,9 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 while q >= 0 and len(run) < max(ngram.orders) and seq[q] != cfg.mask_token_id:
                     run.insert(0, seq[q])
                     q -= 1
-                if run and not set(run) & set(ngram_skip(cfg)):
-                    for k in sorted(ngram.orders, reverse=True):  # the longest stored context
-                        if k <= len(run) and (hit := ngram.next_probs(tuple(run[-k:]))) is not None:
-                            for t, p in zip(*hit):
-                                logits[s + j - shift, int(t)] += opts.ngram * float(p)
-                            break
+                hit = ngram.next_probs(tuple(run)) if run and not set(run) & set(ngram_skip(cfg)) else None
+                for t, p in zip(*hit) if hit is not None else ():  # the longest stored context's next ids
+                    logits[s + j - shift, int(t)] += opts.ngram * float(p)
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed
             j0 = masked[0]

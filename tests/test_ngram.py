@@ -70,7 +70,9 @@ def test_the_longest_stored_context_gives_the_bias_and_ends_break_runs():
     assert ids.tolist() == [9, 10] and np.allclose(p, [0.5, 0.25])
     assert t.next_probs((0, 6, 7, 8))[0].tolist() == [11]
     assert t.next_probs((7, 8)) is None and t.next_probs((9, 9, 9)) is None
-    b = t.bias([(5, 6, 7, 8), (1, 2, 3), (6, 7, 8), (2, 3), (0, 2, 1, 2, 3)], 16, 4.0, skip=(0,))
+    import torch
+
+    b = t.add_bias(torch.zeros(5, 16), [(5, 6, 7, 8), (1, 2, 3), (6, 7, 8), (2, 3), (0, 2, 1, 2, 3)], 4.0, skip=(0,))
     assert b[0, 9] == 2.0 and b[0, 10] == 1.0 and b[0].count_nonzero() == 2
     assert b[1, 4] == 4.0 and b[2, 11] == 3.0
     assert b[3].count_nonzero() == 0  # too short for any stored context
