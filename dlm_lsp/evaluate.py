@@ -152,6 +152,49 @@ def sibling_files(files: dict[str, str], n: int) -> dict[str, list[str]]:
     return out
 
 
+def package_files(files: dict[str, str]) -> dict[str, list[str]]:
+    """For --retrieve package: each file's workspace, the other evaluated files of its package (its
+    key up to the first "/": a held-out package's files, or the held-out files of the stdlib's
+    top folder)."""
+    by_pkg: dict[str, list[str]] = {}
+    for key in sorted(files):
+        by_pkg.setdefault(key.split("/", 1)[0], []).append(key)
+    return {k: [o for o in by_pkg[k.split("/", 1)[0]] if o != k] for k in files}
+
+
+def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
+    """For --retrieve: fn(hole) -> the cross-file text the server would retrieve for it
+    (dlm_lsp.retrieval), from the hole's `n` neighbours (scope "neighbours", sibling_files) or its
+    package's other files (scope "package")."""
+    from dlm_lsp.context import NEIGHBOUR_CHARS
+    from dlm_lsp.retrieval import SnippetIndex, cross_file_text
+
+    if scope == "neighbours":
+        if n <= 0:
+            raise ValueError("--retrieve neighbours needs --neighbours N")
+        sib = sibling_files(files, n)
+        group = {k: (k, tuple(sib.get(k, ()))) for k in files}
+    elif scope == "package":  # one index per package; a file's own chunks are excluded from its search
+        group = {}
+        for k, others in package_files(files).items():
+            group[k] = (k.split("/", 1)[0], tuple(sorted(others + [k])) if others else ())
+    else:
+        raise ValueError(f"--retrieve: unknown scope {scope!r} (neighbours or package)")
+    indexes: dict[str, SnippetIndex] = {}
+
+    def fn(hole: Hole) -> str:
+        name, srcs = group.get(hole.key, (hole.key, ()))
+        if not srcs:
+            return ""
+        index = indexes.get(name)
+        if index is None:
+            index = indexes[name] = SnippetIndex()
+            for o in srcs:
+                index.add(o, files[o])
+        return cross_file_text(index, hole.document, hole.a, NEIGHBOUR_CHARS, exclude=hole.key)
+    return fn
+
+
 def _postprocessor():
     """Returns (name, fn(doc, request, raw) -> (shown text, replace_len)): the server's
     post-processing (dlm_lsp.postprocess.finish with its syntax check) when it is importable, else
@@ -198,6 +241,7 @@ class Filler:
 
     min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
+    snippets = None  # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
     calibrator = None  # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
 
@@ -207,13 +251,20 @@ class Filler:
     def decode(self, hole: Hole, req) -> tuple[str, int, int]:
         raise NotImplementedError
 
+    def cross_file(self, hole: Hole) -> str:
+        """The cross-file text of the hole's fill: retrieved snippets (--retrieve), else its file's
+        neighbours' starts (--neighbours), else nothing."""
+        if Filler.snippets is not None:
+            return Filler.snippets(hole)
+        return (self.neighbours or {}).get(hole.key, "")
+
     def before(self, hole: Hole) -> None:
         """Runs before a hole's timed fill (the typed keystrokes of TypedReuseFiller); nothing here."""
 
     def __call__(self, hole: Hole) -> Sample:
         self.before(hole)
         t0 = time.perf_counter()
-        doc, req = _request(hole, (self.neighbours or {}).get(hole.key, ""))
+        doc, req = _request(hole, self.cross_file(hole))
         t1 = time.perf_counter()
         raw, steps, tokens = self.decode(hole, req)
         engine_ms = (time.perf_counter() - t1) * 1000
@@ -281,7 +332,7 @@ class TypedReuseFiller(DiffusionFiller):
         self.holes += 1
         self.session = f"eval-reuse-{self.holes}"  # a fresh document per hole: no reuse across holes
         a, text = hole.a, hole.document
-        near = (self.neighbours or {}).get(hole.key, "")  # --neighbours, as the scored fill has them
+        near = self.cross_file(hole)  # --neighbours / --retrieve, as the scored fill has them
         for k in range(min(self.typing, a), 0, -1):  # the cursor k characters back, those k not typed yet
             typed = Hole(hole.kind, hole.key, text[: a - k] + text[a:], a - k, a - k)  # its document: that text
             _, req = _request(typed, near)
@@ -587,6 +638,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-kind", type=int, default=300, help="holes per kind (default 300)")
     p.add_argument("--neighbours", type=int, default=0, metavar="N",
                    help="cross-file context: give each fill the N nearest evaluated files of its folder as other open documents")
+    p.add_argument("--retrieve", default=None, choices=("neighbours", "package"),
+                   help="cross-file context as the snippets most like the cursor's code (dlm_lsp.retrieval) "
+                        "from the --neighbours files or from the package's other evaluated files")
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hole kinds")
     p.add_argument("--limit-files", type=int, default=None, help="use only the first N files (by key)")
     p.add_argument("--seed", type=int, default=0, help="hole-cutting seed")
@@ -670,6 +724,8 @@ def run_eval(args: argparse.Namespace) -> int:
             texts = dict(files)
             sib = sibling_files(texts, args.neighbours)
             Filler.neighbours = {k: neighbour_text([texts[o] for o in sib.get(k, [])]) for k in texts}
+        if getattr(args, "retrieve", None):
+            Filler.snippets = retrieval_fn(dict(files), args.retrieve, args.neighbours)
         plain: list[Sample] = []
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out, keep=plain)}
         typed = None
@@ -698,6 +754,8 @@ def run_eval(args: argparse.Namespace) -> int:
         "source": _source_name(args),
         "files": len(files),
         "limit_files": args.limit_files,
+        "neighbours": getattr(args, "neighbours", 0),
+        "retrieve": getattr(args, "retrieve", None),
         "seed": args.seed,
         "per_kind": args.per_kind,
         "counts": {k: len(v) for k, v in holes.items()},

@@ -48,6 +48,10 @@ class InitializationOptions:
     # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
     # weak model; not meant for editors.
     postprocess: bool = True
+    # cross-file context from the workspace folders' files (dlm_lsp.workspace: the snippets most like
+    # the code at the cursor, read locally, given to the engine with the fill); false: the other open
+    # documents only
+    workspace_context: bool = True
 
     def serves(self, language_id: str) -> bool:
         """True when fills are offered for documents of `language_id`."""
@@ -67,6 +71,7 @@ _CHECKS = {
     "max_fill_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 512,
     "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "postprocess": lambda v: isinstance(v, bool),
+    "workspace_context": lambda v: isinstance(v, bool),
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
     "engine": lambda v: v is None or v in ("inproc", "shared") or isinstance(v, dict),
     "min_confidence": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),

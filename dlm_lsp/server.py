@@ -34,6 +34,7 @@ from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
 from dlm_lsp.protocol import DlmProtocol, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
+from dlm_lsp.workspace import WorkspaceIndex, root_paths
 
 log = logging.getLogger("dlm.server")
 
@@ -70,6 +71,8 @@ def default_engine_factory(model, device, on_state, threads=None, engine=None):
     return EngineService(model=model, device=device, on_state=on_state, threads=threads)
 
 
+MAX_OPEN_SNIPPET_DOCS = 16  # the most recently edited open documents searched with the workspace's files
+
 class DlmServer(LanguageServer):
     """Documents, options, scheduler and the engine handle of one editor session."""
 
@@ -90,11 +93,33 @@ class DlmServer(LanguageServer):
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Event | None = None
         self._progress_open: str | None = None  # token of the progress that has begun and not ended
+        self.workspace_index: WorkspaceIndex | None = None  # the workspace's files as cross-file context
+        self.workspace_roots: list = []
 
     # ------------------------------------------------------------------ engine
 
     def _submit(self, job):
         return self.engine.submit(job)
+
+    def cross_file(self, uri: str, doc, offset: int) -> str:
+        """The fill's cross-file far text: the snippets of the workspace's other files most like the
+        code at the cursor (dlm_lsp.workspace) once its files are indexed, else the starts of the
+        most recently edited other open documents (context.neighbour_text)."""
+        if self.workspace_index is not None and self.options.workspace_context:
+            try:
+                others = [d for d in self.documents.neighbours(uri, doc.language_id, n=MAX_OPEN_SNIPPET_DOCS)]
+                got = self.workspace_index.cross_file(uri, doc.text, offset, doc.language_id, others, context.NEIGHBOUR_CHARS)
+                if got is not None:
+                    return got
+            except Exception:  # the index is a quality lever: a failure costs it, not the fill
+                log.exception("workspace snippets failed; using the open documents")
+        return context.neighbour_text([d.text for d in self.documents.neighbours(uri, doc.language_id)])
+
+    def start_workspace(self) -> None:
+        """Starts indexing the workspace folders (when the option is on and there are any)."""
+        if self.workspace_index is None and self.options.workspace_context and self.workspace_roots:
+            self.workspace_index = WorkspaceIndex(self.workspace_roots, lambda lang: self.options.serves(lang))
+            self.workspace_index.start()
 
     def start_engine(self) -> None:
         """(Re)starts the engine with the current model/device options; loading runs off the loop."""
@@ -253,7 +278,7 @@ class DlmServer(LanguageServer):
                 outcome = "stale"
                 return None
             t0 = time.perf_counter()
-            near = context.neighbour_text([d.text for d in self.documents.neighbours(uri, doc.language_id)])
+            near = self.cross_file(uri, doc, offset)
             req = context.build_request(doc, offset, self.options.max_fill_tokens, neighbours=near)
             job = context.to_fill_job(req, ticket.deadline)
             job.session = key  # the engine reuses this document's last context K/V where that is exact
@@ -351,6 +376,8 @@ class DlmServer(LanguageServer):
             if (self.options.model, self.options.device) != (old.model, old.device) and self.loop is not None:
                 log.info("model/device changed: restarting the engine")
                 self.start_engine()
+            if self.loop is not None:
+                self.start_workspace()
 
 
 def _is_engine_error(e: Exception) -> bool:
@@ -366,6 +393,7 @@ def make_server(engine_factory=None) -> DlmServer:
     def initialize(ls: DlmServer, params: types.InitializeParams):
         """Reads initializationOptions (bad values fall back to defaults, with a warning later)."""
         ls.apply_options(params.initialization_options, initial=True)
+        ls.workspace_roots = root_paths(params.root_uri, params.workspace_folders)
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: DlmServer, params: types.InitializedParams):
@@ -375,6 +403,7 @@ def make_server(engine_factory=None) -> DlmServer:
             ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=w))
         ls.option_warnings.clear()
         ls.start_engine()
+        ls.start_workspace()
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: DlmServer, params):
@@ -382,6 +411,8 @@ def make_server(engine_factory=None) -> DlmServer:
         if ls.engine is not None:
             ls.engine.close()
             ls.engine = None
+        if ls.workspace_index is not None:
+            ls.workspace_index.close()
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams):
@@ -410,6 +441,8 @@ def make_server(engine_factory=None) -> DlmServer:
         ls.scheduler.cancel_document(key)
         ls.typing.forget(key)
         ls.documents.close(uri)
+        if ls.workspace_index is not None and isinstance(uri, str):
+            ls.workspace_index.closed(uri)
 
     def tell_no_tree(ls: DlmServer) -> None:
         """Tells the user, once per session, that a document is too big for a syntax tree."""

@@ -20,13 +20,14 @@ def scripted(**kw) -> str:
 
 @contextlib.asynccontextmanager
 async def lsp_server(cmd, options: dict | None = None, capabilities: dict | None = None, log_path=None,
-                     wait_ready: bool = True, config: dict | None = None, ready_timeout: float = 120):
+                     wait_ready: bool = True, config: dict | None = None, ready_timeout: float = 120,
+                     root: str | None = None):
     """Yields an initialized LspClient talking to `cmd`; stops the server afterwards."""
     log = open(log_path, "wb") if log_path else None
     client = LspClient(cmd, cwd=str(REPO), stderr=log, config=config)
     await client.start()
     try:
-        client.init_result = await client.initialize(options, capabilities)
+        client.init_result = await client.initialize(options, capabilities, root=root)
         if wait_ready:
             await client.wait_ready(ready_timeout)
         yield client

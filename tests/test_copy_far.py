@@ -194,3 +194,28 @@ def test_copy_chain_is_a_model_tunable_default(tmp_path):
     assert with_model_defaults(DecodeOptions(), {}).copy_chain is False
     (tmp_path / "serving.json").write_text('{"decode": {"copy_chain": 1}}')
     assert serving_defaults(tmp_path) == {}
+
+
+async def test_server_sends_snippets_of_the_workspace_files_as_lookup(tmp_path):
+    """A closed file of the workspace folder reaches the engine as the snippet most like the code at
+    the cursor (dlm_lsp/workspace.py, indexed in a background thread); off, it does not."""
+    import asyncio
+
+    from tests.lsp_helpers import FAKE_SERVER, inline, lsp_server, open_doc, scripted
+
+    (tmp_path / "helpers.py").write_text("def compute_total(items_list):\n    return sum(items_list)\n")
+    (tmp_path / "other.py").write_text("def unrelated_thing():\n    pass\n")
+    a = (tmp_path / "a.py").as_uri()
+    text = "import helpers\nresult = helpers.compute_total(items_list)\nvalue = \n"
+    for on in (True, False):
+        opts = {"model": scripted(lookup=17), "postprocess": False, "workspaceContext": on}
+        async with lsp_server(FAKE_SERVER, opts, root=str(tmp_path)) as c:
+            open_doc(c, a, text)
+            got = None
+            for _ in range(100):  # the walk runs beside the server: wait for its first pass
+                items = await inline(c, a, 2, 8)
+                got = items[0]["insertText"] if items else ""
+                if got or not on:
+                    break
+                await asyncio.sleep(0.05)
+            assert (got == "def compute_total") == on, got

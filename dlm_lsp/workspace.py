@@ -1,0 +1,190 @@
+"""The workspace's files as cross-file context: the chunks of the project's other files (open or not)
+that look most like the code at the cursor (dlm_lsp.retrieval), as Tabby and Continue retrieve from
+the repository, for the copy boost's far side and the identifier-aware decoding.
+
+`WorkspaceIndex` walks the editor's workspace folders (InitializeParams rootUri / workspaceFolders)
+in a background thread: files of the served languages only (by extension), at most MAX_FILES of
+them and MAX_FILE_BYTES each, no symbolic links followed, no hidden, dependency, build or cache
+folders, nothing that is not UTF-8 text. It walks again every RESCAN_S seconds and re-reads only
+files whose size or mtime changed (deleted ones leave the index). Open documents are indexed from
+the editor's text instead of the disk's, when a fill asks and their version changed.
+
+Measured on held-out code (docs/MODEL.md, "Session 20"): snippets retrieved from the project's other
+files against the start of 3 neighbouring files, +0.4 to +0.6 points of rest-of-line exact match and
+more characters kept on every hole set; retrieval from the open neighbours alone was no better than
+their starts, so without indexed workspace files the server keeps the starts
+(context.neighbour_text).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from dlm_lsp.documents import language_id_for_path, uri_key
+from dlm_lsp.retrieval import SnippetIndex, cross_file_text
+
+log = logging.getLogger("dlm.workspace")
+
+MAX_FILES = 5000  # files indexed over all folders
+MAX_FILE_BYTES = 200_000  # bigger files are generated or data, as the corpus filter has it
+RESCAN_S = 60.0
+YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
+SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages", "venv", "env", "build",
+                       "dist", "target", "_vendor", "vendored", "third_party", "htmlcov"})
+
+
+def root_paths(root_uri, folders) -> list[Path]:
+    """Local folders of an InitializeParams' workspaceFolders (else its rootUri): file URIs only,
+    existing directories, each once."""
+    uris = [getattr(f, "uri", None) for f in (folders or [])] or [root_uri]
+    out: list[Path] = []
+    for uri in uris:
+        if not isinstance(uri, str) or not uri.startswith("file:"):
+            continue
+        path = Path(unquote(urlparse(uri).path))
+        if os.name == "nt" and str(path).startswith("\\") and ":" in str(path)[:4]:
+            path = Path(str(path)[1:])
+        path = path.absolute()  # not resolved: sources must match the editor's URIs, links and all
+        if path.is_dir() and path not in out:
+            out.append(path)
+    return out
+
+
+class WorkspaceIndex:
+    """Snippet indexes of the workspace's files, one per languageId, kept current by a thread."""
+
+    def __init__(self, roots: list[Path], serves=lambda language_id: True, max_files: int = MAX_FILES,
+                 max_file_bytes: int = MAX_FILE_BYTES, rescan_s: float = RESCAN_S, yield_s: float = YIELD_S):
+        self.roots, self.serves = list(roots), serves
+        self.max_files, self.max_file_bytes, self.rescan_s, self.yield_s = max_files, max_file_bytes, rescan_s, yield_s
+        self._lock = threading.Lock()
+        self._indexes: dict[str, SnippetIndex] = {}
+        self._seen: dict[str, tuple[str, int, int]] = {}  # disk source -> (languageId, size, mtime_ns)
+        self._open: dict[str, tuple[str, int]] = {}  # open document source -> (languageId, version) indexed
+        self._disk: dict[str, int] = {}  # languageId -> sources in _seen (changed under the lock)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.scans = 0
+
+    def start(self) -> None:
+        if self._thread is None and self.roots:
+            self._thread = threading.Thread(target=self._run, name="dlm-workspace", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scan()
+            except Exception:  # a walk that fails leaves the last index; the next one tries again
+                log.exception("workspace scan failed")
+            if self._stop.wait(self.rescan_s):
+                return
+
+    def files(self) -> list[tuple[Path, str]]:
+        """(path, languageId) of the files to index: served languages, regular files (no links),
+        under the limits, hidden and dependency folders pruned, sorted within each folder."""
+        out: list[tuple[Path, str]] = []
+        for root in self.roots:
+            for top, dirs, names in os.walk(root, followlinks=False):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
+                for name in sorted(names):
+                    lang = language_id_for_path(name)
+                    if lang == "plaintext" or name.startswith(".") or not self.serves(lang):
+                        continue
+                    out.append((Path(top) / name, lang))
+                    if len(out) >= self.max_files:
+                        return out
+        return out
+
+    def scan(self) -> int:
+        """One walk: indexes new and changed files, drops deleted ones; returns files (re)read."""
+        read = 0
+        present: set[str] = set()
+        for path, lang in self.files():
+            if self._stop.is_set():
+                return read
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_file_bytes:
+                continue
+            source = uri_key(path.as_uri())
+            present.add(source)
+            if self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns) or source in self._open:
+                continue
+            try:
+                data = path.read_bytes()[: self.max_file_bytes]
+                text = data.decode("utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if "\0" in text:
+                continue
+            with self._lock:
+                if source in self._open:  # opened while it was read: the editor's text wins
+                    continue
+                self._index(lang).add(source, text)
+                self._mark(source, (lang, st.st_size, st.st_mtime_ns))
+            read += 1
+            if self.yield_s:
+                time.sleep(self.yield_s)
+        with self._lock:
+            for source in [s for s in self._seen if s not in present]:
+                lang = self._seen[source][0]
+                self._mark(source, None)
+                self._index(lang).remove(source)
+        self.scans += 1
+        return read
+
+    def _index(self, lang: str) -> SnippetIndex:
+        index = self._indexes.get(lang)
+        if index is None:
+            index = self._indexes[lang] = SnippetIndex()
+        return index
+
+    def _mark(self, source: str, seen: tuple[str, int, int] | None) -> None:
+        """Sets (or with None forgets) what was read of `source` from disk; holds the lock."""
+        old = self._seen.pop(source, None)
+        if old is not None:
+            self._disk[old[0]] -= 1
+        if seen is not None:
+            self._seen[source] = seen
+            self._disk[seen[0]] = self._disk.get(seen[0], 0) + 1
+
+    def disk_files(self, language_id: str) -> int:
+        """Workspace files of `language_id` indexed from disk."""
+        return self._disk.get(language_id, 0)
+
+    def cross_file(self, uri: str, text: str, offset: int, language_id: str, open_docs, limit_chars: int) -> str | None:
+        """The far text of a fill at str `offset` of the document `uri` (whose text is `text`): the
+        most similar chunks of the workspace's other files, the open documents `open_docs` (other
+        documents of the language) read from the editor. None when no file of the language is
+        indexed from disk yet (the caller keeps the open documents' starts)."""
+        if not self.disk_files(language_id):
+            return None
+        me = uri_key(uri)
+        with self._lock:
+            index = self._index(language_id)
+            for doc in open_docs:
+                source = uri_key(doc.uri)
+                if source != me and self._open.get(source) != (language_id, doc.version):
+                    index.add(source, doc.text)
+                    self._open[source] = (language_id, doc.version)
+                    self._mark(source, None)  # the disk copy is re-read after the document closes
+            return cross_file_text(index, text, offset, limit_chars, exclude=me)
+
+    def closed(self, uri: str) -> None:
+        """A document closed: its editor text leaves the index; the next walk reads the disk's."""
+        source = uri_key(uri)
+        with self._lock:
+            got = self._open.pop(source, None)
+            if got is not None:
+                self._index(got[0]).remove(source)

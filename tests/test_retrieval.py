@@ -1,0 +1,180 @@
+"""Cross-file snippets (dlm_lsp/retrieval.py) and the workspace index (dlm_lsp/workspace.py)."""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from dlm_lsp.documents import Document, uri_key
+from dlm_lsp.retrieval import (CHUNK_LINES, SnippetIndex, cross_file_text, identifiers, query_text, snippet_text,
+                               windows)
+from dlm_lsp.workspace import WorkspaceIndex, root_paths
+
+
+def _module(name: str, body_names: list[str], lines: int = 60) -> str:
+    rows = [f"def {name}_{i}({body_names[i % len(body_names)]}):" if i % 6 == 0 else
+            f"    {body_names[i % len(body_names)]} = {body_names[(i + 1) % len(body_names)]} + {i}" for i in range(lines)]
+    return "\n".join(rows) + "\n"
+
+
+def _brute(index: SnippetIndex, query: str, exclude=None) -> list[tuple[float, str, int]]:
+    """Jaccard of every live chunk against the query, common identifiers left out: the reference."""
+    chunks = [c for c in index._chunks if c is not None]
+    common = max(20, int(0.3 * len(chunks)))
+    df = {w: len(p) for w, p in index._postings.items()}
+    q = {w for w in identifiers(query) if df.get(w, 0) <= common}
+    out = []
+    for i, c in enumerate(index._chunks):
+        if c is None or c.source == exclude:
+            continue
+        cs = {w for w in c.idents if df[w] <= common}
+        if q & cs:
+            out.append((len(q & cs) / len(q | cs), c.source, c.line))
+    return out
+
+
+def test_identifiers_and_windows():
+    assert identifiers("def f(self, value_x): return None if x else value_x.y") == {"value_x"}
+    text = "\n".join(f"name_{i} = {i}" for i in range(50))
+    ws = windows(text)
+    assert [line for line, _ in ws] == list(range(0, 50 - CHUNK_LINES + 12, 12))
+    assert ws[0][1].split("\n")[0] == "name_0 = 0" and len(ws[0][1].split("\n")) == CHUNK_LINES
+    assert windows("") == [] and windows("\n\n  \n") == []
+    assert query_text("a\nb\nc\nd", 5, lines=1) == "\nb\nc" and query_text("abc", 2) == "ab"
+
+
+def test_search_ranks_by_jaccard_excludes_the_document_and_keeps_the_budget():
+    index = SnippetIndex()
+    rng = random.Random(0)
+    vocab = [f"name{i}" for i in range(200)]
+    for k in range(12):
+        index.add(f"file:///w/m{k}.py", _module(f"m{k}", rng.sample(vocab, 8), lines=rng.randint(10, 90)))
+    index.add("file:///w/target.py", _module("target", ["alpha_key", "beta_value", "gamma_total"]))
+    query = "alpha_key = beta_value + gamma_total\n" + "x = name3\n"
+    got = index.search(query, 10_000)
+    assert got and got[0].source == "file:///w/target.py"
+    ref = sorted(_brute(index, query), key=lambda t: -t[0])
+    assert (got[0].source, got[0].line) in [(s, l) for score, s, l in ref if score == ref[0][0]]
+    scores = {(s, l): score for score, s, l in ref}
+    picked = [scores[(c.source, c.line)] for c in got]
+    assert picked == sorted(picked, reverse=True)  # most similar first
+    assert sum(len(c.text) + 1 for c in got) <= 10_000
+    for a in got:  # no two overlapping windows of one source
+        assert not any(b is not a and b.source == a.source and abs(b.line - a.line) < CHUNK_LINES for b in got)
+    assert all(c.source != "file:///w/target.py" for c in index.search(query, 10_000, exclude="file:///w/target.py"))
+    assert index.search(query, 0) == [] and index.search("if else", 10_000) == []
+    text = snippet_text(got)
+    assert text.endswith(got[0].text + "\n")  # the most similar last: the far text keeps its end
+    assert cross_file_text(index, query, len(query), 10_000) == text
+
+
+def test_common_identifiers_carry_no_signal():
+    index = SnippetIndex()
+    for k in range(30):  # `shared_everywhere` is in every chunk
+        index.add(f"s{k}", f"shared_everywhere = unique_{k}\n")
+    got = index.search("shared_everywhere", 10_000)
+    assert got == []
+    assert [c.source for c in index.search("shared_everywhere + unique_7", 10_000)] == ["s7"]
+
+
+def test_replace_remove_and_compact_keep_the_index_true():
+    index = SnippetIndex()
+    index.add("a", "apple_tree = 1\n")
+    index.add("b", "banana_split = 2\n")
+    assert [c.source for c in index.search("apple_tree", 1000)] == ["a"]
+    index.add("a", "cherry_pie = 3\n")  # replaced: the old text is gone
+    assert index.search("apple_tree", 1000) == [] and [c.source for c in index.search("cherry_pie", 1000)] == ["a"]
+    index.remove("b")
+    assert index.search("banana_split", 1000) == [] and len(index) == 1
+    for k in range(1100):
+        index.add(f"f{k}", f"filler_{k} = banana_split\n")
+    for k in range(1000):
+        index.remove(f"f{k}")  # most chunks dead: compacted
+    assert len(index) == 101 and len(index._chunks) < 1103  # compacted (once it was over half dead)
+    assert {c.source for c in index.search("banana_split filler_1050", 100_000)} >= {"f1050"}
+    assert [c.source for c in index.search("cherry_pie", 1000)] == ["a"]
+
+
+def _tree(root, files: dict[str, str | bytes]):
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def test_workspace_walks_only_what_it_should(tmp_path):
+    _tree(tmp_path, {
+        "pkg/util.py": "def checksum_value(data_block):\n    return data_block\n",
+        "pkg/big.py": "x_big = 1\n" * 30_000,  # over MAX_FILE_BYTES
+        "pkg/bin.py": b"\x00\x01binary_thing = 1\n",
+        "pkg/latin.py": "caf\xe9_name = 1\n".encode("latin-1"),
+        ".git/hooks.py": "hidden_name = 1\n",
+        "node_modules/lib.py": "dep_name = 1\n",
+        ".venv/lib/x.py": "venv_name = 1\n",
+        "notes.md": "markdown_name\n",
+        "web/app.ts": "const typed_name = 1;\n",
+    })
+    os.symlink(tmp_path / "pkg/util.py", tmp_path / "pkg/link.py")
+    ws = WorkspaceIndex([tmp_path], serves=lambda lang: lang == "python", yield_s=0)
+    assert ws.scan() == 1 and ws.disk_files("python") == 1 and ws.disk_files("typescript") == 0
+    assert ws._indexes["python"].sources() == [uri_key((tmp_path / "pkg/util.py").as_uri())]
+    assert ws.scan() == 0  # nothing changed: nothing read again
+    limited = WorkspaceIndex([tmp_path], max_files=1, yield_s=0)
+    assert len(limited.files()) == 1
+
+
+def test_workspace_snippets_follow_disk_and_editor(tmp_path):
+    _tree(tmp_path, {"a.py": "value = 1\n", "helpers.py": "def checksum_value(data_block):\n    return data_block\n"})
+    ws = WorkspaceIndex([tmp_path], yield_s=0)
+    me = (tmp_path / "a.py").as_uri()
+    assert ws.cross_file(me, "", 0, "python", [], 24000) is None  # nothing indexed yet: the caller's fallback
+    ws.scan()
+    text = "x = checksum_value(data_block)\n"
+    assert "def checksum_value" in ws.cross_file(me, text, len(text), "python", [], 24000)
+    helpers = tmp_path / "helpers.py"
+    helpers.write_text("def other_thing(data_block):\n    pass\n")
+    os.utime(helpers, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert ws.scan() == 1
+    got = ws.cross_file(me, text, len(text), "python", [], 24000)
+    assert "checksum_value" not in got and "other_thing" in got
+    # an open document is read from the editor's text, not the disk's
+    doc = Document(helpers.as_uri(), "python", 3, "def checksum_value(data_block):\n    return 42\n")
+    assert "return 42" in ws.cross_file(me, text, len(text), "python", [doc], 24000)
+    ws.scan()  # the walk leaves an open document alone
+    assert "return 42" in ws.cross_file(me, text, len(text), "python", [doc], 24000)
+    ws.closed(doc.uri)  # closed: the disk's text again after the next walk
+    ws.scan()
+    assert "other_thing" in ws.cross_file(me, text, len(text), "python", [], 24000)
+    helpers.unlink()
+    ws.scan()
+    assert ws.cross_file(me, text, len(text), "python", [], 24000) == ""
+    # the document being filled is never its own snippet
+    assert "value = 1" not in ws.cross_file(me, "value\n", 6, "python", [], 24000)
+
+
+def test_root_paths(tmp_path):
+    class Folder:
+        def __init__(self, uri):
+            self.uri = uri
+    assert root_paths(tmp_path.as_uri(), None) == [tmp_path]
+    assert root_paths(None, [Folder(tmp_path.as_uri()), Folder(tmp_path.as_uri()), Folder("https://x/y")]) == [tmp_path]
+    assert root_paths("file:///no/such/dir", None) == [] and root_paths(None, None) == [] and root_paths(3, None) == []
+
+
+def test_eval_retrieval_scopes():
+    from dlm_lsp.evaluate import package_files, retrieval_fn
+    from engine.holes import Hole
+
+    files = {"p:pkg/a.py": "def use():\n    return shared_helper_name(1)\n",
+             "p:pkg/b.py": "def shared_helper_name(x):\n    return x\n",
+             "q:q/c.py": "def shared_helper_name(y):\n    return y\n"}
+    assert package_files(files)["p:pkg/a.py"] == ["p:pkg/b.py"] and package_files(files)["q:q/c.py"] == []
+    fn = retrieval_fn(files, "package")
+    text = files["p:pkg/a.py"]
+    got = fn(Hole("line", "p:pkg/a.py", text, len(text) - 4, len(text) - 4))
+    assert "return x" in got and "return y" not in got and "use()" not in got
+    assert fn(Hole("line", "q:q/c.py", files["q:q/c.py"], 5, 5)) == ""
+    with pytest.raises(ValueError, match="--neighbours"):
+        retrieval_fn(files, "neighbours", 0)
