@@ -181,16 +181,17 @@ def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
     else:
         raise ValueError(f"--retrieve: unknown scope {scope!r} (neighbours or package)")
     indexes: dict[str, SnippetIndex] = {}
+    for name, srcs in group.values():  # built before any fill is timed, as the server's walk is
+        if srcs and name not in indexes:
+            index = indexes[name] = SnippetIndex()
+            for o in srcs:
+                index.add(o, files[o])
 
     def fn(hole: Hole) -> str:
         name, srcs = group.get(hole.key, (hole.key, ()))
         if not srcs:
             return ""
-        index = indexes.get(name)
-        if index is None:
-            index = indexes[name] = SnippetIndex()
-            for o in srcs:
-                index.add(o, files[o])
+        index = indexes[name]
         return cross_file_text(index, hole.document, hole.a, NEIGHBOUR_CHARS, exclude=hole.key)
     return fn
 

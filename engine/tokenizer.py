@@ -4,6 +4,8 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +31,18 @@ class Healing:
     then: dict[int, list[int]]
 
 
+LINE_CACHE = 16384  # pieces of far text whose ids TextTokenizer.encode_lines keeps
+_LINE_CUT = re.compile(r"(?<=\S)(?=\n)")
+
+
 class TextTokenizer:
     """Text <-> ids; a thin wrapper so the engine never touches `tokenizers` types."""
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self._texts: list[str] | None = None  # per id: the token's text (built on first use)
+        self._lines: OrderedDict[str, list[int]] = OrderedDict()  # encode_lines' pieces, least recent first
+        self._lines_lock = threading.Lock()
 
     @classmethod
     def load(cls, path: str | Path) -> "TextTokenizer":
@@ -95,6 +103,35 @@ class TextTokenizer:
         lo = bisect.bisect_left(self._sorted, (text,))
         hi = bisect.bisect_left(self._sorted, (text + "\U0010ffff",))
         return [i for _, i in self._sorted[lo:hi]]
+
+    def encode_lines(self, text: str) -> list[int]:
+        """encode(text) for a long text that is mostly the same from one call to the next (a fill's
+        far text: the snippets of other files and the document beyond the window): it is cut before
+        each line break that follows a non-space character, and each piece's ids are kept (the
+        latest LINE_CACHE pieces), so a keystroke tokenizes only the pieces that changed. The GPT-2
+        byte-level pre-tokenizer never puts a non-space character and the whitespace after it in one
+        piece, and what it does after that point depends only on the text from there on, so the ids
+        are exactly encode(text)'s (as in encode_edit; other tokenizers: encode)."""
+        text = _no_lone_surrogates(text)
+        if not self.edit_ok or len(text) < 2048:
+            return self.encode(text)
+        pieces = _LINE_CUT.split(text)
+        with self._lines_lock:
+            cache = self._lines
+            got = [cache.get(p) for p in pieces]
+            for p, ids in zip(pieces, got):
+                if ids is not None:
+                    cache.move_to_end(p)
+        missing = sorted({p for p, ids in zip(pieces, got) if ids is None})
+        if missing:
+            new = dict(zip(missing, self.encode_batch(missing)))
+            with self._lines_lock:
+                for p, ids in new.items():
+                    self._lines[p] = ids
+                while len(self._lines) > LINE_CACHE:
+                    self._lines.popitem(last=False)
+            got = [ids if ids is not None else new[p] for p, ids in zip(pieces, got)]
+        return [i for ids in got for i in ids]
 
     def encode_edit(self, old_text: str, old_ids: list[int], text: str) -> list[int]:
         """encode(text), given an earlier text and its ids (a document's previous request): the ids

@@ -115,3 +115,28 @@ def test_the_engine_tokenizes_a_session_as_it_would_afresh():
             job = FillJob(prefix=before + typed[:k], suffix=suffix, session=key)
             assert svc._encode(job) == tuple(svc.tok.encode_batch([job.prefix, job.suffix])), (k, key)
     assert set(svc._texts) == {"doc-a", "doc-b"}
+
+
+def test_far_text_by_lines_gives_the_ids_of_the_whole_text(tok):
+    """encode_lines (a fill's far text, its pieces' ids kept across keystrokes) equals encode on real
+    files, texts with trailing spaces, CRLF, blank runs and odd characters, and on a text whose
+    pieces were cached from other texts."""
+    rng = random.Random(5)
+    texts = _texts()
+    odd = ["x = 1  \n\n\n   y\t\n" * 200, "a\r\nb \r\n\tc\n" * 400, "é ü 中文 \U0001F4A5\n  x\n" * 150,
+           "def f():\n    return 1\n" * 150 + "tail"]
+    for text in texts + odd:
+        assert tok.encode_lines(text) == tok.encode(text)
+    a, b = texts[0], texts[1]
+    for _ in range(5):  # snippets reordered and cut: pieces come from the cache, ids stay exact
+        rows = (a + b).split("\n")
+        mixed = "\n".join(rng.sample(rows, min(300, len(rows))))
+        assert tok.encode_lines(mixed) == tok.encode(mixed)
+    assert tok.encode_lines("") == [] and tok.encode_lines("short text") == tok.encode("short text")
+
+
+def test_far_text_by_lines_keeps_a_bounded_cache(tok, monkeypatch):
+    monkeypatch.setattr(tk, "LINE_CACHE", 50)
+    text = "\n".join(f"name_{i} = {i}" for i in range(400))
+    assert tok.encode_lines(text) == tok.encode(text)
+    assert len(tok._lines) <= 50
