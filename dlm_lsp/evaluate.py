@@ -166,8 +166,7 @@ def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
     """For --retrieve: fn(hole) -> the cross-file text the server would retrieve for it
     (dlm_lsp.retrieval), from the hole's `n` neighbours (scope "neighbours", sibling_files) or its
     package's other files (scope "package")."""
-    from dlm_lsp.context import NEIGHBOUR_CHARS
-    from dlm_lsp.retrieval import SnippetIndex, cross_file_text
+    from dlm_lsp.retrieval import SNIPPET_CHARS, SnippetIndex, cross_file_text
 
     if scope == "neighbours":
         if n <= 0:
@@ -192,7 +191,7 @@ def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
         if not srcs:
             return ""
         index = indexes[name]
-        return cross_file_text(index, hole.document, hole.a, NEIGHBOUR_CHARS, exclude=hole.key)
+        return cross_file_text(index, hole.document, hole.a, SNIPPET_CHARS, exclude=hole.key)
     return fn
 
 

@@ -34,6 +34,7 @@ from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
 from dlm_lsp.protocol import DlmProtocol, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
+from dlm_lsp.retrieval import SNIPPET_CHARS
 from dlm_lsp.workspace import WorkspaceIndex, root_paths
 
 log = logging.getLogger("dlm.server")
@@ -108,7 +109,7 @@ class DlmServer(LanguageServer):
         if self.workspace_index is not None and self.options.workspace_context:
             try:
                 others = [d for d in self.documents.neighbours(uri, doc.language_id, n=MAX_OPEN_SNIPPET_DOCS)]
-                got = self.workspace_index.cross_file(uri, doc.text, offset, doc.language_id, others, context.NEIGHBOUR_CHARS)
+                got = self.workspace_index.cross_file(uri, doc.text, offset, doc.language_id, others, SNIPPET_CHARS)
                 if got is not None:
                     return got
             except Exception:  # the index is a quality lever: a failure costs it, not the fill
