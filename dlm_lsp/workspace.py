@@ -4,7 +4,8 @@ the repository, for the copy boost's far side and the identifier-aware decoding.
 
 `WorkspaceIndex` walks the editor's workspace folders (InitializeParams rootUri / workspaceFolders)
 in a background thread: files of the served languages only (by extension), at most MAX_FILES of
-them and MAX_FILE_BYTES each, no symbolic links followed, no hidden, dependency, build or cache
+them, MAX_FILE_BYTES each and MAX_TOTAL_BYTES in all, MAX_ENTRIES directory entries looked at, no
+symbolic links followed, no hidden, dependency, build or cache
 folders, nothing that is not UTF-8 text. It walks again every RESCAN_S seconds and re-reads only
 files whose size or mtime changed (deleted ones leave the index). Open documents are indexed from
 the editor's text instead of the disk's, when a fill asks and their version changed.
@@ -32,6 +33,8 @@ log = logging.getLogger("dlm.workspace")
 
 MAX_FILES = 5000  # files indexed over all folders
 MAX_FILE_BYTES = 200_000  # bigger files are generated or data, as the corpus filter has it
+MAX_TOTAL_BYTES = 64_000_000  # text indexed over all files (a walk stops taking files past it)
+MAX_ENTRIES = 200_000  # directory entries a walk looks at (a home folder opened as a workspace)
 RESCAN_S = 60.0
 YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages", "venv", "env", "build",
@@ -59,9 +62,11 @@ class WorkspaceIndex:
     """Snippet indexes of the workspace's files, one per languageId, kept current by a thread."""
 
     def __init__(self, roots: list[Path], serves=lambda language_id: True, max_files: int = MAX_FILES,
-                 max_file_bytes: int = MAX_FILE_BYTES, rescan_s: float = RESCAN_S, yield_s: float = YIELD_S):
+                 max_file_bytes: int = MAX_FILE_BYTES, rescan_s: float = RESCAN_S, yield_s: float = YIELD_S,
+                 max_total_bytes: int = MAX_TOTAL_BYTES, max_entries: int = MAX_ENTRIES):
         self.roots, self.serves = list(roots), serves
         self.max_files, self.max_file_bytes, self.rescan_s, self.yield_s = max_files, max_file_bytes, rescan_s, yield_s
+        self.max_total_bytes, self.max_entries = max_total_bytes, max_entries
         self._lock = threading.Lock()
         self._indexes: dict[str, SnippetIndex] = {}
         self._seen: dict[str, tuple[str, int, int]] = {}  # disk source -> (languageId, size, mtime_ns)
@@ -92,9 +97,14 @@ class WorkspaceIndex:
         """(path, languageId) of the files to index: served languages, regular files (no links),
         under the limits, hidden and dependency folders pruned, sorted within each folder."""
         out: list[tuple[Path, str]] = []
+        seen = 0
         for root in self.roots:
             for top, dirs, names in os.walk(root, followlinks=False):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
+                seen += len(dirs) + len(names)
+                if seen > self.max_entries:
+                    log.info("workspace walk stopped after %d entries (%d files taken)", seen, len(out))
+                    return out
                 for name in sorted(names):
                     lang = language_id_for_path(name)
                     if lang == "plaintext" or name.startswith(".") or not self.serves(lang):
@@ -107,6 +117,7 @@ class WorkspaceIndex:
     def scan(self) -> int:
         """One walk: indexes new and changed files, drops deleted ones; returns files (re)read."""
         read = 0
+        total = 0
         present: set[str] = set()
         for path, lang in self.files():
             if self._stop.is_set():
@@ -117,6 +128,9 @@ class WorkspaceIndex:
                 continue
             if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_file_bytes:
                 continue
+            total += st.st_size
+            if total > self.max_total_bytes:
+                break
             source = uri_key(path.as_uri())
             present.add(source)
             if self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns) or source in self._open:

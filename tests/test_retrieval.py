@@ -178,3 +178,12 @@ def test_eval_retrieval_scopes():
     assert fn(Hole("line", "q:q/c.py", files["q:q/c.py"], 5, 5)) == ""
     with pytest.raises(ValueError, match="--neighbours"):
         retrieval_fn(files, "neighbours", 0)
+
+
+def test_workspace_walk_limits(tmp_path):
+    _tree(tmp_path, {f"m{i:02d}.py": f"name_{i} = {i}\n" * 10 for i in range(20)})
+    per_file = len("name_0 = 0\n" * 10)
+    ws = WorkspaceIndex([tmp_path], yield_s=0, max_total_bytes=per_file * 5 + 20)
+    assert ws.scan() == 5  # files stop being taken past the total
+    ws = WorkspaceIndex([tmp_path], yield_s=0, max_entries=10)
+    assert ws.files() == []  # a folder with more entries than the walk may look at
