@@ -74,10 +74,11 @@ def load_engine(model: str | None = None, device: str = "auto"):
 
 
 def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_fill_tokens: int = 64,
-                  filters: bool = True, min_confidence: float | None = None) -> HeadlessFill:
-    """Runs the server's context -> engine -> postprocess path for one cursor."""
+                  filters: bool = True, min_confidence: float | None = None, neighbours: str = "") -> HeadlessFill:
+    """Runs the server's context -> engine -> postprocess path for one cursor (`neighbours`: the
+    cross-file far text, context.build_request's)."""
     arrival = time.monotonic()
-    req = context.build_request(doc, offset, max_fill_tokens)
+    req = context.build_request(doc, offset, max_fill_tokens, neighbours=neighbours)
     job = context.to_fill_job(req, arrival + budget_ms / 1000.0)
     fill = engine.run_now(job)
     check = postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
@@ -95,18 +96,32 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
                         fin.dropped, fill.deadline_hit, fill.confidence)
 
 
+def workspace_snippets(folder: str, doc: Document, offset: int) -> str:
+    """The cross-file far text the server would give this cursor with `folder` as its workspace
+    (dlm_lsp.workspace, walked once here)."""
+    from dlm_lsp.retrieval import SNIPPET_CHARS
+    from dlm_lsp.workspace import WorkspaceIndex
+
+    ws = WorkspaceIndex([Path(folder).resolve()], serves=lambda lang: lang == doc.language_id, yield_s=0)
+    ws.scan()
+    return ws.cross_file(doc.uri, doc.text, offset, doc.language_id, [], SNIPPET_CHARS) or ""
+
+
 def complete(path: str, line: int, col: int, model: str | None = None, as_json: bool = False,
-             budget_ms: int | None = None, device: str = "auto", engine=None, filters: bool = True) -> str:
+             budget_ms: int | None = None, device: str = "auto", engine=None, filters: bool = True,
+             workspace: str | None = None) -> str:
     """Returns what `dlm-lsp complete PATH:LINE:COL` prints (1-based line and column, columns in
-    characters): the fill, or with as_json one JSON object."""
+    characters): the fill, or with as_json one JSON object. `workspace`: a folder whose other files
+    give the fill its cross-file context, as the server's workspace does."""
     text = Path(path).read_text(encoding="utf-8")
     doc = Document(Path(path).resolve().as_uri(), language_id_for_path(path), 1, text)
     idx = doc.index()
     row = max(0, min(line - 1, len(idx.starts) - 1))
     offset = idx.starts[row] + min(max(0, col - 1), len(idx.line_text(row)))
+    near = workspace_snippets(workspace, doc, offset) if workspace else ""
     engine = engine or load_engine(model, device)
     budget = budget_ms if budget_ms is not None else InitializationOptions().budget_ms
-    res = fill_document(engine, doc, offset, budget, filters=filters)
+    res = fill_document(engine, doc, offset, budget, filters=filters, neighbours=near)
     if as_json:
         return json.dumps(res.as_json())
     return res.text
@@ -124,6 +139,8 @@ def add_complete_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--budget-ms", type=int, default=None, help="deadline for the fill (default 300)")
     p.add_argument("--raw", action="store_true", help="skip the post-processing filters")
+    p.add_argument("--workspace", default=None, metavar="DIR",
+                   help="cross-file context from this folder's other files, as the server's workspace (workspaceContext)")
 
 
 def run_complete(args: argparse.Namespace) -> int:
@@ -135,8 +152,11 @@ def run_complete(args: argparse.Namespace) -> int:
     if not Path(path).is_file():
         print(f"no such file: {path}", file=sys.stderr)
         return 2
+    if args.workspace is not None and not Path(args.workspace).is_dir():
+        print(f"no such folder: {args.workspace}", file=sys.stderr)
+        return 2
     print(complete(path, line, col, model=args.model, as_json=args.json, budget_ms=args.budget_ms,
-                   device=args.device, filters=not args.raw))
+                   device=args.device, filters=not args.raw, workspace=args.workspace))
     return 0
 
 

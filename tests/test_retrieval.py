@@ -187,3 +187,26 @@ def test_workspace_walk_limits(tmp_path):
     assert ws.scan() == 5  # files stop being taken past the total
     ws = WorkspaceIndex([tmp_path], yield_s=0, max_entries=10)
     assert ws.files() == []  # a folder with more entries than the walk may look at
+
+
+def test_headless_complete_takes_the_workspace_snippets(tmp_path):
+    """`dlm-lsp complete --workspace DIR`: the job's far text holds the most similar window of the
+    folder's other files, and never the file's own."""
+    from dlm_lsp.headless import complete
+    from engine.api import Fill
+
+    (tmp_path / "helpers.py").write_text("def compute_total(items_list):\n    return sum(items_list)\n")
+    (tmp_path / "a.py").write_text("import helpers\nresult = helpers.compute_total(items_list)\nvalue = \n")
+    jobs = []
+
+    class Engine:
+        serving: dict = {}
+
+        def run_now(self, job):
+            jobs.append(job)
+            return Fill(text="1", tokens=1, steps=1, slots=16)
+
+    complete(str(tmp_path / "a.py"), 3, 9, engine=Engine(), workspace=str(tmp_path))
+    complete(str(tmp_path / "a.py"), 3, 9, engine=Engine())
+    assert "def compute_total" in jobs[0].lookup and "import helpers" not in jobs[0].lookup
+    assert "def compute_total" not in jobs[1].lookup
