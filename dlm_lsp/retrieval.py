@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import keyword
 import re
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,16 +38,29 @@ def identifiers(text: str) -> frozenset[str]:
     return frozenset(w for w in IDENT.findall(text) if len(w) > 1 and w not in _KEYWORDS)
 
 
-def windows(text: str, lines: int = CHUNK_LINES, stride: int = STRIDE) -> list[tuple[int, str]]:
-    """(first line, text) of each window of `lines` lines starting every `stride` lines; windows
-    with no identifier are dropped."""
-    rows = text.split("\n")
+def window_spans(text: str, lines: int = CHUNK_LINES, stride: int = STRIDE) -> list[tuple[int, int, int]]:
+    """(first line, start, end) of each window of `lines` lines starting every `stride` lines: the
+    window's text is text[start:end] (no line break at its end, at most MAX_CHUNK_CHARS); windows
+    of whitespace only are dropped."""
+    starts = [0]
+    i = text.find("\n")
+    while i >= 0:
+        starts.append(i + 1)
+        i = text.find("\n", i + 1)
+    n = len(starts)  # rows, as text.split("\n") has them
     out = []
-    for start in range(0, max(1, len(rows) - lines + stride), stride):
-        chunk = "\n".join(rows[start : start + lines])[:MAX_CHUNK_CHARS]
-        if chunk.strip():
-            out.append((start, chunk))
+    for first in range(0, max(1, n - lines + stride), stride):
+        a = starts[first]
+        b = starts[first + lines] - 1 if first + lines < n else len(text)
+        b = min(b, a + MAX_CHUNK_CHARS)
+        if text[a:b].strip():
+            out.append((first, a, b))
     return out
+
+
+def windows(text: str, lines: int = CHUNK_LINES, stride: int = STRIDE) -> list[tuple[int, str]]:
+    """(first line, text) of each window (window_spans)."""
+    return [(line, text[a:b]) for line, a, b in window_spans(text, lines, stride)]
 
 
 @dataclass(frozen=True)
@@ -54,7 +68,6 @@ class Chunk:
     source: str
     line: int  # first line of the window in its source
     text: str
-    idents: frozenset[str]
 
 
 class SnippetIndex:
@@ -62,18 +75,23 @@ class SnippetIndex:
 
     A search is a few numpy operations over the posting lists of the query's identifiers (their
     arrays cached until an add changes them), so it costs milliseconds on a workspace of thousands of
-    files; the greedy pick of the top chunks is the only Python loop."""
+    files; the greedy pick of the top windows is the only Python loop. Memory: each source's text
+    once, and per window its place and identifier count; the identifier sets live only in the
+    postings (4 bytes an entry): ~3x the indexed text in all."""
 
     def __init__(self):
-        self._chunks: list[Chunk | None] = []
-        self._by_source: dict[str, list[int]] = {}
-        self._postings: dict[str, list[int]] = {}  # identifier -> chunks (removed ones included until compact)
+        self._texts: dict[str, str] = {}
+        self._by_source: dict[str, range] = {}
+        self._source: list[str | None] = []  # per window: its source (None: removed)
+        self._line = array("i")
+        self._span = array("q")  # start, end of each window in its source's text
+        self._nident = array("i")  # identifiers per window
+        self._postings: dict[str, array] = {}  # identifier -> windows (removed ones included until compact)
         self._arrays: dict[str, np.ndarray] = {}  # identifier -> its postings as an array (dropped when they grow)
-        self._nident: list[int] = []  # identifiers per chunk
         self._live = 0
         self._version = 0  # changes with every add and remove
         self._sizes_key: tuple = ()
-        self._sizes = np.zeros(0, dtype=np.int64)  # identifiers per chunk less the common ones
+        self._sizes = np.zeros(0, dtype=np.int64)  # identifiers per window less the common ones
         self._alive = np.zeros(0, dtype=bool)
 
     def __len__(self) -> int:
@@ -82,73 +100,79 @@ class SnippetIndex:
     def sources(self) -> list[str]:
         return list(self._by_source)
 
+    def chunk(self, i: int) -> Chunk | None:
+        """Window i (None once its source was removed)."""
+        source = self._source[i]
+        if source is None:
+            return None
+        a, b = self._span[2 * i], self._span[2 * i + 1]
+        return Chunk(source, self._line[i], self._texts[source][a:b])
+
     def add(self, source: str, text: str) -> None:
         """Indexes `text` as `source`, replacing what `source` held."""
         self.remove(source)
-        ids = []
-        for line, chunk in windows(text):
-            idents = identifiers(chunk)
+        first = len(self._source)
+        for line, a, b in window_spans(text):
+            idents = identifiers(text[a:b])
             if not idents:
                 continue
-            i = len(self._chunks)
-            self._chunks.append(Chunk(source, line, chunk, idents))
+            i = len(self._source)
+            self._source.append(source)
+            self._line.append(line)
+            self._span.extend((a, b))
             self._nident.append(len(idents))
             for w in idents:
-                self._postings.setdefault(w, []).append(i)
+                p = self._postings.get(w)
+                if p is None:
+                    p = self._postings[w] = array("i")
+                p.append(i)
                 self._arrays.pop(w, None)
-            ids.append(i)
-        self._by_source[source] = ids
-        self._live += len(ids)
+        self._texts[source] = text
+        self._by_source[source] = range(first, len(self._source))
+        self._live += len(self._source) - first
         self._version += 1
 
     def remove(self, source: str) -> None:
         ids = self._by_source.pop(source, None)
         if ids is None:
             return
+        del self._texts[source]
         for i in ids:
-            self._chunks[i] = None  # searches mask dead chunks; compact() drops them
+            self._source[i] = None  # searches mask dead windows; compact() drops them
         self._live -= len(ids)
         self._version += 1
-        if len(self._chunks) > 1024 and self._live < len(self._chunks) // 2:
+        if len(self._source) > 1024 and self._live < len(self._source) // 2:
             self.compact()
 
     def compact(self) -> None:
-        """Rebuilds the lists without the chunks of removed sources."""
-        live = [c for c in self._chunks if c is not None]
-        self._chunks, self._by_source, self._postings, self._arrays, self._nident = [], {}, {}, {}, []
-        self._live = 0
-        for c in live:
-            i = len(self._chunks)
-            self._chunks.append(c)
-            self._nident.append(len(c.idents))
-            self._by_source.setdefault(c.source, []).append(i)
-            for w in c.idents:
-                self._postings.setdefault(w, []).append(i)
-            self._live += 1
-        self._version += 1
+        """Re-indexes the live sources, without the windows of removed ones (the same order)."""
+        texts = sorted(self._texts.items(), key=lambda kv: self._by_source[kv[0]].start)
+        self.__init__()
+        for source, text in texts:
+            self.add(source, text)
 
     def _array(self, w: str) -> np.ndarray:
         a = self._arrays.get(w)
         if a is None:
-            a = self._arrays[w] = np.asarray(self._postings[w], dtype=np.int64)
+            a = self._arrays[w] = np.array(self._postings[w], dtype=np.int64)
         return a
 
     def _counts(self, common: int) -> None:
-        """Brings _sizes (identifiers per chunk under the common limit) and _alive up to date."""
+        """Brings _sizes (identifiers per window under the common limit) and _alive up to date."""
         if self._sizes_key == (common, self._version):
             return
-        n = len(self._chunks)
+        n = len(self._source)
         frequent = [self._array(w) for w, p in self._postings.items() if len(p) > common]
         minus = np.bincount(np.concatenate(frequent), minlength=n) if frequent else np.zeros(n, dtype=np.int64)
-        self._sizes = np.asarray(self._nident, dtype=np.int64) - minus
-        self._alive = np.fromiter((c is not None for c in self._chunks), dtype=bool, count=n)
+        self._sizes = np.frombuffer(self._nident, dtype=np.int32).astype(np.int64) - minus
+        self._alive = np.fromiter((s is not None for s in self._source), dtype=bool, count=n)
         self._sizes_key = (common, self._version)
 
     def search(self, query: str, limit_chars: int, exclude: str | None = None,
                max_postings: int | None = None) -> list[Chunk]:
-        """The chunks most like `query` (Jaccard similarity of identifier sets, common identifiers
+        """The windows most like `query` (Jaccard similarity of identifier sets, common identifiers
         left out), at most `limit_chars` characters of them, no two overlapping in one source, the
-        most similar first (ties: the earlier indexed). Chunks of `exclude` (the document being
+        most similar first (ties: the earlier indexed). Windows of `exclude` (the document being
         filled) are skipped."""
         common = max(MIN_COMMON_CHUNKS, int(COMMON_SHARE * self._live)) if max_postings is None else max_postings
         q = [w for w in identifiers(query) if len(self._postings.get(w, ())) <= common]  # unseen ones count too
@@ -156,11 +180,12 @@ class SnippetIndex:
         if not present or limit_chars <= 0:
             return []
         self._counts(common)
-        n = len(self._chunks)
+        n = len(self._source)
         shared = np.bincount(np.concatenate(present), minlength=n)
         ok = (shared > 0) & self._alive
-        for i in self._by_source.get(exclude, ()) if exclude is not None else ():
-            ok[i] = False
+        if exclude is not None and exclude in self._by_source:
+            r = self._by_source[exclude]
+            ok[r.start : r.stop] = False
         cand = np.nonzero(ok)[0]
         if not len(cand):
             return []
@@ -171,16 +196,17 @@ class SnippetIndex:
         taken: dict[str, list[int]] = {}
         used = 0
         for i in order.tolist():
-            c = self._chunks[i]
-            if any(abs(c.line - l) < CHUNK_LINES for l in taken.get(c.source, ())):
+            source, line = self._source[i], self._line[i]
+            if any(abs(line - l) < CHUNK_LINES for l in taken.get(source, ())):
                 continue
-            if used + len(c.text) + 1 > limit_chars:
+            size = self._span[2 * i + 1] - self._span[2 * i]
+            if used + size + 1 > limit_chars:
                 if used + 200 > limit_chars:
                     break
                 continue
-            out.append(c)
-            taken.setdefault(c.source, []).append(c.line)
-            used += len(c.text) + 1
+            out.append(self.chunk(i))
+            taken.setdefault(source, []).append(line)
+            used += size + 1
         return out
 
 

@@ -52,7 +52,7 @@ def root_paths(root_uri, folders) -> list[Path]:
         path = Path(unquote(urlparse(uri).path))
         if os.name == "nt" and str(path).startswith("\\") and ":" in str(path)[:4]:
             path = Path(str(path)[1:])
-        path = path.absolute()  # not resolved: sources must match the editor's URIs, links and all
+        path = Path(os.path.abspath(path))  # not resolved: sources must match the editor's URIs, links and all
         if path.is_dir() and path not in out:
             out.append(path)
     return out
@@ -64,7 +64,7 @@ class WorkspaceIndex:
     def __init__(self, roots: list[Path], serves=lambda language_id: True, max_files: int = MAX_FILES,
                  max_file_bytes: int = MAX_FILE_BYTES, rescan_s: float = RESCAN_S, yield_s: float = YIELD_S,
                  max_total_bytes: int = MAX_TOTAL_BYTES, max_entries: int = MAX_ENTRIES):
-        self.roots, self.serves = list(roots), serves
+        self.roots, self.serves = [Path(os.path.abspath(r)) for r in roots], serves
         self.max_files, self.max_file_bytes, self.rescan_s, self.yield_s = max_files, max_file_bytes, rescan_s, yield_s
         self.max_total_bytes, self.max_entries = max_total_bytes, max_entries
         self._lock = threading.Lock()

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from dlm_lsp.documents import Document, uri_key
-from dlm_lsp.retrieval import (CHUNK_LINES, SnippetIndex, cross_file_text, identifiers, query_text, snippet_text,
-                               windows)
+from dlm_lsp.retrieval import (CHUNK_LINES, MAX_CHUNK_CHARS, SnippetIndex, cross_file_text, identifiers, query_text,
+                               snippet_text, windows)
 from dlm_lsp.workspace import WorkspaceIndex, root_paths
 
 
@@ -21,15 +21,15 @@ def _module(name: str, body_names: list[str], lines: int = 60) -> str:
 
 def _brute(index: SnippetIndex, query: str, exclude=None) -> list[tuple[float, str, int]]:
     """Jaccard of every live chunk against the query, common identifiers left out: the reference."""
-    chunks = [c for c in index._chunks if c is not None]
-    common = max(20, int(0.3 * len(chunks)))
+    chunks = [index.chunk(i) for i in range(len(index._source))]
+    common = max(20, int(0.3 * sum(c is not None for c in chunks)))
     df = {w: len(p) for w, p in index._postings.items()}
     q = {w for w in identifiers(query) if df.get(w, 0) <= common}
     out = []
-    for i, c in enumerate(index._chunks):
+    for c in chunks:
         if c is None or c.source == exclude:
             continue
-        cs = {w for w in c.idents if df[w] <= common}
+        cs = {w for w in identifiers(c.text) if df[w] <= common}
         if q & cs:
             out.append((len(q & cs) / len(q | cs), c.source, c.line))
     return out
@@ -42,6 +42,10 @@ def test_identifiers_and_windows():
     assert [line for line, _ in ws] == list(range(0, 50 - CHUNK_LINES + 12, 12))
     assert ws[0][1].split("\n")[0] == "name_0 = 0" and len(ws[0][1].split("\n")) == CHUNK_LINES
     assert windows("") == [] and windows("\n\n  \n") == []
+    rows = ["x" * 300 + f" name_{i}" for i in range(30)] + [""]  # a window of long lines is cut
+    text = "\n".join(rows)
+    assert [(line, t) for line, t in windows(text)] == [
+        (s, "\n".join(rows[s : s + CHUNK_LINES])[:MAX_CHUNK_CHARS]) for s in range(0, 31 - CHUNK_LINES + 12, 12)]
     assert query_text("a\nb\nc\nd", 5, lines=1) == "\nb\nc" and query_text("abc", 2) == "ab"
 
 
@@ -92,7 +96,7 @@ def test_replace_remove_and_compact_keep_the_index_true():
         index.add(f"f{k}", f"filler_{k} = banana_split\n")
     for k in range(1000):
         index.remove(f"f{k}")  # most chunks dead: compacted
-    assert len(index) == 101 and len(index._chunks) < 1103  # compacted (once it was over half dead)
+    assert len(index) == 101 and len(index._source) < 1103  # compacted (once it was over half dead)
     assert {c.source for c in index.search("banana_split filler_1050", 100_000)} >= {"f1050"}
     assert [c.source for c in index.search("cherry_pie", 1000)] == ["a"]
 
@@ -130,6 +134,7 @@ def test_workspace_snippets_follow_disk_and_editor(tmp_path):
     ws = WorkspaceIndex([tmp_path], yield_s=0)
     me = (tmp_path / "a.py").as_uri()
     assert ws.cross_file(me, "", 0, "python", [], 24000) is None  # nothing indexed yet: the caller's fallback
+    assert WorkspaceIndex([os.path.relpath(tmp_path)]).roots == [tmp_path]  # relative roots are made absolute
     ws.scan()
     text = "x = checksum_value(data_block)\n"
     assert "def checksum_value" in ws.cross_file(me, text, len(text), "python", [], 24000)
