@@ -46,7 +46,10 @@ def test_identifiers_and_windows():
     text = "\n".join(rows)
     assert [(line, t) for line, t in windows(text)] == [
         (s, "\n".join(rows[s : s + CHUNK_LINES])[:MAX_CHUNK_CHARS]) for s in range(0, 31 - CHUNK_LINES + 12, 12)]
-    assert query_text("a\nb\nc\nd", 5, lines=1) == "\nb\nc" and query_text("abc", 2) == "ab"
+    text = "a\nb\nc\nd\ne\nf"
+    assert query_text(text, 5, lines=1, after=1) == "\nb\nc\nd\ne"  # 1 line above, the cursor's line, below
+    assert query_text(text, 4, lines=0, after=0) == "\nc" and query_text(text, 0, lines=3, after=0) == "a"
+    assert query_text("abc", 2) == "abc" and query_text(text, len(text)) == text
 
 
 def test_search_ranks_by_jaccard_excludes_the_document_and_keeps_the_budget():
