@@ -236,7 +236,7 @@ def query_text(text: str, offset: int, lines: int = QUERY_LINES, after: int = QU
 
 def cross_file_text(index: SnippetIndex, text: str, offset: int, limit_chars: int, exclude: str | None = None) -> str:
     """The cross-file far text of a fill at str `offset` of `text`: the chunks of `index` most like
-    the lines above the cursor (the document's own source, `exclude`, left out)."""
+    the lines around the cursor (`query_text`), the document's own source (`exclude`) left out."""
     return snippet_text(index.search(query_text(text, offset), limit_chars, exclude=exclude))
 
 
