@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import logging
 import time
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -96,6 +97,7 @@ class DlmServer(LanguageServer):
         self._progress_open: str | None = None  # token of the progress that has begun and not ended
         self.workspace_index: WorkspaceIndex | None = None  # the workspace's files as cross-file context
         self.workspace_roots: list = []
+        self.workspace_folders: list[str] = []  # folder URIs: initialize's, then as the client changes them
 
     # ------------------------------------------------------------------ engine
 
@@ -117,10 +119,32 @@ class DlmServer(LanguageServer):
         return context.neighbour_text([d.text for d in self.documents.neighbours(uri, doc.language_id)])
 
     def start_workspace(self) -> None:
-        """Starts indexing the workspace folders (when the option is on and there are any)."""
-        if self.workspace_index is None and self.options.workspace_context and self.workspace_roots:
+        """Makes the workspace index follow the option and the folders: started when the option is on
+        and there are folders, re-rooted when the folders changed, stopped when the option is off."""
+        if not (self.options.workspace_context and self.workspace_roots):
+            if self.workspace_index is not None:
+                self.workspace_index.close()
+                self.workspace_index = None
+        elif self.workspace_index is None:
             self.workspace_index = WorkspaceIndex(self.workspace_roots, lambda lang: self.options.serves(lang))
             self.workspace_index.start()
+        else:
+            self.workspace_index.set_roots(self.workspace_roots)
+
+    def change_workspace_folders(self, added, removed) -> None:
+        """workspace/didChangeWorkspaceFolders: the folders' URIs updated, the index re-rooted."""
+        def key(uri):  # clients differ in escaping and trailing slashes
+            return unquote(uri).rstrip("/") if isinstance(uri, str) else None
+
+        gone = {key(getattr(f, "uri", None)) for f in removed or []}
+        folders = [u for u in self.workspace_folders if key(u) not in gone]
+        for uri in (getattr(f, "uri", None) for f in added or []):
+            if key(uri) is not None and key(uri) not in {key(u) for u in folders}:
+                folders.append(uri)
+        self.workspace_folders = folders
+        self.workspace_roots = root_paths(None, [types.WorkspaceFolder(uri=u, name="") for u in folders])
+        if self.loop is not None:
+            self.start_workspace()
 
     def start_engine(self) -> None:
         """(Re)starts the engine with the current model/device options; loading runs off the loop."""
@@ -394,7 +418,9 @@ def make_server(engine_factory=None) -> DlmServer:
     def initialize(ls: DlmServer, params: types.InitializeParams):
         """Reads initializationOptions (bad values fall back to defaults, with a warning later)."""
         ls.apply_options(params.initialization_options, initial=True)
-        ls.workspace_roots = root_paths(params.root_uri, params.workspace_folders)
+        ls.workspace_folders = [f.uri for f in params.workspace_folders or []] or (
+            [params.root_uri] if params.root_uri else [])
+        ls.workspace_roots = root_paths(None, [types.WorkspaceFolder(uri=u, name="") for u in ls.workspace_folders])
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: DlmServer, params: types.InitializedParams):
@@ -405,6 +431,11 @@ def make_server(engine_factory=None) -> DlmServer:
         ls.option_warnings.clear()
         ls.start_engine()
         ls.start_workspace()
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams):
+        """Folders added to or removed from the workspace: the cross-file index walks the new set."""
+        ls.change_workspace_folders(params.event.added, params.event.removed)
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: DlmServer, params):

@@ -73,6 +73,7 @@ class WorkspaceIndex:
         self._open: dict[str, tuple[str, int]] = {}  # open document source -> (languageId, version) indexed
         self._disk: dict[str, int] = {}  # languageId -> sources in _seen (changed under the lock)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set_roots: walk now, not at the next RESCAN_S
         self._thread: threading.Thread | None = None
         self.scans = 0
 
@@ -83,22 +84,34 @@ class WorkspaceIndex:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
+
+    def set_roots(self, roots: list[Path]) -> None:
+        """The workspace folders changed (workspace/didChangeWorkspaceFolders): the thread walks the
+        new set at once; files of a removed folder leave the index in that walk, an added folder's
+        come in. The same set again changes nothing."""
+        roots = [Path(os.path.abspath(r)) for r in roots]
+        if roots == self.roots:
+            return
+        self.roots = roots  # one assignment: a walk under way sees the old list or the new one
+        self._wake.set()
+        self.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.scan()
             except Exception:  # a walk that fails leaves the last index; the next one tries again
                 log.exception("workspace scan failed")
-            if self._stop.wait(self.rescan_s):
-                return
+            self._wake.wait(self.rescan_s)
 
     def files(self) -> list[tuple[Path, str]]:
         """(path, languageId) of the files to index: served languages, regular files (no links),
         under the limits, hidden and dependency folders pruned, sorted within each folder."""
         out: list[tuple[Path, str]] = []
         seen = 0
-        for root in self.roots:
+        for root in list(self.roots):
             for top, dirs, names in os.walk(root, followlinks=False):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
                 seen += len(dirs) + len(names)

@@ -219,3 +219,55 @@ async def test_server_sends_snippets_of_the_workspace_files_as_lookup(tmp_path):
                     break
                 await asyncio.sleep(0.05)
             assert (got == "def compute_total") == on, got
+
+
+async def test_server_follows_workspace_folder_changes(tmp_path):
+    """workspace/didChangeWorkspaceFolders: an added folder's files become snippets (walked at once,
+    not at the next 60 s rescan), a removed folder's files stop being snippets."""
+    import asyncio
+
+    from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "old.py").write_text("def compute_legacy(items_list):\n    return items_list\n")
+    (two / "helpers.py").write_text("def compute_total(items_list):\n    return sum(items_list)\n")
+    a = (one / "a.py").as_uri()
+    text = "import helpers\nresult = helpers.compute_total(items_list)\nvalue = \n"
+
+    version = [1]
+
+    async def fill_until(c, want):
+        got = None
+        for _ in range(200):
+            version[0] += 1  # an edit above the cursor, so that no kept fill serves the request
+            insert(c, a, version[0], 0, 14, " ")
+            items = await inline(c, a, 2, 8)
+            got = items[0]["insertText"] if items else ""
+            if got == want:
+                return got
+            await asyncio.sleep(0.05)
+        return got
+
+    def folders(added=(), removed=()):
+        return {"event": {"added": [{"uri": p.as_uri(), "name": p.name} for p in added],
+                          "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed]}}
+
+    opts = {"model": scripted(lookup=18), "postprocess": False}
+    async with lsp_server(FAKE_SERVER, opts, root=str(one)) as c:
+        caps = c.init_result["capabilities"]["workspace"]["workspaceFolders"]
+        assert caps["supported"] and caps["changeNotifications"]
+        open_doc(c, a, text)
+        assert await fill_until(c, "def compute_legacy") == "def compute_legacy"
+        c.notify("workspace/didChangeWorkspaceFolders", folders(added=[two], removed=[one]))
+        assert await fill_until(c, "def compute_total(") == "def compute_total("
+        # the option turned off and on again (workspace/didChangeConfiguration): the index stops, restarts
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"workspaceContext": False}}})
+        assert await fill_until(c, "") == ""
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"workspaceContext": True}}})
+        assert await fill_until(c, "def compute_total(") == "def compute_total("
+        c.notify("workspace/didChangeWorkspaceFolders", folders(removed=[two]))
+        # no folder left: the other open documents' starts (none here), not the removed files
+        got = await fill_until(c, "")
+        assert got == "", got

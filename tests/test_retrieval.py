@@ -162,6 +162,46 @@ def test_workspace_snippets_follow_disk_and_editor(tmp_path):
     assert "value = 1" not in ws.cross_file(me, "value\n", 6, "python", [], 24000)
 
 
+def test_workspace_follows_folder_changes(tmp_path):
+    """set_roots (workspace/didChangeWorkspaceFolders) walks the new folders at once, without waiting
+    for the rescan period: an added folder's files come in, a removed one's leave."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    _tree(one, {"old.py": "def legacy_total(row_items):\n    return row_items\n"})
+    _tree(two, {"new.py": "def legacy_total(fresh_items):\n    return fresh_items\n"})
+    ws = WorkspaceIndex([one], yield_s=0, rescan_s=3600)
+    me = (tmp_path / "a.py").as_uri()
+    text = "y = legacy_total(row_items, fresh_items)\n"
+
+    def wait_for(pred):
+        for _ in range(400):
+            got = ws.cross_file(me, text, len(text), "python", [], 24000)
+            if got is not None and pred(got):
+                return got
+            time.sleep(0.01)
+        raise AssertionError(ws.cross_file(me, text, len(text), "python", [], 24000))
+
+    ws.start()
+    try:
+        wait_for(lambda got: "row_items" in got and "fresh_items" not in got)
+        scans = ws.scans
+        ws.set_roots([one])  # the same folders: no walk
+        time.sleep(0.05)
+        assert ws.scans == scans
+        ws.set_roots([one, two])
+        wait_for(lambda got: "row_items" in got and "fresh_items" in got)
+        ws.set_roots([two])
+        wait_for(lambda got: "row_items" not in got and "fresh_items" in got)
+        ws.set_roots([])  # no folder: nothing from disk, the caller falls back to the open documents
+        for _ in range(400):
+            if ws.cross_file(me, text, len(text), "python", [], 24000) is None:
+                break
+            time.sleep(0.01)
+        assert ws.cross_file(me, text, len(text), "python", [], 24000) is None and ws.disk_files("python") == 0
+    finally:
+        ws.close()
+    assert ws.roots == []
+
+
 def test_root_paths(tmp_path):
     class Folder:
         def __init__(self, uri):

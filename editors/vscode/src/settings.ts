@@ -9,6 +9,7 @@ export interface ServerOptions {
   maxFillTokens: number;
   languages: string[];
   minConfidence: number | null; // null: the model's own gate (serving.json)
+  workspaceContext: boolean; // cross-file snippets from the workspace folders' files
   engine: EngineSetting | null; // null: the server's own engine (the user's shared daemon)
 }
 
@@ -32,7 +33,7 @@ export const DEFAULT_LANGUAGES = ['python', 'javascript', 'javascriptreact', 'ty
 
 /** Settings forwarded to the server, keyed by their name after `dlm.`. */
 export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
-  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages', 'minConfidence', 'engine',
+  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages', 'minConfidence', 'workspaceContext', 'engine',
 ];
 
 /** Settings only the extension reads: how to launch the server and the on/off switch. */
@@ -53,6 +54,7 @@ export function serverOptions(get: (key: string) => unknown): ServerOptions {
     maxFillTokens: (get('maxFillTokens') as number) ?? 64,
     languages: (get('languages') as string[]) ?? DEFAULT_LANGUAGES,
     minConfidence: typeof get('minConfidence') === 'number' ? (get('minConfidence') as number) : null,
+    workspaceContext: get('workspaceContext') !== false,
     engine: engineSetting(get('engine')),
   };
 }

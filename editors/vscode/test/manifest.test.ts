@@ -20,7 +20,7 @@ test('every setting the code reads is contributed, and nothing else', () => {
 test('contributed defaults are the defaults the code falls back to', () => {
   const fromManifest = serverOptions((key) => properties[`dlm.${key}`].default);
   assert.deepEqual(fromManifest, serverOptions(() => undefined));
-  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, languages: DEFAULT_LANGUAGES, minConfidence: null, engine: null });
+  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, languages: DEFAULT_LANGUAGES, minConfidence: null, workspaceContext: true, engine: null });
 });
 
 test('the engine endpoint is a user setting; its key goes to the environment, never the options', () => {
