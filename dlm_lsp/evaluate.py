@@ -746,6 +746,7 @@ def run_eval(args: argparse.Namespace) -> int:
             samples_out.close()
 
     from dlm_lsp.context import MASK_SLOTS
+    from engine.api import KIND_DECODE_KEYS
 
     out: dict = dict(results["diffusion"])
     out["meta"] = {
@@ -761,9 +762,10 @@ def run_eval(args: argparse.Namespace) -> int:
         "counts": {k: len(v) for k, v in holes.items()},
         # as the engine ran it: fields left at None take the model's serving.json "decode"
         "decode": dataclasses.asdict(with_model_defaults(dlm.options, dlm.service.serving.get("decode", {}))),
-        # per hole kind where the model's setting differs (serving.json "ngram_kinds"; FillJob.kind)
+        # per hole kind where the model's setting differs (serving.json "ngram_kinds", "local_ngram_kinds"; FillJob.kind)
         "decode_by_kind": {k: dataclasses.asdict(with_model_defaults(dlm.options, dlm.service.serving.get("decode", {}), k))
-                           for k in dlm.service.serving.get("decode", {}).get("ngram_kinds", {})},
+                           for k in sorted({k for key in KIND_DECODE_KEYS
+                                            for k in dlm.service.serving.get("decode", {}).get(f"{key}_kinds", {})})},
         "mask_slots": dict(MASK_SLOTS),
         "context": "dlm_lsp.context.build_request",
         "postprocess": dlm.post_name,

@@ -73,6 +73,12 @@ class DecodeOptions:
     # None: the model's setting for the job's hole kind (serving.json "decode": "ngram", and
     # "ngram_kinds" per FillJob.kind), else off. Needs the table beside the weights.
     ngram: float | None = None
+    # the fill's own n-gram (engine/ngram.py, LocalNgram): the corpus memory's rule over the job's own
+    # texts (its lookup and its context): a masked slot whose committed left run ends in a context of
+    # 3-6 tokens followed at least twice there gains `local_ngram` x P(next | context) on its two most
+    # frequent next tokens. 0: off; None: the model's setting for the job's hole kind (serving.json
+    # "decode": "local_ngram", and "local_ngram_kinds" per FillJob.kind), else off.
+    local_ngram: float | None = None
     # the bracket rule (engine/names.py, NameBias.bracket_row): at the leftmost masked slot, with a
     # bracket open on the cursor's line, a token closing another kind loses `brackets` nats, and so
     # do the ends (padding, end of text, the line-break stop) while a bracket the fill opened is
@@ -177,20 +183,22 @@ class Fill:
 
 
 MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below",
-                     "ngram")  # DecodeOptions a model's serving.json may set
+                     "ngram", "local_ngram")  # DecodeOptions a model's serving.json may set
+KIND_DECODE_KEYS = ("ngram", "local_ngram")  # ... and per hole kind, as "<key>_kinds": {kind: value}
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None = None) -> DecodeOptions:
     """`o` with each model-tunable field left at None taken from the model's serving defaults
-    (serving.json "decode"; for a job of hole kind `kind`, "ngram_kinds"[kind] before "ngram"),
-    else its off value."""
+    (serving.json "decode"; for a job of hole kind `kind`, "ngram_kinds"[kind] before "ngram", and
+    so for "local_ngram"), else its off value."""
     import dataclasses
 
     off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0,
-           "stop_below": 0.0, "ngram": 0.0}
+           "stop_below": 0.0, "ngram": 0.0, "local_ngram": 0.0}
     model_decode = dict(model_decode)
-    if kind is not None and kind in model_decode.get("ngram_kinds", {}):
-        model_decode["ngram"] = model_decode["ngram_kinds"][kind]
+    for key in KIND_DECODE_KEYS:
+        if kind is not None and kind in model_decode.get(f"{key}_kinds", {}):
+            model_decode[key] = model_decode[f"{key}_kinds"][kind]
     fill = {k: model_decode.get(k, off[k]) for k in MODEL_DECODE_KEYS if getattr(o, k) is None}
     return dataclasses.replace(o, **fill) if fill else o
 

@@ -60,8 +60,8 @@ SERVING_FILE = "serving.json"  # per-model serving defaults written by the proje
 def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
     [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
-    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS, and "ngram_kinds": the n-gram
-    weight per hole kind) and {"calibrator": {...}} (the
+    {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS, and "ngram_kinds" /
+    "local_ngram_kinds": those weights per hole kind) and {"calibrator": {...}} (the
     gate's acceptance model, dlm_lsp.calibrate). Missing, unreadable or
     out-of-range values are left out (the server's own defaults), never an error."""
     path = Path(folder) / SERVING_FILE
@@ -83,12 +83,13 @@ def serving_defaults(folder: Path) -> dict:
           or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
           or (k == "copy_chain" and isinstance(v, bool))
           or (k == "stop_below" and _number(v) and 0 <= v < 1)}
-    if _number(dec.get("ngram")) and 0 <= dec["ngram"] <= 50:  # the corpus n-gram memory (engine/ngram.py)
-        ok["ngram"] = float(dec["ngram"])
-    kinds = dec.get("ngram_kinds") if isinstance(dec.get("ngram_kinds"), dict) else {}
-    kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v <= 50}
-    if kinds:
-        ok["ngram_kinds"] = kinds
+    for key in ("ngram", "local_ngram"):  # the corpus n-gram memory and the fill's own (engine/ngram.py)
+        if _number(dec.get(key)) and 0 <= dec[key] <= 50:
+            ok[key] = float(dec[key])
+        kinds = dec.get(f"{key}_kinds") if isinstance(dec.get(f"{key}_kinds"), dict) else {}
+        kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v <= 50}
+        if kinds:
+            ok[f"{key}_kinds"] = kinds
     if ok:
         out["decode"] = ok
     # the calibrated gate (dlm_lsp.calibrate.Calibrator), checked by the server that applies it

@@ -85,18 +85,7 @@ class NgramTable:
         """Adds to `logits` (M, V), in place: row r gains `weight` x P(next | the longest stored
         context ending runs[r]) on each stored next token; a run holding an id of `skip` (padding,
         end, mask) gains nothing. Returns `logits`."""
-        skip, vocab = set(skip), logits.shape[-1]
-        for r, run in enumerate(runs):
-            if not run or not skip.isdisjoint(run):
-                continue
-            hit = self.next_probs(run)
-            if hit is None:
-                continue
-            ids, p = hit
-            ok = ids < vocab
-            if ok.any():
-                logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(logits.device, logits.dtype)
-        return logits
+        return add_bias(self, logits, runs, weight, skip)
 
     def save(self, path: Path, tokenizer_sha256: str, about: dict | None = None) -> None:
         from safetensors.numpy import save_file
@@ -106,6 +95,85 @@ class NgramTable:
         nxt_dtype = np.int16 if int(self.nxt.max(initial=0)) < 32768 else np.int32  # -1: none
         save_file({"ctx": self.ctx, "next": self.nxt.astype(nxt_dtype), "prob": self.prob.astype(np.float16)},
                   str(path), metadata=meta)
+
+
+def add_bias(table, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
+    """NgramTable.add_bias for any table with `next_probs(run)` (NgramTable, LocalNgram)."""
+    skip, vocab = set(skip), logits.shape[-1]
+    for r, run in enumerate(runs):
+        if not run or not skip.isdisjoint(run):
+            continue
+        hit = table.next_probs(run)
+        if hit is None:
+            continue
+        ids, p = hit
+        ok = ids < vocab
+        if ok.any():
+            logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(logits.device, logits.dtype)
+    return logits
+
+
+LOCAL_ORDERS = (3, 4, 5, 6)
+LOCAL_MIN_COUNT = 2
+LOCAL_TOP = 2
+
+
+class LocalNgram:
+    """The fill's own n-gram (DecodeOptions.local_ngram): the corpus memory's rule applied to the job's
+    texts, the copy boost's far side (FillJob.lookup: the workspace snippets, the document beyond the
+    window) and the context (prefix and suffix), counted instead of matched. For the longest context
+    of LOCAL_ORDERS ids that ends a slot's left run and is followed at least LOCAL_MIN_COUNT times in
+    those texts, its LOCAL_TOP most frequent next ids (ties: the smaller id), P = count / the
+    context's count. Where the copy boost gives any id that follows the last <= 3 ids somewhere
+    the same k x weight, this weighs a project's habits by how often they recur.
+
+    `parts`: id arrays, -1 where no context may cross (special ids, the hole); none crosses parts.
+    Each order's context hash is kept per position, so a lookup is one comparison over the texts'
+    ids (a few thousand), not a table built per keystroke (docs/MODEL.md, "Session 21")."""
+
+    def __init__(self, parts: list, orders: tuple[int, ...] = LOCAL_ORDERS, min_count: int = LOCAL_MIN_COUNT,
+                 top: int = LOCAL_TOP):
+        chunks = [np.r_[np.asarray(p, dtype=np.int64), -1] for p in parts if p is not None and len(p)]
+        self.a = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+        self.orders = tuple(sorted(orders, reverse=True))  # longest first
+        self.max_order, self.min_count, self.top = self.orders[0], min_count, top
+        self.hashes: dict[int, np.ndarray] = {}  # k -> (n - k,) hash of a[p - k : p] at next position p; 0: none
+        a, n, mult = self.a, self.a.size, np.uint64(MULT)
+        au = a.astype(np.uint64)
+        for k in self.orders:
+            if n <= k:
+                continue
+            ok = a[k:] >= 0
+            h = np.zeros(n - k, dtype=np.uint64)
+            with np.errstate(over="ignore"):
+                for j in range(k, 0, -1):  # oldest id first, as context_hash
+                    ok &= a[k - j : n - j] >= 0
+                    h = (h + au[k - j : n - j] + np.uint64(1)) * mult
+            h[~ok] = 0
+            self.hashes[k] = h
+
+    def __len__(self) -> int:
+        return int(self.a.size)
+
+    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        """(next ids, P(next | context)) for the longest context ending `run` seen often enough, or None."""
+        for k in self.orders:
+            h = self.hashes.get(k)
+            if h is None or k > len(run):
+                continue
+            key = context_hash(run[-k:])
+            if key == 0:
+                continue
+            at = np.flatnonzero(h == np.uint64(key))
+            if at.size < self.min_count:
+                continue
+            ids, counts = np.unique(self.a[at + k], return_counts=True)
+            pick = np.lexsort((ids, -counts))[: self.top]  # most frequent first, ties by the smaller id
+            return ids[pick], (counts[pick] / at.size).astype(np.float32)
+        return None
+
+    def add_bias(self, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
+        return add_bias(self, logits, runs, weight, skip)
 
 
 def load_table(folder) -> NgramTable | None:

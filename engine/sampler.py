@@ -282,8 +282,10 @@ def check_options(o: DecodeOptions) -> None:
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
     if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
-            or (o.brackets or 0) < 0 or (o.ngram or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram, copy_unigram, copy_far, names, brackets and ngram must be >= 0 and copy_order in 1..8")
+            or (o.brackets or 0) < 0 or (o.ngram or 0) < 0 or (o.local_ngram or 0) < 0 \
+            or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
+        raise ValueError("copy_bigram, copy_unigram, copy_far, names, brackets, ngram and local_ngram must be >= 0 "
+                         "and copy_order in 1..8")
     if o.stop_below is not None and not 0 <= o.stop_below < 1:
         raise ValueError(f"stop_below must be in [0, 1), got {o.stop_below}")
     if o.stop_below and not o.pad_left:
@@ -340,6 +342,8 @@ class Canvas:
     copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
     names: object = None  # engine.names.NameBias of identifier-aware decoding (DecodeOptions.names), None: off
     ngram: object = None  # engine.ngram.NgramTable of the corpus n-gram memory (DecodeOptions.ngram), None: off
+    local: object = None  # engine.ngram.LocalNgram of the fill's own texts (DecodeOptions.local_ngram), None: off
+    local_near: list | None = None  # the context's ids for `local` (attach_far adds the lookup's)
     stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
     reuse: tuple | None = None  # (engine.reuse.ReuseCache, session key): approximate context reuse (None: off)
@@ -400,6 +404,9 @@ class Canvas:
             if not whole:
                 raise ValueError("heal: no id re-types the whole tail")
             c.heal_whole = ids_t(whole)
+        if opts.local_ngram:  # the fill's own n-gram counts the context (cut as here) and the lookup
+            skip = set(ngram_skip(cfg))
+            c.local_near = [[-1 if t in skip else t for t in part] for part in (prefix, suffix)]
         if opts.copy_bigram or opts.copy_unigram or opts.copy_far:
             c.copy = copy_tables(prefix + suffix, (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id),
                                  max(1, opts.copy_order or 1))
@@ -450,10 +457,16 @@ class Canvas:
         return self.heal_whole if final and self.heal_slot == 0 else self.heal
 
     def attach_far(self, lookup: list[int] | None) -> None:
-        """Gives the copy boost its far side: the ids of FillJob.lookup (off unless copy_far)."""
-        if lookup and self.copy is not None and self.opts.copy_far:
-            self.copy_far = far_ids(lookup, (self.cfg.mask_token_id, self.cfg.pad_token_id, self.cfg.eos_token_id,
-                                             self.cfg.bos_token_id))
+        """Gives the copy boost its far side: the ids of FillJob.lookup (off unless copy_far), and
+        builds the fill's own n-gram from them and the context (off unless local_ngram). Called once
+        per fill, with or without a lookup."""
+        far = far_ids(lookup, ngram_skip(self.cfg)) if lookup else None
+        if far is not None and self.copy is not None and self.opts.copy_far:
+            self.copy_far = far
+        if self.opts.local_ngram and self.local_near is not None:
+            from engine.ngram import LocalNgram
+
+            self.local = LocalNgram([far] + self.local_near)
 
     def copy_bias(self, slot_idx: torch.Tensor, logits: torch.Tensor | None = None, restrict=None) -> torch.Tensor:
         """(M, V) context copy bias for these slots, from the tokens left of them right now. With
@@ -474,6 +487,13 @@ class Canvas:
         cfg, table = self.cfg, self.ngram
         left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order, cfg.mask_token_id)
         table.add_bias(logits, left, self.opts.ngram, ngram_skip(cfg))
+
+    def add_local(self, logits: torch.Tensor, slot_idx: torch.Tensor) -> None:
+        """Adds the fill's own n-gram (DecodeOptions.local_ngram) to these slots' (M, V) logits in
+        place, from the committed ids left of them."""
+        cfg, table = self.cfg, self.local
+        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order, cfg.mask_token_id)
+        table.add_bias(logits, left, self.opts.local_ngram, ngram_skip(cfg))
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
@@ -556,7 +576,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
     want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
     h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
-    if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None:  # full logit rows
+    if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None or c.local is not None:  # full rows
         logits = model.logits(h).float()  # (M, V)
         if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
             row = name_row(c, int(slot_idx[0]), final)
@@ -571,6 +591,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
         if c.ngram is not None:  # the corpus n-gram memory, from the committed left runs (not chained)
             c.add_ngram(logits, slot_idx)
+        if c.local is not None:  # the fill's own n-gram, the same way
+            c.add_local(logits, slot_idx)
         if o.temperature > 0:
             logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
@@ -749,6 +771,8 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
     c.attach_far(lookup)
+    c_prefix, c_suffix = c.ids[: c.start].tolist(), c.ids[c.start + c.n :].tolist()
+    lookup = (lookup or [])[-16384:]  # far_ids keeps as much
     c.stop_ids = tuple(stop_ids or ())
     ends = (cfg.pad_token_id, cfg.eos_token_id) + c.stop_ids
     assert c.middle is None, "DreamOn's growing middle has its own oracle (tests/test_families_decode.py)"
@@ -807,6 +831,25 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 hit = ngram.next_probs(tuple(run)) if run and not set(run) & set(ngram_skip(cfg)) else None
                 for t, p in zip(*hit) if hit is not None else ():  # the longest stored context's next ids
                     logits[s + j - shift, int(t)] += opts.ngram * float(p)
+        if opts.local_ngram:  # the fill's own n-gram: count the contexts in the lookup and the context, plainly
+            texts = [[-1 if t in ngram_skip(cfg) else t for t in x] for x in (lookup or [], c_prefix, c_suffix)]
+            for j in masked:
+                run, q = [], s + j - 1
+                while q >= 0 and len(run) < 6 and seq[q] != cfg.mask_token_id:
+                    run.insert(0, seq[q])
+                    q -= 1
+                if not run or set(run) & set(ngram_skip(cfg)):
+                    continue
+                for k in (6, 5, 4, 3):  # the longest context followed at least twice
+                    if k > len(run):
+                        continue
+                    nexts = [x[i + k] for x in texts for i in range(len(x) - k) if x[i + k] >= 0
+                             and tuple(x[i : i + k]) == tuple(run[-k:])]
+                    if len(nexts) >= 2:
+                        ranked = sorted(set(nexts), key=lambda t: (-nexts.count(t), t))[:2]
+                        for t in ranked:
+                            logits[s + j - shift, t] += opts.local_ngram * nexts.count(t) / len(nexts)
+                        break
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed
             j0 = masked[0]

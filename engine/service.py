@@ -340,8 +340,9 @@ class EngineService:
                                           heal_then=heal and heal.then)
             if opts.stop_newline and self.cfg.expand_token_id is None and self.cfg.family != "wedlm":
                 canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
-            if job.lookup and canvas.copy is not None and opts.copy_far:  # the copy boost's far side
-                canvas.attach_far(self.tok.encode_lines(job.lookup[-LOOKUP_CHARS:]))
+            if job.lookup and canvas.copy is not None and opts.copy_far or opts.local_ngram:
+                # the copy boost's far side; the fill's own n-gram (its lookup and its context)
+                canvas.attach_far(self.tok.encode_lines(job.lookup[-LOOKUP_CHARS:]) if job.lookup else None)
             if opts.ngram:  # the corpus n-gram memory
                 canvas.ngram = self.ngram
             if opts.names or opts.brackets:  # identifier-aware decoding (the names of the job's texts), the bracket rule

@@ -230,3 +230,70 @@ def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
         off = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=dataclasses.replace(on, ngram=0.0)))
         changed += got.token_ids != off.token_ids
     assert changed
+
+
+# ---------------------------------------------------------------- the fill's own n-gram (LocalNgram)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_local_ngram_equals_the_corpus_rule_counted_plainly(seed):
+    """LocalNgram.next_probs is the corpus table's rule (min count, top next ids, the longest
+    context first) over the job's texts, no context crossing a part or a -1."""
+    rng = np.random.default_rng(seed)
+    parts = [rng.integers(-1, 4, size=int(rng.integers(0, 80))).tolist() for _ in range(4)]
+    local = ngram.LocalNgram(parts, orders=(2, 3, 4), min_count=2, top=2)
+    stream = [t for p in parts for t in p + [-1]]
+    plain = {k: brute(stream, [0] * len(stream), k, 2, 2, 1) for k in (2, 3, 4)}
+    checked = 0
+    for _ in range(300):
+        run = tuple(rng.integers(0, 4, size=int(rng.integers(1, 6))).tolist())
+        want = next((plain[k][run[-k:]] for k in (4, 3, 2) if k <= len(run) and run[-k:] in plain[k]), None)
+        got = local.next_probs(run)
+        if want is None:
+            assert got is None, run
+            continue
+        checked += 1
+        assert got[0].tolist() == [t for t, _ in want], run
+        assert np.allclose(got[1], [p for _, p in want])
+    assert checked > 20
+    assert ngram.LocalNgram([]).next_probs((1, 2, 3)) is None and len(ngram.LocalNgram([[], None])) == 0
+
+
+@pytest.mark.parametrize("extra", [dict(cache=False, window=0), dict(cache=True, refresh_every=1, window=3, copy_bigram=1.0, copy_order=2),
+                                   dict(cache=True, refresh_every=1, window=16, heal=True, ngram=4.0)])
+def test_service_fills_with_the_local_ngram_equal_the_oracle_and_it_changes_fills(served, extra):
+    base = DecodeOptions(threshold=0.5, heal=False, local_ngram=0.0,
+                         **{"ngram": 0.0, **{k: v for k, v in extra.items() if k != "heal"}})
+    base = dataclasses.replace(base, heal=extra.get("heal", False))
+    lookup = "def add(a, b):\n    return a + b\n" * 3 + "import os\nimport sys\nimport os.path\n" * 2
+    changed = 0
+    for prefix, suffix in CASES:
+        on = dataclasses.replace(base, local_ngram=8.0)
+        for look in (lookup, ""):
+            got = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on, lookup=look))
+            p_ids, s_ids = served.tok.encode_batch([prefix, suffix])
+            heal = served.tok.heal(p_ids) if on.heal else None
+            if heal:
+                p_ids = p_ids[: -heal.k]
+            want = sampler.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
+                                          heal=heal and heal.first, heal_then=heal and heal.then,
+                                          lookup=served.tok.encode(look) if look else None)
+            assert got.token_ids == want, (prefix, look)
+            off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base, lookup=look))
+            changed += got.token_ids != off.token_ids
+    assert changed  # the counts reached the slots
+
+
+def test_the_local_ngram_is_a_per_kind_model_setting(tmp_path):
+    (tmp_path / "serving.json").write_text('{"decode": {"local_ngram": 4, "local_ngram_kinds": {"block": 0}}}')
+    tuned = serving_defaults(tmp_path)["decode"]
+    assert tuned == {"local_ngram": 4.0, "local_ngram_kinds": {"block": 0.0}}
+    assert with_model_defaults(DecodeOptions(), tuned, "line").local_ngram == 4.0
+    assert with_model_defaults(DecodeOptions(), tuned, "block").local_ngram == 0.0
+    assert with_model_defaults(DecodeOptions(local_ngram=2.0), tuned, "block").local_ngram == 2.0
+    assert with_model_defaults(DecodeOptions(), {}).local_ngram == 0.0
+    for bad in ('{"decode": {"local_ngram": -1}}', '{"decode": {"local_ngram_kinds": {"line": 99}}}'):
+        (tmp_path / "serving.json").write_text(bad)
+        assert serving_defaults(tmp_path) == {}
+    with pytest.raises(ValueError, match="local_ngram"):
+        sampler.check_options(DecodeOptions(local_ngram=-1.0))
