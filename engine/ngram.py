@@ -138,19 +138,11 @@ class LocalNgram:
         self.orders = tuple(sorted(orders, reverse=True))  # longest first
         self.max_order, self.min_count, self.top = self.orders[0], min_count, top
         self.hashes: dict[int, np.ndarray] = {}  # k -> (n - k,) hash of a[p - k : p] at next position p; 0: none
-        a, n, mult = self.a, self.a.size, np.uint64(MULT)
-        au = a.astype(np.uint64)
         for k in self.orders:
-            if n <= k:
-                continue
-            ok = a[k:] >= 0
-            h = np.zeros(n - k, dtype=np.uint64)
-            with np.errstate(over="ignore"):
-                for j in range(k, 0, -1):  # oldest id first, as context_hash
-                    ok &= a[k - j : n - j] >= 0
-                    h = (h + au[k - j : n - j] + np.uint64(1)) * mult
-            h[~ok] = 0
-            self.hashes[k] = h
+            if self.a.size > k:
+                h, ok = context_hashes(self.a, k)
+                h[~ok] = 0
+                self.hashes[k] = h
 
     def __len__(self) -> int:
         return int(self.a.size)
@@ -211,10 +203,9 @@ def load_table(folder) -> NgramTable | None:
 # ---------------------------------------------------------------- building
 
 
-def pair_counts(a: np.ndarray, pk: np.ndarray, k: int):
-    """Every (context of exactly k ids, next id) pair in `a` (-1 between files; no context crosses
-    one), sorted by (context hash, next id): (hashes, next ids, counts, packages each pair is seen in;
-    `pk`: each position's package)."""
+def context_hashes(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each next position p = k .. len(a) - 1: context_hash(a[p - k : p]) and whether that context
+    and a[p] are all ids (no -1), as two (len(a) - k,) arrays."""
     n, au, mult = a.size, a.astype(np.uint64), np.uint64(MULT)
     ok = a[k:] >= 0
     h = np.zeros(n - k, dtype=np.uint64)
@@ -222,6 +213,14 @@ def pair_counts(a: np.ndarray, pk: np.ndarray, k: int):
         for j in range(k, 0, -1):  # oldest id first, as context_hash
             ok &= a[k - j : n - j] >= 0
             h = (h + au[k - j : n - j] + np.uint64(1)) * mult
+    return h, ok
+
+
+def pair_counts(a: np.ndarray, pk: np.ndarray, k: int):
+    """Every (context of exactly k ids, next id) pair in `a` (-1 between files; no context crosses
+    one), sorted by (context hash, next id): (hashes, next ids, counts, packages each pair is seen in;
+    `pk`: each position's package)."""
+    h, ok = context_hashes(a, k)
     h, nx, pg = h[ok], a[k:][ok], pk[k:][ok]
     order = np.lexsort((pg, nx, h))
     h, nx, pg = h[order], nx[order], pg[order]
