@@ -230,6 +230,12 @@ def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
         off = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=dataclasses.replace(on, ngram=0.0)))
         changed += got.token_ids != off.token_ids
     assert changed
+    lookup = "def add(a, b):\n    return a + b\n" * 3
+    for prefix, suffix in CASES:  # the fill's own n-gram, the same way
+        own = DecodeOptions(threshold=0.5, heal=False, ngram=0.0, local_ngram=8.0)
+        got = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=own, lookup=lookup))
+        p_ids, s_ids = svc.tok.encode_batch([prefix, suffix])
+        assert got.token_ids == sampler.reference_fill(svc.model, p_ids, s_ids, 6, own, lookup=svc.tok.encode(lookup))
 
 
 # ---------------------------------------------------------------- the fill's own n-gram (LocalNgram)
