@@ -195,6 +195,18 @@ def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
     return fn
 
 
+def workspace_memories(files: dict[str, str], service) -> None:
+    """For --retrieve package: each package's evaluated files given to `service` as a workspace
+    memory named after the package (DecodeOptions.workspace_ngram; DiffusionFiller names it and the
+    hole's file in each job, whose own counts the engine leaves out, as the server's jobs name the
+    filled document)."""
+    by_pkg: dict[str, dict[str, str]] = {}
+    for key in sorted(files):  # counted before any fill is timed, as the server's walk is
+        by_pkg.setdefault(key.split("/", 1)[0], {})[key] = files[key]
+    for pkg, texts in by_pkg.items():
+        service.workspace_files(pkg, texts)
+
+
 def _postprocessor():
     """Returns (name, fn(doc, request, raw) -> (shown text, replace_len)): the server's
     post-processing (dlm_lsp.postprocess.finish with its syntax check) when it is importable, else
@@ -242,6 +254,7 @@ class Filler:
     min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
     snippets = None  # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
+    workspace = False  # --retrieve package: jobs name their package's workspace memory (workspace_memories)
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
     calibrator = None  # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
 
@@ -299,7 +312,10 @@ class DiffusionFiller(Filler):
         from dlm_lsp.context import to_fill_job
 
         deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
-        fill = self.service.run_now(to_fill_job(req, deadline, options=dataclasses.replace(self.options)))
+        job = to_fill_job(req, deadline, options=dataclasses.replace(self.options))
+        if Filler.workspace:
+            job.workspace, job.document = hole.key.split("/", 1)[0], hole.key
+        fill = self.service.run_now(job)
         self.last_confidence = fill.confidence
         return fill.text, fill.steps, fill.tokens
 
@@ -718,6 +734,8 @@ def run_eval(args: argparse.Namespace) -> int:
         dlm.min_confidence = (args.min_confidence if args.min_confidence is not None
                               else default_gate if default_gate is not None
                               else dlm.service.serving.get("min_confidence", 0.0))
+        Filler.neighbours = Filler.snippets = None  # nothing from an earlier run in this process
+        Filler.workspace = False
         if getattr(args, "neighbours", 0):  # cross-file context: siblings as the other open documents
             from dlm_lsp.context import neighbour_text
 
@@ -726,6 +744,9 @@ def run_eval(args: argparse.Namespace) -> int:
             Filler.neighbours = {k: neighbour_text([texts[o] for o in sib.get(k, [])]) for k in texts}
         if getattr(args, "retrieve", None):
             Filler.snippets = retrieval_fn(dict(files), args.retrieve, args.neighbours)
+        if getattr(args, "retrieve", None) == "package":  # the workspace's n-gram: the package is the workspace
+            workspace_memories(dict(files), dlm.service)
+            Filler.workspace = True
         plain: list[Sample] = []
         results = {"diffusion": evaluate(dlm, holes, "diffusion", samples_out, keep=plain)}
         typed = None
@@ -757,6 +778,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "limit_files": args.limit_files,
         "neighbours": getattr(args, "neighbours", 0),
         "retrieve": getattr(args, "retrieve", None),
+        "workspace_ngram_memory": Filler.workspace,  # the package counted for DecodeOptions.workspace_ngram
         "seed": args.seed,
         "per_kind": args.per_kind,
         "counts": {k: len(v) for k, v in holes.items()},

@@ -74,12 +74,18 @@ def load_engine(model: str | None = None, device: str = "auto"):
 
 
 def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_fill_tokens: int = 64,
-                  filters: bool = True, min_confidence: float | None = None, neighbours: str = "") -> HeadlessFill:
+                  filters: bool = True, min_confidence: float | None = None, neighbours: str = "",
+                  workspace: str | None = None) -> HeadlessFill:
     """Runs the server's context -> engine -> postprocess path for one cursor (`neighbours`: the
-    cross-file far text, context.build_request's)."""
+    cross-file far text, context.build_request's; `workspace`: the engine's workspace memory the
+    job names, the document left out, as the server's jobs do)."""
     arrival = time.monotonic()
     req = context.build_request(doc, offset, max_fill_tokens, neighbours=neighbours)
     job = context.to_fill_job(req, arrival + budget_ms / 1000.0)
+    if workspace is not None:
+        from dlm_lsp.documents import uri_key
+
+        job.workspace, job.document = workspace, uri_key(doc.uri)
     fill = engine.run_now(job)
     check = postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
     gate = InitializationOptions().min_confidence if min_confidence is None else min_confidence
@@ -96,13 +102,19 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
                         fin.dropped, fill.deadline_hit, fill.confidence)
 
 
-def workspace_snippets(folder: str, doc: Document, offset: int) -> str:
+WORKSPACE_SPACE = "workspace"  # the name of the workspace memory complete() gives the engine
+
+
+def workspace_snippets(folder: str, doc: Document, offset: int, engine=None) -> str:
     """The cross-file far text the server would give this cursor with `folder` as its workspace
-    (dlm_lsp.workspace, walked once here)."""
+    (dlm_lsp.workspace, walked once here); with an `engine` that keeps a workspace memory
+    (workspace_files), its files go there too, as the server's walk sends them."""
     from dlm_lsp.retrieval import SNIPPET_CHARS
     from dlm_lsp.workspace import WorkspaceIndex
 
     ws = WorkspaceIndex([Path(folder).resolve()], serves=lambda lang: lang == doc.language_id, yield_s=0)
+    if engine is not None and hasattr(engine, "workspace_files"):
+        ws.on_files = lambda changes: engine.workspace_files(WORKSPACE_SPACE, changes)
     ws.scan()
     return ws.cross_file(doc.uri, doc.text, offset, doc.language_id, [], SNIPPET_CHARS) or ""
 
@@ -118,10 +130,11 @@ def complete(path: str, line: int, col: int, model: str | None = None, as_json: 
     idx = doc.index()
     row = max(0, min(line - 1, len(idx.starts) - 1))
     offset = idx.starts[row] + min(max(0, col - 1), len(idx.line_text(row)))
-    near = workspace_snippets(workspace, doc, offset) if workspace else ""
     engine = engine or load_engine(model, device)
+    near = workspace_snippets(workspace, doc, offset, engine) if workspace else ""
     budget = budget_ms if budget_ms is not None else InitializationOptions().budget_ms
-    res = fill_document(engine, doc, offset, budget, filters=filters, neighbours=near)
+    res = fill_document(engine, doc, offset, budget, filters=filters, neighbours=near,
+                        workspace=WORKSPACE_SPACE if workspace and hasattr(engine, "workspace_files") else None)
     if as_json:
         return json.dumps(res.as_json())
     return res.text

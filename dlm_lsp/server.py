@@ -30,13 +30,15 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from dlm_lsp import calibrate, context, postprocess
-from dlm_lsp.documents import DocumentStore, require_sync_types
+from dlm_lsp.documents import DocumentStore, require_sync_types, uri_key
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.positions import UTF16, units_len
 from dlm_lsp.protocol import DlmProtocol, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
 from dlm_lsp.retrieval import SNIPPET_CHARS
 from dlm_lsp.workspace import WorkspaceIndex, root_paths
+
+WORKSPACE_SPACE = "workspace"  # the name of this window's workspace memory in its engine (FillJob.workspace)
 
 log = logging.getLogger("dlm.server")
 
@@ -127,6 +129,7 @@ class DlmServer(LanguageServer):
                 self.workspace_index = None
         elif self.workspace_index is None:
             self.workspace_index = WorkspaceIndex(self.workspace_roots, lambda lang: self.options.serves(lang))
+            self.workspace_index.on_files = self._workspace_sink()
             self.workspace_index.start()
         else:
             self.workspace_index.set_roots(self.workspace_roots)
@@ -145,6 +148,18 @@ class DlmServer(LanguageServer):
         self.workspace_roots = root_paths(None, [types.WorkspaceFolder(uri=u, name="") for u in folders])
         if self.loop is not None:
             self.start_workspace()
+
+    def _workspace_sink(self):
+        """fn(changes) giving the workspace's files to the current engine's workspace memory
+        (EngineService / RemoteEngine .workspace_files, DecodeOptions.workspace_ngram), or None
+        when the engine keeps none (an HTTP endpoint). Runs on the index's thread."""
+        engine = self.engine
+        if engine is None or not hasattr(engine, "workspace_files"):
+            return None
+
+        def feed(changes: dict, engine=engine) -> None:
+            engine.workspace_files(WORKSPACE_SPACE, changes)  # in-process: counted here; shared: sent
+        return feed
 
     def start_engine(self) -> None:
         """(Re)starts the engine with the current model/device options; loading runs off the loop."""
@@ -167,6 +182,8 @@ class DlmServer(LanguageServer):
                 extra["engine"] = self.options.engine
             self.engine = self.engine_factory(self.options.model, self.options.device, on_state, **extra)
             self.engine.start()
+            if self.workspace_index is not None:  # a new engine has no workspace memory: the next walk sends it all
+                self.workspace_index.set_sink(self._workspace_sink())
         except Exception as e:  # noqa: BLE001 - a bad engine setup must not take the server down
             log.exception("engine failed to start")
             self._engine_state_changed(gen, "error", {"message": f"engine failed to start: {e}"})
@@ -307,6 +324,8 @@ class DlmServer(LanguageServer):
             req = context.build_request(doc, offset, self.options.max_fill_tokens, neighbours=near)
             job = context.to_fill_job(req, ticket.deadline)
             job.session = key  # the engine reuses this document's last context K/V where that is exact
+            if self.workspace_index is not None and self.workspace_index.on_files is not None:
+                job.workspace, job.document = WORKSPACE_SPACE, uri_key(uri)  # its memory, less this file
             tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place
             context_ms = (time.perf_counter() - t0) * 1000
             fill = await self.scheduler.run(ticket, job)

@@ -35,6 +35,9 @@ MAX_FILES = 5000  # files indexed over all folders
 MAX_FILE_BYTES = 200_000  # bigger files are generated or data, as the corpus filter has it
 MAX_TOTAL_BYTES = 64_000_000  # text indexed over all files (a walk stops taking files past it)
 MAX_ENTRIES = 200_000  # directory entries a walk looks at (a home folder opened as a workspace)
+# text given to the engine's workspace memory (on_files: the workspace's n-gram), about the memory's
+# 1.5 M-token cap (engine.ngram.WORKSPACE_MAX_TOKENS): files past it, in walk order, are not sent
+MEMORY_CHARS = 6_000_000
 RESCAN_S = 60.0
 YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages", "venv", "env", "build",
@@ -76,6 +79,10 @@ class WorkspaceIndex:
         self._wake = threading.Event()  # set_roots: walk now, not at the next RESCAN_S
         self._thread: threading.Thread | None = None
         self.scans = 0
+        # the engine's workspace memory (set_sink): fn({source: text, or None when it left}) after a
+        # walk that changed files, on this thread; what was sent, by size
+        self.on_files = None
+        self._sent: dict[str, int] = {}
 
     def start(self) -> None:
         if self._thread is None and self.roots:
@@ -96,6 +103,16 @@ class WorkspaceIndex:
         self.roots = roots  # one assignment: a walk under way sees the old list or the new one
         self._wake.set()
         self.start()
+
+    def set_sink(self, on_files) -> None:
+        """Feeds the engine's workspace memory (DecodeOptions.workspace_ngram): the next walk reads
+        every file again for `on_files` (a new engine has none; up to MEMORY_CHARS), then each walk
+        gives it the files it changed. Open documents are not sent (the filled one never counts).
+        None stops it."""
+        with self._lock:
+            self.on_files = on_files
+            self._sent = {}
+        self._wake.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -132,6 +149,8 @@ class WorkspaceIndex:
         read = 0
         total = 0
         present: set[str] = set()
+        sink, changed = self.on_files, {}
+        sent_chars = sum(self._sent.values())
         for path, lang in self.files():
             if self._stop.is_set():
                 return read
@@ -146,7 +165,9 @@ class WorkspaceIndex:
                 break
             source = uri_key(path.as_uri())
             present.add(source)
-            if self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns) or source in self._open:
+            unchanged = self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns)
+            unsent = sink is not None and source not in self._sent and sent_chars + st.st_size <= MEMORY_CHARS
+            if source in self._open or (unchanged and not unsent):
                 continue
             try:
                 data = path.read_bytes()[: self.max_file_bytes]
@@ -158,8 +179,13 @@ class WorkspaceIndex:
             with self._lock:
                 if source in self._open:  # opened while it was read: the editor's text wins
                     continue
-                self._index(lang).add(source, text)
-                self._mark(source, (lang, st.st_size, st.st_mtime_ns))
+                if not unchanged:
+                    self._index(lang).add(source, text)
+                    self._mark(source, (lang, st.st_size, st.st_mtime_ns))
+            if sink is not None and (source in self._sent or sent_chars + len(text) <= MEMORY_CHARS):
+                sent_chars += len(text) - self._sent.get(source, 0)
+                self._sent[source] = len(text)
+                changed[source] = text
             read += 1
             if self.yield_s:
                 time.sleep(self.yield_s)
@@ -168,6 +194,17 @@ class WorkspaceIndex:
                 lang = self._seen[source][0]
                 self._mark(source, None)
                 self._index(lang).remove(source)
+            for source in [s for s in self._sent if s not in present]:
+                del self._sent[source]
+                changed[source] = None
+        if sink is not None and changed and sink is self.on_files:
+            try:
+                sink(changed)
+            except Exception:  # a quality lever: the walk and the snippets go on without it; the next walk sends them again
+                log.exception("the engine's workspace memory was not updated")
+                with self._lock:
+                    for source in changed:
+                        self._sent.pop(source, None)
         self.scans += 1
         return read
 

@@ -79,6 +79,11 @@ class DecodeOptions:
     # frequent next tokens. 0: off; None: the model's setting for the job's hole kind (serving.json
     # "decode": "local_ngram", and "local_ngram_kinds" per FillJob.kind), else off.
     local_ngram: float | None = None
+    # the workspace's n-gram (engine/ngram.py, WorkspaceNgram): the same rule over every file of the
+    # workspace less the filled one (FillJob.workspace), used where the fill's own n-gram has no
+    # context. 0: off; None: the model's setting for the job's hole kind (serving.json "decode":
+    # "workspace_ngram", "workspace_ngram_kinds"), else off. No effect on a job without a workspace.
+    workspace_ngram: float | None = None
     # the bracket rule (engine/names.py, NameBias.bracket_row): at the leftmost masked slot, with a
     # bracket open on the cursor's line, a token closing another kind loses `brackets` nats, and so
     # do the ends (padding, end of text, the line-break stop) while a bracket the fill opened is
@@ -137,6 +142,11 @@ class FillJob:
     # the hole's kind (dlm_lsp.context: "line", "args", "middle", "block"), None for a bare job: picks
     # the model's per-kind decoding (serving.json "decode" "ngram_kinds")
     kind: str | None = None
+    # the workspace memory this fill reads (DecodeOptions.workspace_ngram): the name its files were
+    # given to the engine under (EngineService.workspace_files), and the filled document's key there,
+    # whose own counts are left out; None: none
+    workspace: str | None = None
+    document: str | None = None
     job_id: int = field(default_factory=lambda: next(_ids))
     submitted_at: float = field(default_factory=time.monotonic)
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -183,8 +193,8 @@ class Fill:
 
 
 MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below",
-                     "ngram", "local_ngram")  # DecodeOptions a model's serving.json may set
-KIND_DECODE_KEYS = ("ngram", "local_ngram")  # ... and per hole kind, as "<key>_kinds": {kind: value}
+                     "ngram", "local_ngram", "workspace_ngram")  # DecodeOptions a model's serving.json may set
+KIND_DECODE_KEYS = ("ngram", "local_ngram", "workspace_ngram")  # ... and per hole kind, as "<key>_kinds": {kind: value}
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None = None) -> DecodeOptions:
@@ -194,7 +204,8 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None =
     import dataclasses
 
     off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0,
-           "stop_below": 0.0, "ngram": 0.0, "local_ngram": 0.0}
+           "stop_below": 0.0, "ngram": 0.0, "local_ngram": 0.0,
+           "workspace_ngram": 0.0}
     model_decode = dict(model_decode)
     for key in KIND_DECODE_KEYS:
         if kind is not None and kind in model_decode.get(f"{key}_kinds", {}):

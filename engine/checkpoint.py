@@ -61,7 +61,7 @@ def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
     [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
     {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS, and "ngram_kinds" /
-    "local_ngram_kinds": those weights per hole kind) and {"calibrator": {...}} (the
+    "local_ngram_kinds" / "workspace_ngram_kinds": those weights per hole kind) and {"calibrator": {...}} (the
     gate's acceptance model, dlm_lsp.calibrate). Missing, unreadable or
     out-of-range values are left out (the server's own defaults), never an error."""
     path = Path(folder) / SERVING_FILE
@@ -83,7 +83,7 @@ def serving_defaults(folder: Path) -> dict:
           or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
           or (k == "copy_chain" and isinstance(v, bool))
           or (k == "stop_below" and _number(v) and 0 <= v < 1)}
-    for key in ("ngram", "local_ngram"):  # the corpus n-gram memory and the fill's own (engine/ngram.py)
+    for key in ("ngram", "local_ngram", "workspace_ngram"):  # the corpus n-gram memory, the fill's own, the workspace's
         if _number(dec.get(key)) and 0 <= dec[key] <= 50:
             ok[key] = float(dec[key])
         kinds = dec.get(f"{key}_kinds") if isinstance(dec.get(f"{key}_kinds"), dict) else {}

@@ -66,6 +66,8 @@ class _Client:
         self.lock = threading.Lock()
         self.closed = False
         self.channel: wire.Channel | None = None
+        self.spaces: set[str] = set()  # workspace memories this connection named (dropped when it ends)
+        self.space_lock = threading.Lock()  # one workspace update of a connection at a time, in order
 
 
 class EngineDaemon:
@@ -262,6 +264,10 @@ class EngineDaemon:
             jobs = list(c.jobs.values())
         for job in jobs:
             job.cancel()
+        with c.lock:
+            spaces, c.spaces = c.spaces, set()
+        for space in spaces:  # its workspace memories
+            self.service.workspace_drop(space)
         with self._lock:
             self._clients.discard(c)
             self.counters["disconnect_cancels"] += len(jobs)
@@ -285,6 +291,8 @@ class EngineDaemon:
                 job = c.jobs.get(m.get("id"))
             if job is not None:
                 job.cancel()
+        elif op == "workspace":
+            self._workspace(c, m)
         elif op == "status":
             c.channel.send(self.status())
         elif op == "stop":
@@ -294,6 +302,40 @@ class EngineDaemon:
             with self._lock:
                 self.counters["bad_messages"] += 1
             c.channel.send({"op": "error", "id": m.get("id"), "message": f"unknown op {op!r}"})
+
+    @staticmethod
+    def _space(c: _Client, name: str) -> str:
+        """A connection's workspace memory name in the service: its own, never another window's."""
+        return f"{c.pid}:{id(c)}:{name}"
+
+    def _workspace(self, c: _Client, m: dict) -> None:
+        """workspace {id, space, files: {key: text or null}}: the files go into the connection's
+        memory `space` (EngineService.workspace_files) on a thread of their own (tokenizing and
+        counting take seconds; the connection's jobs and cancels go on meanwhile), in the order
+        sent; answered workspace {id, result} or error {id, message}."""
+        jid, space, files = m.get("id"), m.get("space"), m.get("files")
+        if not isinstance(space, str) or not space or not isinstance(files, dict) \
+                or any(not isinstance(k, str) or not (v is None or isinstance(v, str)) for k, v in files.items()):
+            c.channel.send({"op": "error", "id": jid, "message": "bad workspace message: space and {key: text or null} files"})
+            return
+        full = self._space(c, space)
+        with c.lock:
+            c.spaces.add(full)
+
+        def run() -> None:
+            with c.space_lock:
+                if c.closed:
+                    return
+                try:
+                    result = self.service.workspace_files(full, files)
+                except Exception as e:  # noqa: BLE001 - the window hears why; the daemon goes on
+                    c.channel.send({"op": "error", "id": jid, "message": str(e) or type(e).__name__})
+                    return
+                if c.closed:  # the window left while its files were counted
+                    self.service.workspace_drop(full)
+            c.channel.send({"op": "workspace", "id": jid, "result": result})
+
+        threading.Thread(target=run, name="dlm-daemon-workspace", daemon=True).start()
 
     def _submit(self, c: _Client, m: dict) -> None:
         jid = m.get("id")
@@ -306,6 +348,8 @@ class EngineDaemon:
         except (ValueError, TypeError) as e:
             c.channel.send({"op": "error", "id": jid, "message": f"bad job: {e}"})
             return
+        if job.workspace is not None:  # the connection's own memory of that name
+            job.workspace = self._space(c, job.workspace)
         with c.lock:
             c.jobs[jid] = job
             c.submitted += 1

@@ -99,18 +99,22 @@ class NgramTable:
 
 def add_bias(table, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
     """NgramTable.add_bias for any table with `next_probs(run)` (NgramTable, LocalNgram)."""
-    skip, vocab = set(skip), logits.shape[-1]
+    skip = set(skip)
     for r, run in enumerate(runs):
         if not run or not skip.isdisjoint(run):
             continue
         hit = table.next_probs(run)
-        if hit is None:
-            continue
-        ids, p = hit
-        ok = ids < vocab
-        if ok.any():
-            logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(logits.device, logits.dtype)
+        if hit is not None:
+            add_hit(logits, r, hit, weight)
     return logits
+
+
+def add_hit(logits: torch.Tensor, r: int, hit: tuple[np.ndarray, np.ndarray], weight: float) -> None:
+    """Row r of `logits` (M, V) gains weight x P on each of next_probs' (ids, P) `hit`, in place."""
+    ids, p = hit
+    ok = ids < logits.shape[-1]
+    if ok.any():
+        logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(logits.device, logits.dtype)
 
 
 LOCAL_ORDERS = (3, 4, 5, 6)
@@ -166,6 +170,143 @@ class LocalNgram:
 
     def add_bias(self, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
         return add_bias(self, logits, runs, weight, skip)
+
+
+WORKSPACE_MAX_TOKENS = 1_500_000  # a workspace memory holds at most this many ids (put() refuses more)
+
+
+class WorkspaceNgram:
+    """The workspace's n-gram (DecodeOptions.workspace_ngram): the fill's own n-gram's rule over every
+    file of the workspace, not only the ~12k characters of retrieved snippets in the lookup.
+
+    put(key, ids) / remove(key) change the files (their ids are kept, int32: 4 bytes a token);
+    refresh() counts every (context, next id) pair of LOCAL_ORDERS over them (pair_counts) into a new
+    snapshot, swapped in whole (about 1 s per million tokens: the writer's thread calls it, never a
+    fill); view(exclude) gives a fill the snapshot less one file's pairs, counted from the ids the
+    snapshot holds for it: the filled document never counts (in an editor the line being typed is
+    not on disk yet; in the eval the hole's own file holds its answer). Memory: the ids plus about
+    64 bytes a token for the counts.
+
+    Used only where the fill's own n-gram has no context (Canvas.add_local): on the held-out line
+    holes it is a fallback, not a second vote (docs/MODEL.md, "Session 22")."""
+
+    def __init__(self, orders: tuple[int, ...] = LOCAL_ORDERS, min_count: int = LOCAL_MIN_COUNT,
+                 top: int = LOCAL_TOP, max_tokens: int = WORKSPACE_MAX_TOKENS):
+        import threading
+
+        self.orders = tuple(sorted(orders, reverse=True))
+        self.max_order, self.min_count, self.top, self.max_tokens = self.orders[0], min_count, top, max_tokens
+        self._files: dict[str, np.ndarray] = {}  # key -> its ids (int32)
+        self._lock = threading.Lock()
+        self._snap: tuple[dict, dict] | None = None  # ({k: (hash, next, count)}, {key: ids}) as counted
+        self._own: dict = {}  # key -> its pairs in the snapshot (view's cache), emptied with the snapshot
+        self.tokens = 0
+        self.stale = False  # files changed since the snapshot
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._files
+
+    def put(self, key: str, ids) -> bool:
+        """File `key` now holds `ids` (counted at the next refresh); False (nothing changed) when the
+        memory would exceed max_tokens."""
+        a = np.asarray(ids, dtype=np.int32)
+        with self._lock:
+            old = self._files.get(key)
+            old_n = 0 if old is None else old.size
+            if self.tokens - old_n + a.size > self.max_tokens:
+                return False
+            if old is not None and np.array_equal(old, a):
+                return True
+            self._files[key] = a
+            self.tokens += int(a.size) - old_n
+            self.stale = True
+        return True
+
+    def remove(self, key: str) -> None:
+        with self._lock:
+            got = self._files.pop(key, None)
+            if got is not None:
+                self.tokens -= got.size
+                self.stale = True
+
+    def refresh(self) -> None:
+        """Counts the files as they are now into the snapshot views read (outside the lock: fills go
+        on reading the old one meanwhile)."""
+        with self._lock:
+            files, self.stale = dict(self._files), False
+        merged = {}
+        if files:
+            a = np.concatenate([np.r_[ids.astype(np.int64), -1] for ids in files.values()])
+            zeros = np.zeros(a.size, dtype=np.int64)
+            for k in self.orders:
+                if a.size > k:
+                    h, nx, n, _ = pair_counts(a, zeros, k)
+                    merged[k] = (h, nx.astype(np.int32), n.astype(np.int32))
+        with self._lock:
+            self._snap, self._own = ((merged, files) if files else None), {}
+
+    def view(self, exclude: str | None = None) -> "WorkspaceView | None":
+        """The table a fill reads: the last snapshot less `exclude`'s pairs (None before the first
+        refresh or when it held no file)."""
+        with self._lock:
+            snap, own_cache = self._snap, self._own
+        if snap is None:
+            return None
+        merged, files = snap
+        own = {}
+        if exclude is not None and exclude in files:
+            own = own_cache.get(exclude)
+            if own is None:  # each order's (context hash, next id) of the file, sorted by hash
+                a = np.r_[files[exclude].astype(np.int64), -1]
+                own = {}
+                for k in self.orders:
+                    if a.size > k:
+                        h, ok = context_hashes(a, k)
+                        at = np.flatnonzero(ok)
+                        o = np.argsort(h[at], kind="stable")
+                        own[k] = (h[at][o], a[k:][at][o])
+                with self._lock:
+                    if self._own is own_cache:
+                        own_cache[exclude] = own
+        return WorkspaceView(merged, own, self.orders, self.min_count, self.top)
+
+
+class WorkspaceView:
+    """One fill's workspace table: `merged` ({k: (hash, next, count)}, sorted) less `own` ({k: (hash,
+    next)} of the excluded file's positions, sorted by hash)."""
+
+    def __init__(self, merged: dict, own: dict, orders: tuple[int, ...], min_count: int, top: int):
+        self.merged, self.own, self.orders = merged, own, orders
+        self.max_order, self.min_count, self.top = orders[0], min_count, top
+
+    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        """(next ids, P(next | context)) for the longest context ending `run` that the workspace,
+        less the excluded file, follows at least min_count times; None when there is none."""
+        for k in self.orders:
+            if k > len(run) or k not in self.merged:
+                continue
+            key = np.uint64(context_hash(run[-k:]))
+            h, nx, n = self.merged[k]
+            lo, hi = int(np.searchsorted(h, key, "left")), int(np.searchsorted(h, key, "right"))
+            if hi <= lo:
+                continue
+            ids, cnt = nx[lo:hi], n[lo:hi].copy()
+            if k in self.own:  # the excluded file's pairs are a subset of the merged ones
+                oh, onx = self.own[k]
+                a, b = int(np.searchsorted(oh, key, "left")), int(np.searchsorted(oh, key, "right"))
+                if b > a:
+                    for t, c in zip(*np.unique(onx[a:b], return_counts=True)):
+                        cnt[ids == t] -= c
+            tot = int(cnt.sum())
+            if tot < self.min_count:
+                continue
+            pick = np.lexsort((ids, -cnt))[: self.top]  # most frequent first, ties by the smaller id
+            pick = pick[cnt[pick] > 0]
+            return ids[pick].astype(np.int64), (cnt[pick] / tot).astype(np.float32)
+        return None
 
 
 def load_table(folder) -> NgramTable | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import itertools
 import subprocess
 import sys
 import threading
@@ -64,6 +65,23 @@ def _log_tail(path, n: int = 1500) -> str:
         return ""
 
 
+WORKSPACE_PART_CHARS = 4 * 1024 * 1024  # a workspace message's texts (frames stop at wire.MAX_FRAME)
+
+
+def _chunks(files: dict) -> list[dict]:
+    """`files` split into parts of at most WORKSPACE_PART_CHARS characters of text (at least one part)."""
+    parts, part, size = [], {}, 0
+    for k, t in files.items():
+        n = len(t or "") + len(k)
+        if part and size + n > WORKSPACE_PART_CHARS:
+            parts.append(part)
+            part, size = {}, 0
+        part[k] = t
+        size += n
+    parts.append(part)
+    return parts
+
+
 class RemoteEngine:
     """A connection to the shared engine of (model, device); thread-safe submit()."""
 
@@ -78,6 +96,10 @@ class RemoteEngine:
         self.started_daemons = 0  # daemons this client spawned
         self._jobs: dict[int, list] = {}  # wire id -> [job, future, sent]
         self._status_waiters: list[Future] = []
+        # workspace memories (FillJob.workspace): what was sent per space, sent again to a new daemon
+        self._spaces: dict[str, dict[str, str]] = {}
+        self._space_waiters: dict[int, Future] = {}  # wire id (negative: never a job's) -> its future
+        self._space_ids = itertools.count(-1, -1)
         self._chan: wire.Channel | None = None
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -252,6 +274,9 @@ class RemoteEngine:
             self._chan = chan
             self.daemon_pid = hello.get("pid")
             self.connections += 1
+            for space, files in self._spaces.items():  # a new daemon learns the workspaces first
+                for part in _chunks(files):
+                    chan.send({"op": "workspace", "id": next(self._space_ids), "space": space, "files": part})
             for jid, entry in self._jobs.items():
                 if not entry[2]:
                     chan.send({"op": "submit", "id": jid, "job": wire.job_message(entry[0])})
@@ -268,11 +293,14 @@ class RemoteEngine:
             self._chan = None
             sent = [jid for jid, e in self._jobs.items() if e[2]]
             lost = [self._jobs.pop(jid) for jid in sent]
+            waiters, self._space_waiters = list(self._space_waiters.values()), {}
         if not self._closed.is_set() and self.state != "error":
             log.warning("the shared engine (pid %s) went away with %d job(s) in flight", self.daemon_pid, len(lost))
         err = EngineError("engine died: the shared engine process ended while this job ran; a new one is starting")
         for _, fut, _ in lost:
             _resolve(fut, exc=err)
+        for w in waiters:  # the files are kept here and sent again on the next connection
+            _resolve(w, exc=err)
         self._fail_status(err)
         self._wake.set()
 
@@ -280,7 +308,13 @@ class RemoteEngine:
 
     def _on_message(self, m: dict) -> None:
         op = m.get("op")
-        if op in ("fill", "error") and isinstance(m.get("id"), int):
+        if op in ("workspace", "error") and isinstance(m.get("id"), int) and m["id"] < 0:
+            with self._lock:
+                waiter = self._space_waiters.pop(m["id"], None)
+            if waiter is not None:
+                _resolve(waiter, m.get("result")) if op == "workspace" else \
+                    _resolve(waiter, exc=EngineError(str(m.get("message") or "the shared engine refused the files")))
+        elif op in ("fill", "error") and isinstance(m.get("id"), int):
             with self._lock:
                 entry = self._jobs.pop(m["id"], None)
             if entry is None:
@@ -353,6 +387,41 @@ class RemoteEngine:
                 return  # its connection is gone: _dropped answers it
             del self._jobs[jid]
         _resolve(entry[1], Fill(text="", tokens=0, steps=0, slots=entry[0].max_tokens, cancelled=True))
+
+    def workspace_files(self, space: str, files: dict) -> Future:
+        """EngineService.workspace_files on the shared engine: the files ({key: text or None}) go
+        into this window's memory `space` there (kept here too, and sent again to a daemon that
+        replaced a dead one). The future resolves to the last part's result, or raises EngineError.
+        Jobs sent meanwhile read the memory as it was: counting takes the daemon seconds."""
+        fut: Future = Future()
+        with self._lock:
+            kept = self._spaces.setdefault(space, {})
+            for k, t in files.items():
+                if t is None:
+                    kept.pop(k, None)
+                else:
+                    kept[k] = t
+            chan = self._chan
+            if chan is None:  # sent with the rest when the connection comes
+                _resolve(fut, {"files": len(kept), "queued": True})
+                return fut
+            parts = _chunks(files)
+            for i, part in enumerate(parts):
+                wid = next(self._space_ids)
+                if i == len(parts) - 1:
+                    self._space_waiters[wid] = fut
+                chan.send({"op": "workspace", "id": wid, "space": space, "files": part})
+        return fut
+
+    def workspace_drop(self, space: str) -> Future:
+        """Forgets `space` here and empties it in the daemon (which drops it with the connection);
+        the future resolves when the daemon has."""
+        with self._lock:
+            files = self._spaces.get(space) or {}
+        fut = self.workspace_files(space, dict.fromkeys(files))
+        with self._lock:
+            self._spaces.pop(space, None)
+        return fut
 
     def status(self, timeout: float = 10.0) -> dict:
         """The daemon's status (what `dlm-lsp engine --status` prints); raises EngineError."""

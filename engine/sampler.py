@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine.api import DecodeOptions
 from engine.cache import BatchContext, Rows, forward_cached, forward_full
+from engine.ngram import add_hit
 from engine.config import ModelConfig
 from engine.families import dreamon, wedlm
 from engine.families.blocks import block_eligible
@@ -283,8 +284,9 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
     if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
             or (o.brackets or 0) < 0 or (o.ngram or 0) < 0 or (o.local_ngram or 0) < 0 \
-            or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram, copy_unigram, copy_far, names, brackets, ngram and local_ngram must be >= 0 "
+            or (o.workspace_ngram or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
+        raise ValueError("copy_bigram, copy_unigram, copy_far, names, brackets, ngram, local_ngram and workspace_ngram "
+                         "must be >= 0 "
                          "and copy_order in 1..8")
     if o.stop_below is not None and not 0 <= o.stop_below < 1:
         raise ValueError(f"stop_below must be in [0, 1), got {o.stop_below}")
@@ -344,6 +346,7 @@ class Canvas:
     ngram: object = None  # engine.ngram.NgramTable of the corpus n-gram memory (DecodeOptions.ngram), None: off
     local: object = None  # engine.ngram.LocalNgram of the fill's own texts (DecodeOptions.local_ngram), None: off
     local_near: list | None = None  # the context's ids for `local` (attach_far adds the lookup's)
+    workspace: object = None  # engine.ngram.WorkspaceView (FillJob.workspace, DecodeOptions.workspace_ngram), None: off
     stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
     reuse: tuple | None = None  # (engine.reuse.ReuseCache, session key): approximate context reuse (None: off)
@@ -490,10 +493,20 @@ class Canvas:
 
     def add_local(self, logits: torch.Tensor, slot_idx: torch.Tensor) -> None:
         """Adds the fill's own n-gram (DecodeOptions.local_ngram) to these slots' (M, V) logits in
-        place, from the committed ids left of them."""
-        cfg, table = self.cfg, self.local
-        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order, cfg.mask_token_id)
-        table.add_bias(logits, left, self.opts.local_ngram, ngram_skip(cfg))
+        place, from the committed ids left of them; where it has no context, the workspace's n-gram
+        (DecodeOptions.workspace_ngram, `workspace`) instead."""
+        cfg, local, ws = self.cfg, self.local, self.workspace
+        order = max(t.max_order for t in (local, ws) if t is not None)
+        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], order, cfg.mask_token_id)
+        skip = set(ngram_skip(cfg))
+        for r, run in enumerate(left):
+            if not run or not skip.isdisjoint(run):
+                continue
+            hit, w = (local.next_probs(run), self.opts.local_ngram) if local is not None else (None, 0.0)
+            if hit is None and ws is not None:
+                hit, w = ws.next_probs(run), self.opts.workspace_ngram
+            if hit is not None:
+                add_hit(logits, r, hit, w)
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
@@ -576,7 +589,8 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
     want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
     h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
-    if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None or c.local is not None:  # full rows
+    if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None or c.local is not None \
+            or c.workspace is not None:  # full rows
         logits = model.logits(h).float()  # (M, V)
         if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
             row = name_row(c, int(slot_idx[0]), final)
@@ -591,7 +605,7 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
         if c.ngram is not None:  # the corpus n-gram memory, from the committed left runs (not chained)
             c.add_ngram(logits, slot_idx)
-        if c.local is not None:  # the fill's own n-gram, the same way
+        if c.local is not None or c.workspace is not None:  # the fill's own n-gram (the workspace's where it has none)
             c.add_local(logits, slot_idx)
         if o.temperature > 0:
             logits = logits / o.temperature
@@ -762,11 +776,13 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
 def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
                    context_tokens: int = 512, heal: list[int] | None = None,
                    heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None,
-                   stop_ids: list[int] | None = None, names=None, ngram=None) -> list[int]:
+                   stop_ids: list[int] | None = None, names=None, ngram=None,
+                   workspace: list[list[int]] | None = None) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
     in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
     `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids); `stop_ids`: Canvas.stop_ids;
-    `names`: Canvas.names (engine.names.NameBias); `ngram`: Canvas.ngram (engine.ngram.NgramTable)."""
+    `names`: Canvas.names (engine.names.NameBias); `ngram`: Canvas.ngram (engine.ngram.NgramTable);
+    `workspace`: the workspace's files as id lists, the filled one left out (DecodeOptions.workspace_ngram)."""
     assert opts.temperature == 0, "the oracle is deterministic"
     cfg = model.cfg
     c = Canvas.build(prefix, suffix, n, cfg, opts, context_tokens, heal=heal, heal_then=heal_then)  # the same cut
@@ -831,8 +847,12 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 hit = ngram.next_probs(tuple(run)) if run and not set(run) & set(ngram_skip(cfg)) else None
                 for t, p in zip(*hit) if hit is not None else ():  # the longest stored context's next ids
                     logits[s + j - shift, int(t)] += opts.ngram * float(p)
-        if opts.local_ngram:  # the fill's own n-gram: count the contexts in the lookup and the context, plainly
+        if opts.local_ngram or (opts.workspace_ngram and workspace is not None):
+            # the fill's own n-gram: count the contexts in the lookup and the context, plainly; where
+            # none is followed often enough, the same over the workspace's files
             texts = [[-1 if t in ngram_skip(cfg) else t for t in x] for x in (lookup or [], c_prefix, c_suffix)]
+            sources = ([(texts, opts.local_ngram)] if opts.local_ngram else []) \
+                + ([(workspace, opts.workspace_ngram)] if opts.workspace_ngram and workspace is not None else [])
             for j in masked:
                 run, q = [], s + j - 1
                 while q >= 0 and len(run) < 6 and seq[q] != cfg.mask_token_id:
@@ -840,15 +860,20 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     q -= 1
                 if not run or set(run) & set(ngram_skip(cfg)):
                     continue
-                for k in (6, 5, 4, 3):  # the longest context followed at least twice
-                    if k > len(run):
-                        continue
-                    nexts = [x[i + k] for x in texts for i in range(len(x) - k) if x[i + k] >= 0
-                             and tuple(x[i : i + k]) == tuple(run[-k:])]
-                    if len(nexts) >= 2:
-                        ranked = sorted(set(nexts), key=lambda t: (-nexts.count(t), t))[:2]
-                        for t in ranked:
-                            logits[s + j - shift, t] += opts.local_ngram * nexts.count(t) / len(nexts)
+                for src, weight in sources:
+                    hit = False
+                    for k in (6, 5, 4, 3):  # the longest context followed at least twice
+                        if k > len(run):
+                            continue
+                        nexts = [x[i + k] for x in src for i in range(len(x) - k) if x[i + k] >= 0
+                                 and tuple(x[i : i + k]) == tuple(run[-k:])]
+                        if len(nexts) >= 2:
+                            ranked = sorted(set(nexts), key=lambda t: (-nexts.count(t), t))[:2]
+                            for t in ranked:
+                                logits[s + j - shift, t] += weight * nexts.count(t) / len(nexts)
+                            hit = True
+                            break
+                    if hit:
                         break
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed

@@ -124,6 +124,8 @@ class EngineService:
         self.serving: dict = {}  # the model's serving defaults (checkpoint.serving_defaults)
         self.corpus_names = names.NameSet(frozenset())  # the model's names.txt (engine/names.py)
         self.ngram: ngram.NgramTable | None = None  # the model's ngram.safetensors (engine/ngram.py)
+        # workspace memories (DecodeOptions.workspace_ngram) by the name a client gave (FillJob.workspace)
+        self.workspaces: dict[str, ngram.WorkspaceNgram] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -306,6 +308,36 @@ class EngineService:
                 self._fail_queued(EngineError(self.message or "the engine stopped"))
         return fut
 
+    def workspace_files(self, space: str, files: dict, timeout: float | None = 60.0) -> dict:
+        """Puts files into the workspace memory `space` ({key: text}; a None text removes the key),
+        tokenized with the model's tokenizer, then counts them (WorkspaceNgram.refresh) on the
+        calling thread, never the worker's. Returns {"files", "tokens", "refused"}: files past the
+        memory's token cap are refused (the caller sends its most relevant first). Waits for the
+        model to load; EngineError when it does not."""
+        if not isinstance(space, str) or not space or not isinstance(files, dict):
+            raise EngineError("workspace_files needs a workspace name and a {key: text or None} dict")
+        if self.tok is None and not self.wait_ready(timeout):
+            raise EngineError(self.message or "the engine is not ready")
+        mem = self.workspaces.get(space)
+        if mem is None:
+            mem = self.workspaces[space] = ngram.WorkspaceNgram()
+        refused = 0
+        puts = [(k, t) for k, t in files.items() if isinstance(k, str) and isinstance(t, str)]
+        for k, t in files.items():
+            if t is None:
+                mem.remove(k)
+        for i in range(0, len(puts), 64):
+            chunk = puts[i : i + 64]
+            for (k, _), ids in zip(chunk, self.tok.encode_batch([t for _, t in chunk])):
+                refused += not mem.put(k, ids)
+        if mem.stale or mem.view() is None:
+            mem.refresh()
+        return {"files": len(mem), "tokens": mem.tokens, "refused": refused}
+
+    def workspace_drop(self, space: str) -> None:
+        """Forgets the workspace memory `space` (its window closed)."""
+        self.workspaces.pop(space, None)
+
     def run_now(self, job: FillJob) -> Fill:
         """Runs one job on the calling thread (headless commands, benchmarks); the model must be loaded."""
         fut: Future = Future()
@@ -340,9 +372,12 @@ class EngineService:
                                           heal_then=heal and heal.then)
             if opts.stop_newline and self.cfg.expand_token_id is None and self.cfg.family != "wedlm":
                 canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
-            if job.lookup and canvas.copy is not None and opts.copy_far or opts.local_ngram:
+            if (job.lookup and canvas.copy is not None and opts.copy_far) or opts.local_ngram:
                 # the copy boost's far side; the fill's own n-gram (its lookup and its context)
                 canvas.attach_far(self.tok.encode_lines(job.lookup[-LOOKUP_CHARS:]) if job.lookup else None)
+            if opts.workspace_ngram and job.workspace is not None:  # the workspace's n-gram, less the filled file
+                mem = self.workspaces.get(job.workspace)
+                canvas.workspace = mem.view(exclude=job.document) if mem is not None else None
             if opts.ngram:  # the corpus n-gram memory
                 canvas.ngram = self.ngram
             if opts.names or opts.brackets:  # identifier-aware decoding (the names of the job's texts), the bracket rule

@@ -9,9 +9,11 @@ the resolved model path and the device, so each model/device pair has one daemon
 
 Frames: a 4-byte big-endian length, then that many bytes of one UTF-8 JSON object (never pickle).
 Messages, each an object with "op":
-  client -> daemon  hello {pid}; submit {id, job}; cancel {id}; status {}
+  client -> daemon  hello {pid}; submit {id, job}; cancel {id}; status {}; workspace {id, space,
+                    files: {key: text or null}} (the connection's workspace memory `space`, for
+                    jobs naming it: FillJob.workspace, DecodeOptions.workspace_ngram)
   daemon -> client  hello {state, info, pid}; fill {id, fill}; error {id, message}; state {state,
-                    info}; status {...}; refused {message}
+                    info}; status {...}; refused {message}; workspace {id, result}
 A job carries FillJob's fields, its deadline as `remaining_s` (seconds left when sent, null for
 none) and its age (`age_s`, for queue_ms); a fill carries Fill's fields.
 """
@@ -277,7 +279,7 @@ def job_message(job: FillJob, now: float | None = None) -> dict:
         "context_tokens": job.context_tokens, "options": dataclasses.asdict(job.options),
         "remaining_s": None if job.deadline is None else job.deadline - now,
         "age_s": max(0.0, now - job.submitted_at), "session": job.session, "lookup": job.lookup,
-        "kind": job.kind,
+        "kind": job.kind, "workspace": job.workspace, "document": job.document,
     }
 
 
@@ -310,10 +312,11 @@ def job_from_message(m: dict, now: float | None = None) -> FillJob:
     lookup = m.get("lookup", "")
     if not isinstance(lookup, str):
         raise ValueError("lookup must be a string")
-    kind = m.get("kind")
-    if kind is not None and not isinstance(kind, str):
-        raise ValueError("kind must be a string or null")
-    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session, lookup=lookup, kind=kind,
+    names = {k: m.get(k) for k in ("kind", "workspace", "document")}
+    for k, v in names.items():
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"{k} must be a string or null")
+    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session, lookup=lookup, **names,
                    deadline=None if remaining is None else now + remaining,
                    submitted_at=now - max(0.0, age), **ints)
 

@@ -11,6 +11,8 @@ The server passes its `model` option to the engine factory, so a test picks the 
   fail      1: every job raises EngineError
   echo      N > 0: the fill is the last N characters of the job's prefix (checks what the server sent)
   lookup    N > 0: the fill is the first N characters of the job's lookup text (the cross-file side)
+  workspace 1: the fill names the files of the job's workspace memory (workspace_files) but its
+            document, by base name, sorted, joined by "+" ("-" when the job names no memory)
   confidence  the fill's confidence (default 1)
   gate      the model's own confidence gate, reported with the state as a real engine reports
             serving.json's min_confidence (default: none)
@@ -35,7 +37,7 @@ from engine.api import EngineError, Fill
 
 def parse_script(model: str | None) -> dict:
     params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0",
-              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0", "lookup": "0",
+              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0", "lookup": "0", "workspace": "0",
               "slow_every": "0", "slow_ms": "0"}
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
@@ -54,6 +56,13 @@ class ScriptedEngine:
         self.jobs_seen = 0
         self._sessions: set = set()  # session keys that ran a job (their next job "reuses")
         self._closed = threading.Event()
+        self.spaces: dict[str, set] = {}  # workspace memories: name -> file keys
+
+    def workspace_files(self, space, files) -> dict:
+        keys = self.spaces.setdefault(space, set())
+        for k, t in files.items():
+            (keys.discard(k) if t is None else keys.add(k))
+        return {"files": len(keys), "tokens": 0, "refused": 0}
 
     def _set(self, state, message=None):
         self.state = state
@@ -108,6 +117,9 @@ class ScriptedEngine:
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
             if int(self.p["lookup"]) > 0:
                 text = job.lookup[: int(self.p["lookup"])].replace("\n", "\u23ce")
+            if self.p["workspace"] == "1":
+                keys = self.spaces.get(job.workspace) if job.workspace is not None else None
+                text = "-" if keys is None else "+".join(sorted(k.rsplit("/", 1)[-1] for k in set(keys) if k != job.document))
             fut.set_result(Fill(text=text, tokens=len(text) // 3, steps=steps, slots=job.max_tokens,
                                 cancelled=cancelled, deadline_hit=hit, confidence=float(self.p["confidence"]), queue_ms=(started - job.submitted_at) * 1000,
                                 compute_ms=(time.monotonic() - started) * 1000,

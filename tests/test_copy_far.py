@@ -271,3 +271,47 @@ async def test_server_follows_workspace_folder_changes(tmp_path):
         # no folder left: the other open documents' starts (none here), not the removed files
         got = await fill_until(c, "")
         assert got == "", got
+
+
+async def test_the_server_feeds_the_engines_workspace_memory_and_names_it_in_jobs(tmp_path):
+    """The workspace's files go to the engine's workspace memory (workspace_files) as the index
+    walks them; each job names that memory and its own document (left out by the engine); an added
+    folder's files come in, a removed folder's leave; the option off, jobs name no memory."""
+    import asyncio
+
+    from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "a.py").write_text("x = 1\n")
+    (one / "b.py").write_text("y = 2\n")
+    (two / "c.py").write_text("z = 3\n")
+    a = (one / "a.py").as_uri()
+    version = [1]
+
+    async def fill_until(c, want):
+        got = None
+        for _ in range(200):
+            version[0] += 1  # an edit above the cursor, so that no kept fill serves the request
+            insert(c, a, version[0], 0, 0, " ")
+            items = await inline(c, a, 1, 0)
+            got = items[0]["insertText"] if items else ""
+            if got == want:
+                return got
+            await asyncio.sleep(0.05)
+        return got
+
+    def folders(added=(), removed=()):
+        return {"event": {"added": [{"uri": p.as_uri(), "name": p.name} for p in added],
+                          "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed]}}
+
+    async with lsp_server(FAKE_SERVER, {"model": scripted(workspace=1), "postprocess": False}, root=str(one)) as c:
+        open_doc(c, a, "x = 1\n\n")
+        assert await fill_until(c, "b.py") == "b.py"  # a.py is the filled document
+        c.notify("workspace/didChangeWorkspaceFolders", folders(added=[two]))
+        assert await fill_until(c, "b.py+c.py") == "b.py+c.py"
+        c.notify("workspace/didChangeWorkspaceFolders", folders(removed=[one]))
+        assert await fill_until(c, "c.py") == "c.py"
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"workspaceContext": False}}})
+        assert await fill_until(c, "-") == "-"

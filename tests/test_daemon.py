@@ -479,3 +479,46 @@ async def test_a_serve_whose_engine_is_killed_mid_request_answers_it_with_an_err
         log.close()
         slow.kill()
         slow.wait(TIMEOUT)
+
+
+def test_a_windows_workspace_memory_lives_in_the_daemon_and_survives_its_restart(model, runtime):
+    """RemoteEngine.workspace_files puts a window's files into its own memory in the daemon; a job
+    naming it fills as the in-process engine does with the same files; another window's job of
+    that name does not see it; a daemon that replaced a killed one is sent the files again."""
+    from engine.service import EngineService
+
+    files = {"w/a.py": "def add(a, b):\n    return a + b\n" * 3, "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
+             "w/self.py": "def add(a, b):\n    return a - b\n"}
+    local = EngineService(model, device="cpu", threads=1)
+    local.load()
+    local.workspace_files("w", files)
+    opts = DecodeOptions(threshold=0.5, heal=False, ngram=0.0, local_ngram=0.0, workspace_ngram=8.0)
+    prefixes = ["def add(a, b):\n    return ", "import os\nimport ", "def add("]
+
+    def fills(engine, space):
+        return [engine.submit(FillJob(prefix=p, max_tokens=6, options=opts, workspace=space, document="w/self.py"))
+                .result(TIMEOUT).token_ids for p in prefixes]
+
+    want = [local.run_now(FillJob(prefix=p, max_tokens=6, options=opts, workspace="w", document="w/self.py")).token_ids
+            for p in prefixes]
+    bare = [local.run_now(FillJob(prefix=p, max_tokens=6, options=opts)).token_ids for p in prefixes]
+    assert want != bare  # the memory changes these fills
+    r, other = RemoteEngine(model, "cpu"), RemoteEngine(model, "cpu")
+    try:
+        r.start()
+        assert r.wait_ready(TIMEOUT)
+        assert r.workspace_files("w", files).result(TIMEOUT) == {"files": 3, "tokens": local.workspaces["w"].tokens,
+                                                                 "refused": 0}
+        assert fills(r, "w") == want
+        other.start()
+        assert other.wait_ready(TIMEOUT) and other.daemon_pid == r.daemon_pid
+        assert fills(other, "w") == bare  # a window reads only its own memory
+        first = r.daemon_pid
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: r.state == "ready" and r.daemon_pid not in (None, first), what="a new daemon")
+        assert fills(r, "w") == want  # sent again on the new connection, before the jobs
+        assert r.workspace_drop("w").result(TIMEOUT)["files"] == 0
+        assert fills(r, "w") == bare
+    finally:
+        r.close()
+        other.close()

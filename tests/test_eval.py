@@ -432,3 +432,38 @@ def test_eval_reuse_typing_end_to_end(tiny_models, tmp_path):
     assert r["outcomes"]["full_new"] == 2 and sum(r["outcomes"].values()) == 2 * 3  # a session per hole, 3 fills each
     assert 0 <= r["same_raw_share"] <= 1 and 0 <= r["same_shown_share"] <= 1 and 0 <= r["reused_share"] <= 1
     assert "| diffusion+reuse | line | 2 |" in md.read_text()
+
+
+def test_eval_gives_each_package_a_workspace_memory_and_its_jobs_name_it(tiny_models, tmp_path, monkeypatch):
+    """--retrieve package: each held-out package's files go to the engine as one workspace memory
+    (named after the package) and every job names it and its own file, which the engine leaves out."""
+    from dlm_lsp.cli import main
+    from engine.service import EngineService
+
+    folder = tmp_path / "corpus"
+    keys = []
+    for pkg in ("p", "q"):
+        for name in ("a", "b"):
+            (folder / "files" / pkg / pkg).mkdir(parents=True, exist_ok=True)
+            (folder / "files" / pkg / pkg / f"{name}.py").write_text(SAMPLE.read_text())
+            keys.append(f"{pkg}:{pkg}/{name}.py")
+    (folder / "corpus.json").write_text(json.dumps({"train": [], "heldout": [], "heldout_packages": keys}))
+    spaces, jobs = {}, []
+    real_run = EngineService.run_now
+
+    def capture(self, space, files):
+        spaces[space] = sorted(files)
+        return {"files": len(files), "tokens": 0, "refused": 0}
+
+    monkeypatch.setattr(EngineService, "workspace_files", capture)
+    monkeypatch.setattr(EngineService, "run_now", lambda self, job: (jobs.append(job), real_run(self, job))[1])
+    out = tmp_path / "e.json"
+    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "packages",
+                 "--retrieve", "package", "--per-kind", "4", "--kinds", "line", "--json", str(out)]) == 0
+    assert spaces == {"p:p": ["p:p/a.py", "p:p/b.py"], "q:q": ["q:q/a.py", "q:q/b.py"]}
+    assert jobs and all(j.workspace == j.document.split("/", 1)[0] and j.document in keys for j in jobs)
+    assert json.loads(out.read_text())["meta"]["workspace_ngram_memory"] is True
+    jobs.clear()
+    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "packages",
+                 "--per-kind", "2", "--kinds", "line", "--json", str(out)]) == 0
+    assert jobs and all(j.workspace is None for j in jobs) and not json.loads(out.read_text())["meta"]["workspace_ngram_memory"]

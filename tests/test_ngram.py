@@ -303,3 +303,87 @@ def test_the_local_ngram_is_a_per_kind_model_setting(tmp_path):
         assert serving_defaults(tmp_path) == {}
     with pytest.raises(ValueError, match="local_ngram"):
         sampler.check_options(DecodeOptions(local_ngram=-1.0))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_workspace_ngram_is_the_rule_over_the_other_files_counted_plainly(seed):
+    """WorkspaceNgram.view(exclude).next_probs is LocalNgram's rule over every file but the excluded
+    one; put() replaces a file, remove() drops it, a memory over its token cap refuses a file."""
+    rng = np.random.default_rng(seed)
+    files = {f"p/f{i}.py": rng.integers(0, 4, size=int(rng.integers(0, 90))).tolist() for i in range(5)}
+    mem = ngram.WorkspaceNgram(orders=(2, 3, 4), min_count=2, top=2)
+    assert mem.view() is None
+    mem.put("p/f0.py", [3, 3, 3, 3])  # replaced below
+    for k, ids in files.items():
+        assert mem.put(k, ids)
+    mem.put("p/gone.py", [1, 2, 1, 2, 1, 2])
+    mem.refresh()
+    assert mem.view("p/gone.py") is not None and not mem.stale
+    mem.remove("p/gone.py")
+    assert mem.stale and mem.view() is not None  # the old snapshot until refresh()
+    mem.refresh()
+    assert len(mem) == 5 and mem.tokens == sum(map(len, files.values())) and "p/gone.py" not in mem
+    checked = 0
+    for exclude in ("p/f0.py", "p/f3.py", None):
+        view = mem.view(exclude)
+        plain = ngram.LocalNgram([ids for k, ids in files.items() if k != exclude], orders=(2, 3, 4), min_count=2, top=2)
+        for _ in range(200):
+            run = tuple(rng.integers(0, 4, size=int(rng.integers(1, 6))).tolist())
+            want, got = plain.next_probs(run), view.next_probs(run)
+            if want is None:
+                assert got is None, (exclude, run)
+                continue
+            checked += 1
+            assert got[0].tolist() == want[0].tolist(), (exclude, run)
+            assert np.allclose(got[1], want[1])
+    assert checked > 50
+    small = ngram.WorkspaceNgram(max_tokens=10)
+    assert small.put("a", list(range(8))) and not small.put("b", list(range(8))) and "b" not in small
+    assert small.put("a", list(range(10)))  # a file replaced counts its new size only
+
+
+def test_service_fills_with_the_workspace_ngram_equal_the_oracle_and_it_changes_fills(served):
+    """The service's fills with a job naming a workspace memory (EngineService.workspace_files) and
+    its document equal the oracle's plain counting over the other files (the workspace only where
+    the fill's own n-gram has no context), and change fills; the job and its names cross the wire."""
+    files = {"w/a.py": "def add(a, b):\n    return a + b\n" * 3, "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
+             "w/self.py": "import json\n" * 4, "w/gone.py": "import gone\n" * 3}
+    got = served.workspace_files("w", files)
+    assert got == {"files": 4, "tokens": sum(len(served.tok.encode(t)) for t in files.values()), "refused": 0}
+    assert served.workspace_files("w", {"w/gone.py": None})["files"] == 3
+    others = [served.tok.encode(t) for k, t in files.items() if k not in ("w/self.py", "w/gone.py")]
+    changed = 0
+    for local in (0.0, 8.0):
+        base = DecodeOptions(threshold=0.5, heal=False, ngram=0.0, local_ngram=local, workspace_ngram=0.0)
+        on = dataclasses.replace(base, workspace_ngram=8.0)
+        for prefix, suffix in CASES:
+            job = wire.job_from_message(wire.job_message(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on,
+                                                                 workspace="w", document="w/self.py")))
+            assert (job.workspace, job.document) == ("w", "w/self.py")
+            fill = served.run_now(job)
+            p_ids, s_ids = served.tok.encode_batch([prefix, suffix])
+            want = sampler.reference_fill(served.model, p_ids, s_ids, 8, on, workspace=others)
+            assert fill.token_ids == want, (local, prefix)
+            off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
+            changed += fill.token_ids != off.token_ids
+            for bare in (FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on),  # no memory named: no effect
+                         FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on, workspace="nowhere")):
+                assert served.run_now(bare).token_ids == off.token_ids
+    assert changed
+    served.workspace_drop("w")
+    assert "w" not in served.workspaces
+    with pytest.raises(EngineError):
+        served.workspace_files("", {})
+    with pytest.raises(ValueError, match="workspace"):
+        wire.job_from_message({"prefix": "x", "workspace": 3})
+
+
+def test_the_workspace_ngram_is_a_per_kind_model_setting(tmp_path):
+    (tmp_path / "serving.json").write_text('{"decode": {"workspace_ngram": 8, "workspace_ngram_kinds": {"block": 0}}}')
+    tuned = serving_defaults(tmp_path)["decode"]
+    assert tuned == {"workspace_ngram": 8.0, "workspace_ngram_kinds": {"block": 0.0}}
+    assert with_model_defaults(DecodeOptions(), tuned, "line").workspace_ngram == 8.0
+    assert with_model_defaults(DecodeOptions(), tuned, "block").workspace_ngram == 0.0
+    assert with_model_defaults(DecodeOptions(), {}).workspace_ngram == 0.0
+    with pytest.raises(ValueError, match="workspace_ngram"):
+        sampler.check_options(DecodeOptions(workspace_ngram=-1.0))

@@ -258,3 +258,74 @@ def test_headless_complete_takes_the_workspace_snippets(tmp_path):
     complete(str(tmp_path / "a.py"), 3, 9, engine=Engine())
     assert "def compute_total" in jobs[0].lookup and "import helpers" not in jobs[0].lookup
     assert "def compute_total" not in jobs[1].lookup
+
+
+def test_headless_complete_gives_the_engine_the_workspace_memory(tmp_path):
+    """`dlm-lsp complete --workspace DIR` with an engine that keeps a workspace memory: the folder's
+    files (the filled one too: the engine leaves it out) go there, and the job names the memory and
+    its document; an engine without one gets neither."""
+    from dlm_lsp.headless import complete
+    from engine.api import Fill
+
+    (tmp_path / "helpers.py").write_text("def compute_total(items_list):\n    return sum(items_list)\n")
+    (tmp_path / "a.py").write_text("import helpers\nresult = helpers.compute_total(items_list)\nvalue = \n")
+    jobs, sent = [], {}
+
+    class Engine:
+        serving: dict = {}
+
+        def run_now(self, job):
+            jobs.append(job)
+            return Fill(text="1", tokens=1, steps=1, slots=16)
+
+    class Keeping(Engine):
+        def workspace_files(self, space, files):
+            sent.setdefault(space, {}).update(files)
+
+    complete(str(tmp_path / "a.py"), 3, 9, engine=Keeping(), workspace=str(tmp_path))
+    complete(str(tmp_path / "a.py"), 3, 9, engine=Engine(), workspace=str(tmp_path))
+    assert sorted(k.rsplit("/", 1)[-1] for k in sent["workspace"]) == ["a.py", "helpers.py"]
+    assert jobs[0].workspace == "workspace" and jobs[0].document.endswith("/a.py") and jobs[0].document in sent["workspace"]
+    assert jobs[1].workspace is None and jobs[1].document is None
+
+
+def test_the_walk_sends_changed_and_removed_files_to_the_memory_once(tmp_path):
+    """WorkspaceIndex.on_files: a walk sends the files it read, the next only what changed or left;
+    set_sink (a new engine) sends everything again; a sink that fails is retried the next walk; the
+    memory's character budget holds."""
+    import os
+
+    from dlm_lsp import workspace as W
+
+    _tree(tmp_path, {"a.py": "a = 1\n", "b.py": "b = 2\n"})
+    got = []
+    ws = WorkspaceIndex([tmp_path], yield_s=0)
+    ws.on_files = lambda ch: got.append({k.rsplit("/", 1)[-1]: v for k, v in ch.items()})
+    ws.scan()
+    ws.scan()
+    assert got == [{"a.py": "a = 1\n", "b.py": "b = 2\n"}]
+    (tmp_path / "a.py").write_text("a = 10\n")
+    os.utime(tmp_path / "a.py", ns=(1, 1))
+    (tmp_path / "b.py").unlink()
+    ws.scan()
+    assert got[-1] == {"a.py": "a = 10\n", "b.py": None}
+    ws.set_sink(ws.on_files)
+    ws.scan()
+    assert got[-1] == {"a.py": "a = 10\n"}
+
+    def broken(ch):
+        raise RuntimeError("engine gone")
+    ws.set_sink(broken)
+    ws.scan()  # logged, not raised
+    ws.on_files = lambda ch: got.append({k.rsplit("/", 1)[-1]: v for k, v in ch.items()})
+    ws.scan()
+    assert got[-1] == {"a.py": "a = 10\n"}  # sent again
+    _tree(tmp_path, {"big.py": "x" * 50 + "\n"})
+    old = W.MEMORY_CHARS
+    try:
+        W.MEMORY_CHARS = 20
+        ws.set_sink(ws.on_files)
+        ws.scan()
+        assert got[-1] == {"a.py": "a = 10\n"}  # the big file is past the budget
+    finally:
+        W.MEMORY_CHARS = old
