@@ -221,12 +221,40 @@ async def test_server_sends_snippets_of_the_workspace_files_as_lookup(tmp_path):
             assert (got == "def compute_total") == on, got
 
 
+class _Typist:
+    """Asks for a fill at (line, col) of `uri` until it is `want` (or 200 tries): each try first
+    edits line 0 (an edit above the cursor, so that no kept fill serves the request)."""
+
+    def __init__(self, uri: str, edit_col: int, line: int, col: int):
+        self.uri, self.edit_col, self.line, self.col, self.version = uri, edit_col, line, col, 1
+
+    async def fill_until(self, c, want):
+        import asyncio
+
+        from tests.lsp_helpers import inline, insert
+
+        got = None
+        for _ in range(200):
+            self.version += 1
+            insert(c, self.uri, self.version, 0, self.edit_col, " ")
+            items = await inline(c, self.uri, self.line, self.col)
+            got = items[0]["insertText"] if items else ""
+            if got == want:
+                return got
+            await asyncio.sleep(0.05)
+        return got
+
+
+def _folders(added=(), removed=()):
+    """workspace/didChangeWorkspaceFolders params for these folder paths."""
+    return {"event": {"added": [{"uri": p.as_uri(), "name": p.name} for p in added],
+                      "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed]}}
+
+
 async def test_server_follows_workspace_folder_changes(tmp_path):
     """workspace/didChangeWorkspaceFolders: an added folder's files become snippets (walked at once,
     not at the next 60 s rescan), a removed folder's files stop being snippets."""
-    import asyncio
-
-    from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
+    from tests.lsp_helpers import FAKE_SERVER, lsp_server, open_doc, scripted
 
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
@@ -235,24 +263,7 @@ async def test_server_follows_workspace_folder_changes(tmp_path):
     (two / "helpers.py").write_text("def compute_total(items_list):\n    return sum(items_list)\n")
     a = (one / "a.py").as_uri()
     text = "import helpers\nresult = helpers.compute_total(items_list)\nvalue = \n"
-
-    version = [1]
-
-    async def fill_until(c, want):
-        got = None
-        for _ in range(200):
-            version[0] += 1  # an edit above the cursor, so that no kept fill serves the request
-            insert(c, a, version[0], 0, 14, " ")
-            items = await inline(c, a, 2, 8)
-            got = items[0]["insertText"] if items else ""
-            if got == want:
-                return got
-            await asyncio.sleep(0.05)
-        return got
-
-    def folders(added=(), removed=()):
-        return {"event": {"added": [{"uri": p.as_uri(), "name": p.name} for p in added],
-                          "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed]}}
+    fill_until, folders = _Typist(a, 14, 2, 8).fill_until, _folders
 
     opts = {"model": scripted(lookup=18), "postprocess": False}
     async with lsp_server(FAKE_SERVER, opts, root=str(one)) as c:
@@ -277,9 +288,7 @@ async def test_the_server_feeds_the_engines_workspace_memory_and_names_it_in_job
     """The workspace's files go to the engine's workspace memory (workspace_files) as the index
     walks them; each job names that memory and its own document (left out by the engine); an added
     folder's files come in, a removed folder's leave; the option off, jobs name no memory."""
-    import asyncio
-
-    from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
+    from tests.lsp_helpers import FAKE_SERVER, lsp_server, open_doc, scripted
 
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
@@ -288,23 +297,7 @@ async def test_the_server_feeds_the_engines_workspace_memory_and_names_it_in_job
     (one / "b.py").write_text("y = 2\n")
     (two / "c.py").write_text("z = 3\n")
     a = (one / "a.py").as_uri()
-    version = [1]
-
-    async def fill_until(c, want):
-        got = None
-        for _ in range(200):
-            version[0] += 1  # an edit above the cursor, so that no kept fill serves the request
-            insert(c, a, version[0], 0, 0, " ")
-            items = await inline(c, a, 1, 0)
-            got = items[0]["insertText"] if items else ""
-            if got == want:
-                return got
-            await asyncio.sleep(0.05)
-        return got
-
-    def folders(added=(), removed=()):
-        return {"event": {"added": [{"uri": p.as_uri(), "name": p.name} for p in added],
-                          "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed]}}
+    fill_until, folders = _Typist(a, 0, 1, 0).fill_until, _folders
 
     async with lsp_server(FAKE_SERVER, {"model": scripted(workspace=1), "postprocess": False}, root=str(one)) as c:
         open_doc(c, a, "x = 1\n\n")
