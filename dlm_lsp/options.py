@@ -49,8 +49,8 @@ class InitializationOptions:
     # weak model; not meant for editors.
     postprocess: bool = True
     # cross-file context from the workspace folders' files (dlm_lsp.workspace: the snippets most like
-    # the code at the cursor, read locally, given to the engine with the fill); false: the other open
-    # documents only
+    # the code at the cursor, read locally, given to the engine with the fill; and the files themselves
+    # to the engine's workspace memory, DecodeOptions.workspace_ngram); false: the other open documents only
     workspace_context: bool = True
 
     def serves(self, language_id: str) -> bool:
