@@ -36,8 +36,8 @@ MAX_FILE_BYTES = 200_000  # bigger files are generated or data, as the corpus fi
 MAX_TOTAL_BYTES = 64_000_000  # text indexed over all files (a walk stops taking files past it)
 MAX_ENTRIES = 200_000  # directory entries a walk looks at (a home folder opened as a workspace)
 # text given to the engine's workspace memory (on_files: the workspace's n-gram), about the memory's
-# 1.5 M-token cap (engine.ngram.WORKSPACE_MAX_TOKENS): files past it, in walk order, are not sent
-MEMORY_CHARS = 6_000_000
+# 1 M-token cap (engine.ngram.WORKSPACE_MAX_TOKENS): files past it, in walk order, are not sent
+MEMORY_CHARS = 4_000_000
 RESCAN_S = 60.0
 YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages", "venv", "env", "build",

@@ -172,7 +172,7 @@ class LocalNgram:
         return add_bias(self, logits, runs, weight, skip)
 
 
-WORKSPACE_MAX_TOKENS = 1_500_000  # a workspace memory holds at most this many ids (put() refuses more)
+WORKSPACE_MAX_TOKENS = 1_000_000  # a workspace memory holds at most this many ids (put() refuses more)
 
 
 class WorkspaceNgram:
@@ -184,8 +184,9 @@ class WorkspaceNgram:
     snapshot, swapped in whole (about 1 s per million tokens: the writer's thread calls it, never a
     fill); view(exclude) gives a fill the snapshot less one file's pairs, counted from the ids the
     snapshot holds for it: the filled document never counts (in an editor the line being typed is
-    not on disk yet; in the eval the hole's own file holds its answer). Memory: the ids plus about
-    64 bytes a token for the counts.
+    not on disk yet; in the eval the hole's own file holds its answer). Memory, measured on 1 M tokens
+    of held-out code: 2.7 M pairs (43 MB) plus the ids (4 MB); the process's RSS grew by 134 MB, the
+    rest being what the allocator kept of the count's temporaries (docs/MODEL.md, "Session 22").
 
     Used only where the fill's own n-gram has no context (Canvas.add_local): on the held-out line
     holes it is a fallback, not a second vote (docs/MODEL.md, "Session 22")."""
