@@ -381,6 +381,7 @@ class EngineDaemon:
                        for c in self._clients if c.window]
         inbox = getattr(svc, "_inbox", None)
         running = getattr(svc, "_jobs", None)
+        spaces = dict(getattr(svc, "workspaces", None) or {})  # the windows' workspace memories
         return {
             "op": "status", "pid": os.getpid(), "socket": str(self.place.socket),
             "model": str(self.model or "default"), "resolved_model": wire.resolved_model(self.model),
@@ -392,6 +393,8 @@ class EngineDaemon:
                       "running": len(running) if running is not None else None,
                       "in_flight": sum(w["in_flight"] for w in windows)},
             "stats": dict(getattr(svc, "stats", {}) or {}), "counters": dict(self.counters), "rss_mb": _rss_mb(),
+            "workspaces": {"memories": len(spaces), "files": sum(len(m) for m in spaces.values()),
+                           "tokens": sum(m.tokens for m in spaces.values())},
         }
 
 
@@ -452,6 +455,9 @@ def _print_status(st: dict) -> None:
     print(f"  windows {len(st['windows'])}: " + (", ".join(f"pid {w['pid']} ({w['jobs']} jobs, {w['in_flight']} in flight)"
                                                     for w in st["windows"]) or "none"))
     print(f"  queue: {q.get('queued')} queued, {q.get('running')} running")
+    ws = st.get("workspaces") or {}
+    if ws.get("memories"):
+        print(f"  workspace memories {ws['memories']}: {ws['files']} files, {ws['tokens']} tokens")
     print("  " + ", ".join(f"{k} {v}" for k, v in s.items()))
     if st.get("message"):
         print(f"  message: {st['message']}")

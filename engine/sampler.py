@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from engine.api import DecodeOptions
 from engine.cache import BatchContext, Rows, forward_cached, forward_full
-from engine.ngram import add_hit
 from engine.config import ModelConfig
 from engine.families import dreamon, wedlm
 from engine.families.blocks import block_eligible
+from engine.ngram import add_hit
 from kernels import slot_stats
 
 SELECTIONS = ("threshold", "topk", "timesteps")

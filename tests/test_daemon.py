@@ -510,6 +510,7 @@ def test_a_windows_workspace_memory_lives_in_the_daemon_and_survives_its_restart
         assert r.workspace_files("w", files).result(TIMEOUT) == {"files": 3, "tokens": local.workspaces["w"].tokens,
                                                                  "refused": 0}
         assert fills(r, "w") == want
+        assert r.status()["workspaces"] == {"memories": 1, "files": 3, "tokens": local.workspaces["w"].tokens}
         other.start()
         assert other.wait_ready(TIMEOUT) and other.daemon_pid == r.daemon_pid
         assert fills(other, "w") == bare  # a window reads only its own memory
