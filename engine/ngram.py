@@ -210,6 +210,11 @@ class WorkspaceNgram:
     def __contains__(self, key: str) -> bool:
         return key in self._files
 
+    @property
+    def counted(self) -> bool:
+        """Whether views have a snapshot to read (a refresh counted at least one file)."""
+        return self._snap is not None
+
     def put(self, key: str, ids) -> bool:
         """File `key` now holds `ids` (counted at the next refresh); False (nothing changed) when the
         memory would exceed max_tokens."""

@@ -484,22 +484,29 @@ class Canvas:
         chain = [r > 0 and slots[r - 1] == j - 1 for r, j in enumerate(slots)]
         return chain_copy_bias(left, chain, logits, self.copy, self.opts, order, self.copy_far, restrict)
 
-    def add_ngram(self, logits: torch.Tensor, slot_idx: torch.Tensor) -> None:
-        """Adds the corpus n-gram memory to these slots' (M, V) logits in place, from the committed
-        ids left of them."""
-        cfg, table = self.cfg, self.ngram
-        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], table.max_order, cfg.mask_token_id)
-        table.add_bias(logits, left, self.opts.ngram, ngram_skip(cfg))
+    def memory_runs(self, slot_idx: torch.Tensor) -> list[tuple]:
+        """These slots' committed left runs at the longest order any n-gram memory reads (the corpus
+        table, the fill's own, the workspace's): one pass over the canvas for all of them."""
+        order = max(t.max_order for t in (self.ngram, self.local, self.workspace) if t is not None)
+        return left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], order, self.cfg.mask_token_id)
 
-    def add_local(self, logits: torch.Tensor, slot_idx: torch.Tensor) -> None:
+    def add_ngram(self, logits: torch.Tensor, slot_idx: torch.Tensor, left: list[tuple] | None = None) -> None:
+        """Adds the corpus n-gram memory to these slots' (M, V) logits in place, from the committed
+        ids left of them (`left`: memory_runs(slot_idx), when the caller has them)."""
+        table = self.ngram
+        left = self.memory_runs(slot_idx) if left is None else left
+        table.add_bias(logits, [run[-table.max_order :] for run in left], self.opts.ngram, ngram_skip(self.cfg))
+
+    def add_local(self, logits: torch.Tensor, slot_idx: torch.Tensor, left: list[tuple] | None = None) -> None:
         """Adds the fill's own n-gram (DecodeOptions.local_ngram) to these slots' (M, V) logits in
         place, from the committed ids left of them; where it has no context, the workspace's n-gram
-        (DecodeOptions.workspace_ngram, `workspace`) instead."""
-        cfg, local, ws = self.cfg, self.local, self.workspace
+        (DecodeOptions.workspace_ngram, `workspace`) instead. `left`: memory_runs(slot_idx)."""
+        local, ws = self.local, self.workspace
         order = max(t.max_order for t in (local, ws) if t is not None)
-        left = left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], order, cfg.mask_token_id)
-        skip = set(ngram_skip(cfg))
+        left = self.memory_runs(slot_idx) if left is None else left
+        skip = set(ngram_skip(self.cfg))
         for r, run in enumerate(left):
+            run = run[-order:]
             if not run or not skip.isdisjoint(run):
                 continue
             hit, w = (local.next_probs(run), self.opts.local_ngram) if local is not None else (None, 0.0)
@@ -603,10 +610,12 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
                 return heal_logits(row, c.heal_ids(final or c.last_step_due())) if r == 0 and c.heal_open else row
             chained = c.middle is None and cfg.family != "wedlm"
             logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
-        if c.ngram is not None:  # the corpus n-gram memory, from the committed left runs (not chained)
-            c.add_ngram(logits, slot_idx)
-        if c.local is not None or c.workspace is not None:  # the fill's own n-gram (the workspace's where it has none)
-            c.add_local(logits, slot_idx)
+        if c.ngram is not None or c.local is not None or c.workspace is not None:
+            left = c.memory_runs(slot_idx)  # the committed left runs (not chained), read once for every memory
+            if c.ngram is not None:  # the corpus n-gram memory
+                c.add_ngram(logits, slot_idx, left)
+            if c.local is not None or c.workspace is not None:  # the fill's own n-gram (the workspace's where it has none)
+                c.add_local(logits, slot_idx, left)
         if o.temperature > 0:
             logits = logits / o.temperature
         logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask

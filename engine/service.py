@@ -330,7 +330,7 @@ class EngineService:
             chunk = puts[i : i + 64]
             for (k, _), ids in zip(chunk, self.tok.encode_batch([t for _, t in chunk])):
                 refused += not mem.put(k, ids)
-        if mem.stale or mem.view() is None:
+        if mem.stale or not mem.counted:
             mem.refresh()
         return {"files": len(mem), "tokens": mem.tokens, "refused": refused}
 

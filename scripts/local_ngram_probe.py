@@ -54,8 +54,8 @@ def attach_far(self, lookup):
                                    np.concatenate([t[2] for t in tabs])[first], ORDERS)
 
 
-def add_ngram(self, logits, slot_idx):
-    orig_add(self, logits, slot_idx)
+def add_ngram(self, logits, slot_idx, left=None):
+    orig_add(self, logits, slot_idx, left)
     t = getattr(self, "far_table", None)
     if t is not None and W:
         left = S.left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], t.max_order, self.cfg.mask_token_id)

@@ -120,8 +120,8 @@ def add_ws(self, logits, slot_idx):
     ng.add_bias(ws, logits, runs, W, S.ngram_skip(self.cfg))
 
 
-def add_local(self, logits, slot_idx):
-    orig_add_local(self, logits, slot_idx)
+def add_local(self, logits, slot_idx, left=None):
+    orig_add_local(self, logits, slot_idx, left)
     add_ws(self, logits, slot_idx)
 
 
