@@ -14,6 +14,7 @@ import array
 import itertools
 import json
 import math
+import os
 import random
 import shutil
 import signal
@@ -193,6 +194,9 @@ class _BatchSource(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is not None:  # forked copies share the parent's RNG state: give each its own
             self.data.rng = random.Random(self.seed * 1000 + info.id)
+            # the parent encoded the corpus with the tokenizer's thread pool; in a forked child that pool
+            # deadlocks unless parallelism is off (TOKENIZERS_PARALLELISM=true would force it on)
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
         while True:
             yield self.data.batch(self.n)
 

@@ -62,6 +62,8 @@ def slot_stats_reference(h: torch.Tensor, norm_w: torch.Tensor, eps: float, head
 # the same rescaling rule.
 
 NEG = -1.0e30
+# what the kernel reads: compiled Triton accepts only constexpr globals (the interpreter took the float)
+NEG_K = tl.constexpr(NEG) if tl is not None else NEG
 
 
 def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
@@ -84,11 +86,11 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
         sumsq += tl.sum(x * x, axis=1)
     rstd = 1.0 / tl.sqrt(sumsq / D + eps)
 
-    m_run = tl.full([BLOCK_M], NEG, dtype=tl.float32)
+    m_run = tl.full([BLOCK_M], NEG_K, dtype=tl.float32)
     s_run = tl.zeros([BLOCK_M], dtype=tl.float32)
     u_run = tl.zeros([BLOCK_M], dtype=tl.float32)
-    t1 = tl.full([BLOCK_M], NEG, dtype=tl.float32)
-    t2 = tl.full([BLOCK_M], NEG, dtype=tl.float32)
+    t1 = tl.full([BLOCK_M], NEG_K, dtype=tl.float32)
+    t2 = tl.full([BLOCK_M], NEG_K, dtype=tl.float32)
     t1i = tl.zeros([BLOCK_M], dtype=tl.int32)
     v_lo = pid_s * v_per_split
     v_hi = tl.minimum(v_lo + v_per_split, V)
@@ -107,11 +109,11 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
             w = tl.load(w_ptr + vcols[None, :].to(tl.int64) * stride_wv + cols[:, None], mask=d_ok[:, None] & v_ok[None, :],
                         other=0.0)
             z += tl.dot(xn, w.to(tl.float32), input_precision="ieee")  # fp32 like the reference
-        z = tl.where(v_ok[None, :] & (vcols[None, :] != ban), z, NEG)
+        z = tl.where(v_ok[None, :] & (vcols[None, :] != ban), z, NEG_K)
 
         b1 = tl.max(z, axis=1)
         b1i = tl.argmax(z, axis=1)
-        b2 = tl.max(tl.where(local[None, :] == b1i[:, None], NEG, z), axis=1)
+        b2 = tl.max(tl.where(local[None, :] == b1i[:, None], NEG_K, z), axis=1)
         better = b1 > t1
         t2 = tl.where(better, tl.maximum(t1, b2), tl.maximum(t2, b1))
         t1i = tl.where(better, v0 + b1i, t1i)

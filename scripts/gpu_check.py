@@ -6,7 +6,12 @@
    relative to the largest logit, top-1 agreement), and one fill is decoded on the device (the
    sampler, the context cache, the slot-statistics kernel, DreamOn's resizing: every op of the
    decoding loop in that dtype).
-2. bench: a random model of Dream-7B's shapes (Qwen2.5-7B: hidden 3584, 28 layers, 28/4 heads, FFN
+2. kernels: the slot-statistics kernel (kernels/slot_stats.py) compiled for the device, on every case
+   of tests/test_kernels.py (fp32/bf16/fp16 inputs, odd blockings, 152k vocabularies) plus the
+   device's own launch settings, against its torch reference on the same device: max abs error per
+   statistic and argmax agreement. (On the CPU, tests/test_kernels.py runs the same cases through
+   Triton's interpreter; the tiny mode runs the three smallest here with TRITON_INTERPRET=1.)
+3. bench: a random model of Dream-7B's shapes (Qwen2.5-7B: hidden 3584, 28 layers, 28/4 heads, FFN
    18944, vocab 152064), built on the meta device and filled in bf16 directly on the GPU (writing
    and reading 15 GB would spend the time budget on the disk): the first (full) forward of a
    512-token canvas, one cached step, fills of 32 and 64 slots (default decoding options), and a
@@ -71,6 +76,39 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
         out[name] = row
         del model, ref
     return out
+
+
+KERNEL_TOL = {"fp32": 1e-5, "bf16": 1e-5, "fp16": 1e-5}  # maths in fp32 on both sides (ieee dot)
+
+
+def kernels(dev: torch.device, tiny: bool) -> dict:
+    """The compiled (or, tiny, interpreted) slot-statistics kernel against its torch reference."""
+    import importlib
+    import os
+
+    ks = importlib.import_module("kernels.slot_stats")
+    if ks.triton is None:
+        return {"skipped": "Triton is not installed", "ok": True}
+    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return {"skipped": "no CUDA device and TRITON_INTERPRET unset (tests/test_kernels.py covers the CPU)", "ok": True}
+    from tests.test_kernels import CASES, DTYPES, _case_id, _inputs
+
+    cases = CASES[:3] if tiny else CASES + [(M, D, V, dt, 7, {}) for M in (1, 8, 33) for D, V in ((192, 8192), (3584, 152064))
+                                            for dt in ("fp32", "bf16")]
+    rows, ok = {}, True
+    for i, (M, D, V, dt, ban, kw) in enumerate(cases):
+        h, nw, hw = (t.to(dev) for t in _inputs(M, D, V, DTYPES[dt][0], seed=i))
+        got = ks.slot_stats_triton(h, nw, 1e-5, hw, ban=ban, **kw)
+        want = ks.slot_stats_reference(h, nw, 1e-5, hw, ban=ban)
+        errs = {n: float((a.double() - b.double()).abs().max()) for n, a, b in
+                zip(("max_prob", "top2_prob", "entropy"), (got[0], got[2], got[3]), (want[0], want[2], want[3]))}
+        agree = float((got[1] == want[1]).float().mean())
+        banned = ban >= 0 and bool((got[1] == ban).any())
+        good = max(errs.values()) <= KERNEL_TOL[dt] * 10 and agree == 1.0 and not banned
+        ok = ok and good
+        rows[_case_id((M, D, V, dt, ban, kw))] = {**errs, "argmax_agree": agree, "ok": good}
+    return {"cases": rows, "max_err": max(max(r[k] for k in ("max_prob", "top2_prob", "entropy")) for r in rows.values()),
+            "ok": ok}
 
 
 def dream_7b_config(tiny: bool):
@@ -199,6 +237,13 @@ def main() -> int:
         print(f"parity {name:>13}: rel err {row['rel_err']:.2e}, top-1 agree {row['top1_agree']:.2f}"
               + (f", fill {row['fill_steps']} steps {row['fill_ms']:.0f} ms" if "fill_ms" in row else "")
               + ("" if row["ok"] else "  FAIL"), flush=True)
+    t0 = time.perf_counter()
+    res["kernels"] = kernels(dev, tiny)
+    res["kernels_s"] = time.perf_counter() - t0
+    kr = res["kernels"]
+    print("kernels: " + (kr["skipped"] if "skipped" in kr else
+                         f"{len(kr['cases'])} cases, max abs error {kr['max_err']:.2e}" + ("" if kr["ok"] else "  FAIL")),
+          flush=True)
     if not args.skip_bench:
         t0 = time.perf_counter()
         res["bench_dream_7b"] = bench(dev, dtype, tiny, args.context or (160 if tiny else 512), args.reps or (1 if tiny else 3))
@@ -208,7 +253,7 @@ def main() -> int:
               f"{b['first_forward_ms']:.1f} ms, cached step {b['cached_step_ms']:.1f} ms, fill32 {b['fill32_ms']:.0f} ms "
               f"({b['fill32_steps']} steps), fill64 {b['fill64_ms']:.0f} ms ({b['fill64_steps']} steps), batch of 8 "
               f"{b['batch8']['speedup']:.2f}x", flush=True)
-    res["ok"] = all(r["ok"] for r in res["parity"].values())
+    res["ok"] = all(r["ok"] for r in res["parity"].values()) and res["kernels"]["ok"]
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")

@@ -5,6 +5,9 @@
 # the device machine.
 #
 #   python scripts/pack_corpus.py                 # here: runs/corpus/train.tar.xz (~5 MiB)
+#   python scripts/pack_corpus.py --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
+#                                                 # or the built corpus of `dlm-lsp corpus` (~35 MiB), trained
+#                                                 # with --corpus on its own three sides
 #   scripts/gpu_train.sh [RUN_DIR] [dlm-lsp train flags, overriding the defaults below]
 #
 # On the device machine (carry runs/corpus; add runs/default/best and RESUME=... to continue the
@@ -24,7 +27,8 @@ LIMIT_S="${LIMIT_S:-480}"
 WORKERS="${WORKERS:-12}"
 SHARD_MB="${SHARD_MB:-16}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-true}"
+# TOKENIZERS_PARALLELISM is left alone: the corpus is encoded in parallel here, and the batch workers
+# forked afterwards must not use the Rust thread pool (forced on, their first encode_batch deadlocks)
 
 if [ ! -f "$CORPUS" ]; then
     echo "no packed corpus at $CORPUS; run: python scripts/pack_corpus.py" >&2
@@ -32,9 +36,13 @@ if [ ! -f "$CORPUS" ]; then
 fi
 rm -rf "$RUN/corpus"
 mkdir -p "$RUN/corpus"
-tar -xJf "$CORPUS" -C "$RUN/corpus"
+"$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" "$CORPUS" "$RUN/corpus"  # no xz binary needed
 SOURCES=()
-for d in "$RUN"/corpus/*/; do SOURCES+=(--source "${d%/}"); done
+if [ -f "$RUN/corpus/corpus.json" ]; then  # a packed built corpus (pack_corpus.py --built): its own split
+    SOURCES=(--corpus "$RUN/corpus")
+else
+    for d in "$RUN"/corpus/*/; do SOURCES+=(--source "${d%/}"); done
+fi
 RESUME_ARGS=()
 [ -n "${RESUME:-}" ] && RESUME_ARGS=(--resume "$RESUME")
 
@@ -70,13 +78,14 @@ fi
 "$PY" -m engine.shard "${CKPTS[@]}" --max-mb "$SHARD_MB"
 
 # Export for the device tool (at most 8 files of 16 MiB come back): the weight shards as they are,
-# everything else of best/ (config, index, tokenizer, state, log, curve) and the split in one tar:
+# everything else of best/ (config, index, tokenizer, state, log, curve; not the optimizer state, twice
+# the weights' size) and the split in one tar:
 #   mkdir ckpt && tar -xf best/rest.tar -C ckpt && cp best/model-*.safetensors ckpt/
 if [ -n "${OUT:-}" ]; then
     RUN_ABS="$(cd "$RUN" && pwd)"
     mkdir -p "$OUT/best"
     cp "$RUN_ABS"/best/model-*.safetensors "$OUT/best/"
-    tar -cf "$OUT/best/rest.tar" -C "$RUN_ABS/best" --exclude 'model-*.safetensors' . \
+    tar -cf "$OUT/best/rest.tar" -C "$RUN_ABS/best" --exclude 'model-*.safetensors' --exclude optimizer.safetensors . \
         -C "$RUN_ABS" split.json
     ls -la "$OUT/best"
 fi

@@ -8,6 +8,13 @@ train / held-out split. The held-out files travel too: the trainer's split rule 
 training and uses them for the validation loss only. MANIFEST.json lists both sides.
 
     python scripts/pack_corpus.py [--out runs/corpus/train.tar.xz] [--source DIR ...] [--max-files N]
+
+With --built runs/corpus (a folder of `dlm-lsp corpus`), the archive is itself a built corpus: its
+corpus.json keeps the three sides (train, heldout, heldout_packages) as they were split here, and
+every file lies under files/<label>/<path>; this interpreter's stdlib files are stored as label
+"stdlib-here" (the other side's stdlib is another version). Unpacked, it is trained with `--corpus`.
+
+    python scripts/pack_corpus.py --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
 """
 from __future__ import annotations
 
@@ -66,6 +73,46 @@ def pack(out: Path, sources: list[Path], max_files: int | None = None, include_s
     return manifest
 
 
+HERE = "stdlib-here"  # the label this interpreter's stdlib files take in a packed built corpus
+
+
+def pack_built(out: Path, folder: Path, max_files: int | None = None, limit_mb: float = LIMIT_MB) -> dict:
+    """Writes a built corpus (`dlm-lsp corpus`) as an archive that is a built corpus too."""
+    sides = corpus.built_files(folder)
+    if max_files:
+        sides = {k: v[: max_files if k == "train" else max(2, max_files // 10)] for k, v in sides.items()}
+    summary = {k: v for k, v in json.loads((folder / "corpus.json").read_text()).items()
+               if k not in ("train", "heldout", "heldout_packages")}
+    summary["packed_from"] = str(folder)
+    manifest = {"bytes": 0}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, "w:xz", preset=9) as tar:
+        for side, group in sides.items():
+            keys = []
+            for f in group:
+                try:
+                    data = f.path.read_bytes()
+                    data.decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue  # the trainer skips these too
+                label, rel = f.key.split(":", 1)
+                label = HERE if label == "stdlib" else label
+                tar.addfile(*_member(f"files/{label}/{rel}", data))
+                keys.append(f"{label}:{rel}")
+                manifest["bytes"] += len(data)
+            summary[side] = keys
+            manifest[side] = len(keys)
+        tar.addfile(*_member("corpus.json", (json.dumps(summary, indent=1) + "\n").encode()))
+    size_mb = tmp.stat().st_size / 2**20
+    if size_mb > limit_mb:
+        tmp.unlink()
+        raise SystemExit(f"packed corpus is {size_mb:.1f} MiB, over the {limit_mb:g} MiB limit; use --max-files")
+    tmp.replace(out)
+    manifest["archive_mib"] = round(size_mb, 2)
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/corpus/train.tar.xz", help="archive to write (.tar.xz)")
@@ -73,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")
     p.add_argument("--max-files", type=int, default=None, help="only the first N training files (smoke runs)")
     p.add_argument("--limit-mb", type=float, default=LIMIT_MB)
+    p.add_argument("--built", default=None, help="pack this built corpus (`dlm-lsp corpus --out`) as a built corpus")
     a = p.parse_args(argv)
+    if a.built:
+        m = pack_built(Path(a.out), Path(a.built), a.max_files, a.limit_mb)
+        print(f"{a.out}: {m['train']} train + {m['heldout']} held-out + {m['heldout_packages']} held-out-package "
+              f"files, {m['bytes'] / 1e6:.1f} MB of source -> {m['archive_mib']:.1f} MiB")
+        return 0
     m = pack(Path(a.out), [Path(s) for s in a.source], a.max_files, a.stdlib, a.limit_mb)
     print(f"{a.out}: {len(m['train'])} train + {len(m['heldout'])} held-out files, "
           f"{m['bytes'] / 1e6:.1f} MB of source -> {m['archive_mib']:.1f} MiB")

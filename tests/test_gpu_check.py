@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_check_tiny_mode_runs_and_writes_json(tmp_path):
-    env = {**os.environ, "TINY": "1", "OUT": str(tmp_path), "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TINY": "1", "OUT": str(tmp_path), "PY": sys.executable, "OMP_NUM_THREADS": "1",
+           "TRITON_INTERPRET": "1"}  # the kernel section runs its smallest cases through the interpreter
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -23,6 +24,8 @@ def test_gpu_check_tiny_mode_runs_and_writes_json(tmp_path):
     for name, row in res["parity"].items():
         assert row["rel_err"] <= 1e-4, name  # fp32 against fp32: the same computation
         assert row["fill_ok"] and row["fill_steps"] >= 1, name  # every family decodes (WeDLM too)
+    k = res["kernels"]
+    assert k["ok"] and len(k["cases"]) == 3 and all(r["argmax_agree"] == 1.0 for r in k["cases"].values())
     b = res["bench_dream_7b"]
     for key in ("first_forward_ms", "cached_step_ms", "fill32_ms", "fill64_ms"):
         assert b[key] > 0, key

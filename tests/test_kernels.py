@@ -216,3 +216,38 @@ def test_cpu_tensors_without_interpreter_use_the_reference(monkeypatch):
         assert not calls and len(out) == 4
     finally:
         ks.set_backend(prev)
+
+
+# ---------------------------------------------------------------- compiled for a GPU, without one
+
+_COMPILE_CHILD = r"""
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+ks = importlib.import_module("kernels.slot_stats")
+out = {}
+for dt, bd in (("fp32", 128), ("bf16", 64), ("fp16", 16)):
+    p = "*" + dt
+    sig = {"h_ptr": p, "g_ptr": p, "w_ptr": p, "m_ptr": "*fp32", "s_ptr": "*fp32", "u_ptr": "*fp32",
+           "t1_ptr": "*fp32", "t1i_ptr": "*i32", "t2_ptr": "*fp32", "M": "i32", "D": "i32", "V": "i32",
+           "stride_hm": "i32", "stride_wv": "i32", "eps": "fp32", "ban": "i32", "v_per_split": "i32",
+           "BLOCK_M": "constexpr", "BLOCK_D": "constexpr", "BLOCK_V": "constexpr"}
+    src = ASTSource(ks._slot_stats_kernel, sig, constexprs={"BLOCK_M": 16, "BLOCK_D": bd, "BLOCK_V": 128})
+    out[dt] = sorted(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_kernel_compiles_for_hopper_without_a_gpu():
+    """Triton's compiler for an H200 (sm_90) runs on the CPU: the interpreter forgives what the compiler
+    rejects (a plain float global read in the kernel passed every interpreted case and broke every GPU
+    fill, found on the first H200 lease), so the kernel is compiled down to a cubin here too."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_CHILD], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert proc.returncode == 0 and line, proc.stderr[-3000:]
+    for dt, stages in json.loads(line[len("RESULT "):]).items():
+        assert {"ttir", "ptx", "cubin"} <= set(stages), dt
