@@ -40,6 +40,26 @@ def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
     return info, io.BytesIO(data)
 
 
+def _text_bytes(path: Path) -> bytes | None:
+    """The file's bytes if it is UTF-8 text, else None."""
+    try:
+        data = path.read_bytes()
+        data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return data
+
+
+def _keep(tmp: Path, out: Path, limit_mb: float) -> float:
+    """Moves the written archive into place, refusing one over the limit; returns its MiB."""
+    size_mb = tmp.stat().st_size / 2**20
+    if size_mb > limit_mb:
+        tmp.unlink()
+        raise SystemExit(f"packed corpus is {size_mb:.1f} MiB, over the {limit_mb:g} MiB limit; use --max-files")
+    tmp.replace(out)
+    return round(size_mb, 2)
+
+
 def pack(out: Path, sources: list[Path], max_files: int | None = None, include_stdlib: bool = True,
          limit_mb: float = LIMIT_MB) -> dict:
     """Writes the archive and returns its manifest."""
@@ -54,22 +74,15 @@ def pack(out: Path, sources: list[Path], max_files: int | None = None, include_s
     with tarfile.open(tmp, "w:xz", preset=9) as tar:
         for side, group in (("train", train), ("heldout", held)):
             for f in group:
-                try:
-                    data = f.path.read_bytes()
-                    data.decode("utf-8")
-                except (OSError, UnicodeDecodeError):
+                data = _text_bytes(f.path)
+                if data is None:
                     continue  # the trainer skips these too
                 label, rel = f.key.split(":", 1)
                 tar.addfile(*_member(f"{label}/{rel}", data))
                 manifest[side].append({"key": f.key, "sha256": hashlib.sha256(data).hexdigest()[:16]})
                 manifest["bytes"] += len(data)
         tar.addfile(*_member("MANIFEST.json", (json.dumps(manifest, indent=1) + "\n").encode()))
-    size_mb = tmp.stat().st_size / 2**20
-    if size_mb > limit_mb:
-        tmp.unlink()
-        raise SystemExit(f"packed corpus is {size_mb:.1f} MiB, over the {limit_mb:g} MiB limit; use --max-files")
-    tmp.replace(out)
-    manifest["archive_mib"] = round(size_mb, 2)
+    manifest["archive_mib"] = _keep(tmp, out, limit_mb)
     return manifest
 
 
@@ -91,10 +104,8 @@ def pack_built(out: Path, folder: Path, max_files: int | None = None, limit_mb: 
         for side, group in sides.items():
             keys = []
             for f in group:
-                try:
-                    data = f.path.read_bytes()
-                    data.decode("utf-8")
-                except (OSError, UnicodeDecodeError):
+                data = _text_bytes(f.path)
+                if data is None:
                     continue  # the trainer skips these too
                 label, rel = f.key.split(":", 1)
                 label = HERE if label == "stdlib" else label
@@ -104,12 +115,7 @@ def pack_built(out: Path, folder: Path, max_files: int | None = None, limit_mb: 
             summary[side] = keys
             manifest[side] = len(keys)
         tar.addfile(*_member("corpus.json", (json.dumps(summary, indent=1) + "\n").encode()))
-    size_mb = tmp.stat().st_size / 2**20
-    if size_mb > limit_mb:
-        tmp.unlink()
-        raise SystemExit(f"packed corpus is {size_mb:.1f} MiB, over the {limit_mb:g} MiB limit; use --max-files")
-    tmp.replace(out)
-    manifest["archive_mib"] = round(size_mb, 2)
+    manifest["archive_mib"] = _keep(tmp, out, limit_mb)
     return manifest
 
 

@@ -146,10 +146,24 @@ def test_pack_corpus_keeps_the_split(tmp_path):
     assert {f.key for f in held} == {e["key"] for e in m["heldout"]}
 
 
-def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path):
+def _tiny_built_corpus(folder: Path) -> None:
+    """A built corpus (`dlm-lsp corpus` layout) of three of this project's sources and one held-out file."""
+    (folder / "files" / "p" / "p").mkdir(parents=True)
+    for name in ("objective", "sampler", "model", "tokenizer"):
+        (folder / "files" / "p" / "p" / f"{name}.py").write_text((ROOT / "engine" / f"{name}.py").read_text())
+    (folder / "corpus.json").write_text(json.dumps({"train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
+                                                    "heldout": [], "heldout_packages": ["p:p/tokenizer.py"]}))
+
+
+@pytest.mark.parametrize("kind", ["sources", "built"])
+def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path, kind):
     pack_corpus = _pack_corpus()
     packed = tmp_path / "corpus.tar.xz"
-    pack_corpus.pack(packed, [], max_files=10)
+    if kind == "sources":
+        pack_corpus.pack(packed, [], max_files=10)
+    else:  # pack_corpus.py --built: gpu_train.sh trains it with --corpus, on its own sides
+        _tiny_built_corpus(tmp_path / "built")
+        pack_corpus.pack_built(packed, tmp_path / "built")
     run_dir, export = tmp_path / "gpu", tmp_path / "out"
     # two batch workers forked after the corpus was encoded in parallel, on multi-hole windows (whose
     # examples call encode_batch): the Rust thread pool must be off in them, even when asked for
@@ -170,7 +184,11 @@ def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path):
     assert cfg.dim == 32 and json.loads((best / "training_state.json").read_text())["args"]["stdlib"] is False
     # trained on the packed files only, with the original split
     split = json.loads((run_dir / "split.json").read_text())
-    assert split["train"] and all(k.startswith("stdlib:") and not corpus.is_heldout(k) for k in split["train"])
+    if kind == "sources":
+        assert split["train"] and all(k.startswith("stdlib:") and not corpus.is_heldout(k) for k in split["train"])
+    else:
+        assert split == {**split, "train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
+                         "heldout": ["p:p/tokenizer.py"]}
     # the export: shards as they are + one tar with the rest, which rebuilds a loadable checkpoint
     exported = sorted(p.name for p in (export / "best").iterdir())
     assert exported == sorted([s.name for s in shards] + ["rest.tar"])
@@ -185,6 +203,33 @@ def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, model2.state_dict()[k])
     assert shard_checkpoint(best) == [s.name for s in shards]  # already sharded: a no-op
+
+
+def test_pack_built_keeps_the_sides_and_relabels_this_stdlib(tmp_path):
+    """pack_corpus.py --built: the archive is a built corpus; stdlib files travel as files of their own."""
+    pack_corpus = _pack_corpus()
+    folder = tmp_path / "built"
+    (folder / "files" / "p" / "p").mkdir(parents=True)
+    (folder / "files" / "p" / "p" / "a.py").write_text("def a():\n    return 1\n")
+    (folder / "files" / "p" / "p" / "b.py").write_text("B = 2\n")
+    (folder / "files" / "p" / "p" / "bad.py").write_bytes(b"\xff\xfe")  # not UTF-8: left out, as the trainer would
+    (folder / "corpus.json").write_text(json.dumps({
+        "python": "3.x", "train": ["p:p/a.py", "stdlib:json/decoder.py", "p:p/bad.py"], "heldout": ["stdlib:json/encoder.py"],
+        "heldout_packages": ["p:p/b.py"]}))
+    out = tmp_path / "c.tar.xz"
+    m = pack_corpus.pack_built(out, folder)
+    assert (m["train"], m["heldout"], m["heldout_packages"]) == (2, 1, 1)
+    with tarfile.open(out) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    sides = corpus.built_files(tmp_path / "x")
+    assert [f.key for f in sides["train"]] == ["p:p/a.py", "stdlib-here:json/decoder.py"]
+    assert [f.key for f in sides["heldout"]] == ["stdlib-here:json/encoder.py"]
+    stdlib = corpus.built_files(folder)["train"][1]
+    assert sides["train"][1].read() == stdlib.read() and sides["heldout_packages"][0].read() == "B = 2\n"
+    assert json.loads((tmp_path / "x" / "corpus.json").read_text())["python"] == "3.x"  # the rest of the summary kept
+    with pytest.raises(SystemExit, match="over the"):
+        pack_corpus.pack_built(tmp_path / "d.tar.xz", folder, limit_mb=1e-6)
+    assert not (tmp_path / "d.tar.xz").exists()
 
 
 def test_wsd_schedule_warms_once_and_decays_over_the_planned_hours():
