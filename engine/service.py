@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import names, ngram, reuse, sampler
-from engine.api import EngineError, Fill, FillJob, with_model_defaults
+from engine.api import DecodeOptions, EngineError, Fill, FillJob, with_model_defaults
 from engine.cache import BatchContext
 from engine.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
 from engine.reorder import ReorderCanvas, SessionCache
@@ -100,12 +100,20 @@ class _Active:
     heal_text: str = ""  # token healing: the prefix's tail the fill re-types (cut from its text)
 
 
+WARM_UP_SLOTS = (16, 5, 1)  # the warm-up's fills (EngineService.warm_up)
+
+
 class EngineService:
     """Owns the model on its own thread; thread-safe submit()."""
 
     def __init__(self, model: str | None = None, device: str = "auto", on_state=None, max_batch: int = 8,
-                 threads: int | None = None, stall_s: float = 60.0, max_stalls: int = 3):
+                 threads: int | None = None, stall_s: float = 60.0, max_stalls: int = 3, warm_up: bool | None = None):
         self.model_name, self.device_name = model, device
+        # before its first job the worker runs WARM_UP_SLOTS fills of its own (None: on a GPU only, where
+        # the first fills compile the Triton kernel's variants and start cuBLAS: seconds; on the CPU the
+        # first fill costs ~50 ms more than the next, not worth delaying every start for)
+        self.warm_up = warm_up
+        self._warmed = False
         self.on_state = on_state
         self.max_batch = max_batch
         # torch CPU threads: the `threads` argument, else DLM_THREADS, else (the resident worker
@@ -146,7 +154,8 @@ class EngineService:
         self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
                       "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
                       "out_of_memory": 0, "worker_deaths": 0, "stalls": 0, "restarts": 0,
-                      "forwarded_tokens": 0, "reused_tokens": 0}  # rows run / context rows reused (Fill's)
+                      "forwarded_tokens": 0, "reused_tokens": 0,  # rows run / context rows reused (Fill's)
+                      "warmup_fills": 0, "warmup_ms": 0.0}  # the worker's own fills before its first job
         self._stats_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -207,6 +216,26 @@ class EngineService:
                  self.threads, self.threads_from)
         self._set_state("ready")
         self._ready.set()
+
+    def _warm_up(self) -> None:
+        """The worker's own short fills before it takes jobs, once per process (see `warm_up`); a
+        failure is logged and the worker serves on (the jobs then report their own errors)."""
+        if self._warmed or not (self.warm_up if self.warm_up is not None else self.device.type == "cuda"):
+            return
+        self._warmed = True
+        started = time.monotonic()
+        try:
+            prefix = self.tok.encode("import os\n\n\ndef warm_up(path):\n    with open(path) as f:\n        return ")
+            suffix = self.tok.encode("\n\n\nprint(warm_up(os.devnull))\n")
+            for n in WARM_UP_SLOTS:  # slot counts of different shapes: each may compile its own kernel variant
+                sampler.fill(self.model, sampler.Canvas.build(prefix, suffix, n, self.cfg, DecodeOptions(), 512, self.device))
+                with self._stats_lock:
+                    self.stats["warmup_fills"] += 1
+        except Exception:  # noqa: BLE001 - a warm-up must not keep the engine from serving
+            log.exception("engine warm-up fill failed")
+        with self._stats_lock:
+            self.stats["warmup_ms"] = round((time.monotonic() - started) * 1000, 1)
+        log.info("engine warm-up: %d fill(s) in %.0f ms", self.stats["warmup_fills"], self.stats["warmup_ms"])
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """True once the model is loaded (False on timeout or load error)."""
@@ -590,6 +619,7 @@ class EngineService:
         try:
             if self.model is None:  # load() may already have run on the caller's thread
                 self.load()
+            self._warm_up()
         except Exception:  # noqa: BLE001
             # fail whatever is queued, and keep failing new jobs with the load error
             while not self._stop.is_set() and gen == self._gen:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine import sampler
+from engine import sampler, service
 from engine.api import DecodeOptions, EngineError, FillJob
 from engine.service import EngineService
 from tests.engine_models import peaked_checkpoint
@@ -276,3 +276,45 @@ def test_healed_job_retypes_the_prefix_tail_and_leaves_it_out_of_the_text(alone)
     assert (healed.slots, plain.slots) == (7, 6)  # one more slot: the re-typed tail
     assert healed.token_ids[0] in h.first and tok.decode(healed.token_ids) == h.text + healed.text
     assert plain.text == tok.decode(plain.token_ids)
+
+
+def test_the_warm_up_runs_before_the_first_job_and_changes_no_answer(folder, alone, monkeypatch):
+    """On a GPU the worker fills a few canvases of its own before its first job (the kernel's variants
+    compile then, not in a user's first keystrokes); forced on here, it must leave every answer and
+    every job counter as they were."""
+    calls = []
+    real = sampler.fill
+    monkeypatch.setattr(sampler, "fill", lambda model, canvas, *a, **k: calls.append(canvas.n) or real(model, canvas, *a, **k))
+    jobs = _jobs(DecodeOptions(threshold=0.5))
+    svc = EngineService(str(folder), device="cpu", warm_up=True)
+    futs = [svc.submit(j) for j in jobs]
+    svc.start()
+    try:
+        fills = [f.result(TIMEOUT) for f in futs]
+    finally:
+        svc.close()
+    assert calls == list(service.WARM_UP_SLOTS)  # the warm-up's own fills; jobs take the batched path
+    assert svc.stats["warmup_fills"] == len(service.WARM_UP_SLOTS) and svc.stats["warmup_ms"] > 0
+    assert svc.stats["jobs"] == len(jobs) and svc.stats["max_batch_seen"] == len(jobs)  # queued jobs still batch
+    for job, f in zip(jobs, fills):
+        _same_as_alone(alone, job, f)
+
+
+def test_no_warm_up_on_the_cpu_by_default_and_a_failing_one_serves_on(folder, monkeypatch):
+    svc = EngineService(str(folder), device="cpu").start()
+    try:
+        assert svc.submit(FillJob(prefix=TEXTS[0][0], max_tokens=4)).result(TIMEOUT).steps >= 1
+        assert svc.stats["warmup_fills"] == 0 and svc.stats["warmup_ms"] == 0.0
+    finally:
+        svc.close()
+
+    def broken(*a, **k):
+        raise RuntimeError("kernel compilation failed")
+
+    monkeypatch.setattr(sampler, "fill", broken)
+    svc = EngineService(str(folder), device="cpu", warm_up=True).start()
+    try:
+        f = svc.submit(FillJob(prefix=TEXTS[1][0], max_tokens=4)).result(TIMEOUT)
+        assert f.steps >= 1 and svc.stats["warmup_fills"] == 0 and svc.stats["jobs"] == 1
+    finally:
+        svc.close()
