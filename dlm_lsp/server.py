@@ -612,9 +612,21 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve()
 
 
+class _AnsweredCancels(logging.Filter):
+    """Drops pygls's warning for a $/cancelRequest whose request was already answered: editors send
+    one whenever the user types past a completion (routine, not a fault), and in VS Code's output
+    view the warnings pushed the server's own lines out of sight."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Cancel notification for unknown message id")
+
+
 def quiet_pygls() -> None:
     """pygls logs every message body at INFO; keep stderr readable."""
     logging.getLogger("pygls").setLevel(logging.WARNING)
+    rpc = logging.getLogger("pygls.protocol.json_rpc")
+    if not any(isinstance(f, _AnsweredCancels) for f in rpc.filters):
+        rpc.addFilter(_AnsweredCancels())
 
 
 if __name__ == "__main__":

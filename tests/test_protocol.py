@@ -339,10 +339,15 @@ async def test_a_cancel_for_an_id_no_request_can_have_is_ignored_quietly(tmp_pat
             for bad in ({"nested": 1}, [1, 2], True, None, 1.5):
                 before = await c.probe(frame({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": bad}}))
                 assert responses(before) == [], bad
+            # a cancel for a request already answered (editors send them as the user types on): no warning
+            answered = await c.probe(frame(request(41)))
+            assert [r[0] for r in responses(answered)] == [41]
+            await c.probe(frame({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 41}}))
         finally:
             await c.stop()
     text = log_path.read_text(errors="replace")
     assert "Traceback" not in text and "unhashable" not in text, text[-2000:]
+    assert "Cancel notification for unknown message id" not in text, text[-2000:]
 
 
 async def test_nested_request_like_objects_are_params_not_messages():
