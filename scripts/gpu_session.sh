@@ -8,7 +8,8 @@
 #      comparison), both on the packed built corpus with the default's tokenizer, recipe as
 #      scripts/gpu_train.sh (bf16 autocast, batch 128 x 512, warm-up / constant / cool-down), 4 holes
 #      per infill window as the long run: A = the default's shape (dim 192, 5 layers, 3.97 M) and
-#      B = dim 224, 6 layers (5.75 M; 1.4x the default's CPU fill cost, the most the 300 ms budget allows).
+#      B = dim 224, 6 layers (5.75 M; 1.4x the default's CPU fill cost, idle, scripts/size_latency.py; dim 256 x 6
+#      costs 1.7x, which would put the default's p95 of ~180 ms past the 300 ms budget).
 # Each run's best (EMA) checkpoint comes back as shards + rest.tar under $OUT/a and $OUT/b.
 #
 # Here, first (runs/ is ignored, so it is carried):
