@@ -111,7 +111,7 @@ class EngineService:
         self.model_name, self.device_name = model, device
         # before its first job the worker runs WARM_UP_SLOTS fills of its own (None: on a GPU only, where
         # the first fills compile the Triton kernel's variants and start cuBLAS: seconds; on the CPU the
-        # first fill costs ~50 ms more than the next, not worth delaying every start for)
+        # first fill costs some tens of ms more than the next, scripts/first_fill.py: not worth a warm-up)
         self.warm_up = warm_up
         self._warmed = False
         self.on_state = on_state

@@ -78,7 +78,7 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
     return out
 
 
-KERNEL_TOL = {"fp32": 1e-5, "bf16": 1e-5, "fp16": 1e-5}  # maths in fp32 on both sides (ieee dot)
+KERNEL_ATOL = 1e-4  # every input dtype: the maths is fp32 on both sides (ieee dot), summed in another order
 
 
 def kernels(dev: torch.device, tiny: bool) -> dict:
@@ -104,7 +104,7 @@ def kernels(dev: torch.device, tiny: bool) -> dict:
                 zip(("max_prob", "top2_prob", "entropy"), (got[0], got[2], got[3]), (want[0], want[2], want[3]))}
         agree = float((got[1] == want[1]).float().mean())
         banned = ban >= 0 and bool((got[1] == ban).any())
-        good = max(errs.values()) <= KERNEL_TOL[dt] * 10 and agree == 1.0 and not banned
+        good = max(errs.values()) <= KERNEL_ATOL and agree == 1.0 and not banned
         ok = ok and good
         rows[_case_id((M, D, V, dt, ban, kw))] = {**errs, "argmax_agree": agree, "ok": good}
     return {"cases": rows, "max_err": max(max(r[k] for k in ("max_prob", "top2_prob", "entropy")) for r in rows.values()),
