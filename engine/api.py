@@ -101,7 +101,8 @@ class DecodeOptions:
     # the end, as pad_left does; every later slot becomes padding, text committed further right is
     # cut) instead of forcing a guess there. A fill is then the text the model was sure of, and the
     # steps a guessed tail would take are never run. Needs pad_left; not while a healed slot is open;
-    # never on a final (deadline / step-budget) step. 0: off; None: the model's setting, else off.
+    # never on a final (deadline / step-budget) step. 0: off; None: the model's setting for the job's
+    # hole kind (serving.json "decode": "stop_below", and "stop_below_kinds" per FillJob.kind), else off.
     stop_below: float | None = None
     # draft chaining for the copy boost (prompt-lookup drafts in parallel): a predicted slot whose
     # left neighbour is a masked slot predicted in the same step takes its left run from that
@@ -140,7 +141,7 @@ class FillJob:
     # forwarded through the model, only searched by the copy boost (DecodeOptions.copy_far)
     lookup: str = ""
     # the hole's kind (dlm_lsp.context: "line", "args", "middle", "block"), None for a bare job: picks
-    # the model's per-kind decoding (serving.json "decode" "ngram_kinds")
+    # the model's per-kind decoding (serving.json "decode" "ngram_kinds", "stop_below_kinds", ...)
     kind: str | None = None
     # the workspace memory this fill reads (DecodeOptions.workspace_ngram): the name its files were
     # given to the engine under (EngineService.workspace_files), and the filled document's key there,
@@ -194,13 +195,13 @@ class Fill:
 
 MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below",
                      "ngram", "local_ngram", "workspace_ngram")  # DecodeOptions a model's serving.json may set
-KIND_DECODE_KEYS = ("ngram", "local_ngram", "workspace_ngram")  # ... and per hole kind, as "<key>_kinds": {kind: value}
+KIND_DECODE_KEYS = ("ngram", "local_ngram", "workspace_ngram", "stop_below")  # ... and per hole kind, as "<key>_kinds": {kind: value}
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None = None) -> DecodeOptions:
     """`o` with each model-tunable field left at None taken from the model's serving defaults
     (serving.json "decode"; for a job of hole kind `kind`, "ngram_kinds"[kind] before "ngram", and
-    so for "local_ngram"), else its off value."""
+    so for each of KIND_DECODE_KEYS), else its off value."""
     import dataclasses
 
     off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0,

@@ -61,7 +61,7 @@ def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
     [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
     {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS, and "ngram_kinds" /
-    "local_ngram_kinds" / "workspace_ngram_kinds": those weights per hole kind) and {"calibrator": {...}} (the
+    "local_ngram_kinds" / "workspace_ngram_kinds" / "stop_below_kinds": those per hole kind) and {"calibrator": {...}} (the
     gate's acceptance model, dlm_lsp.calibrate). Missing, unreadable or
     out-of-range values are left out (the server's own defaults), never an error."""
     path = Path(folder) / SERVING_FILE
@@ -90,6 +90,10 @@ def serving_defaults(folder: Path) -> dict:
         kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v <= 50}
         if kinds:
             ok[f"{key}_kinds"] = kinds
+    kinds = dec.get("stop_below_kinds") if isinstance(dec.get("stop_below_kinds"), dict) else {}
+    kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v < 1}
+    if kinds:  # the stop per hole kind (a line hole's best stop need not be a block's)
+        ok["stop_below_kinds"] = kinds
     if ok:
         out["decode"] = ok
     # the calibrated gate (dlm_lsp.calibrate.Calibrator), checked by the server that applies it

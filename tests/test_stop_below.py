@@ -79,3 +79,28 @@ def test_service_fills_stop_early_with_healing_and_the_copy_boost_and_keep_a_pre
         assert full.token_ids[: len(got.token_ids)] == got.token_ids and full.text.startswith(got.text)
         tokens += len(full.token_ids) - len(got.token_ids)
     assert tokens  # the tiny random model is unsure: some fill stopped early
+
+
+def test_the_stop_may_differ_per_hole_kind(service, tmp_path):
+    import json
+
+    (tmp_path / "serving.json").write_text(json.dumps({"decode": {"stop_below": 0.2, "stop_below_kinds": {
+        "block": 0.0, "middle": 0.1, "line": 1.5, "args": "x"}}}))  # out of range and not numbers: left out
+    tuned = serving_defaults(tmp_path)["decode"]
+    assert tuned == {"stop_below": 0.2, "stop_below_kinds": {"block": 0.0, "middle": 0.1}}
+    assert [with_model_defaults(DecodeOptions(), tuned, k).stop_below for k in ("line", "middle", "block", None)] == [0.2, 0.1, 0.0, 0.2]
+    assert with_model_defaults(DecodeOptions(stop_below=0.4), tuned, "block").stop_below == 0.4  # an explicit setting wins
+    base = dict(threshold=0.9, copy_bigram=2.0, copy_order=3, refresh_every=1)
+    saved, service.serving = service.serving, {"decode": tuned}
+    try:
+        differ = 0
+        for prefix in ("def add(a, b):\n    return a", "for i in range(10):\n    print(", "import os\nimport", "x = "):
+            job = dict(prefix=prefix, suffix="\n", max_tokens=12)
+            line = service.run_now(FillJob(**job, kind="line", options=DecodeOptions(**base)))
+            block = service.run_now(FillJob(**job, kind="block", options=DecodeOptions(**base)))
+            assert line.token_ids == service.run_now(FillJob(**job, options=DecodeOptions(**base, stop_below=0.2))).token_ids
+            assert block.token_ids == service.run_now(FillJob(**job, options=DecodeOptions(**base, stop_below=0.0))).token_ids
+            differ += line.token_ids != block.token_ids
+        assert differ  # the kinds' stops reached the fills
+    finally:
+        service.serving = saved
