@@ -612,6 +612,10 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
                     "score": round(s.confidence, 6), "features": s.features,
                     # what `dlm-lsp calibrate` fits: would the user keep the ungated fill
                     "accepted": _accepted(h, ungated, s.ungated_replace_len) if _shown(ungated) else None,
+                    # the shown fill as scored (score(): exact; accepted_chars), for paired comparisons
+                    # of two runs on the same holes (scripts/paired_eval.py)
+                    "exact": exact_match(s.shown, h.middle + h.suffix[: s.replace_len]),
+                    "kept_chars": len(s.shown.rstrip()) if _shown(s.shown) and _accepted(h, s.shown, s.replace_len) else 0,
                 }) + "\n")
             if done % 50 == 0 or done == total:
                 print(f"[eval{' ' + label if label else ''}] {done}/{total} holes, {time.time() - t0:.0f} s",
