@@ -57,6 +57,10 @@ def resolve_model_path(name: str | os.PathLike | None) -> Path:
 SERVING_FILE = "serving.json"  # per-model serving defaults written by the project (today: the fill gate)
 
 
+def _weight(v) -> bool:
+    return 0 <= v <= 50
+
+
 def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
     [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
@@ -86,14 +90,13 @@ def serving_defaults(folder: Path) -> dict:
     for key in ("ngram", "local_ngram", "workspace_ngram"):  # the corpus n-gram memory, the fill's own, the workspace's
         if _number(dec.get(key)) and 0 <= dec[key] <= 50:
             ok[key] = float(dec[key])
+    # per hole kind (api.KIND_DECODE_KEYS): the n-gram weights, and the stop (a line hole's best stop need not be a block's)
+    for key, in_range in (("ngram", _weight), ("local_ngram", _weight), ("workspace_ngram", _weight),
+                          ("stop_below", lambda v: 0 <= v < 1)):
         kinds = dec.get(f"{key}_kinds") if isinstance(dec.get(f"{key}_kinds"), dict) else {}
-        kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v <= 50}
+        kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and in_range(v)}
         if kinds:
             ok[f"{key}_kinds"] = kinds
-    kinds = dec.get("stop_below_kinds") if isinstance(dec.get("stop_below_kinds"), dict) else {}
-    kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and 0 <= v < 1}
-    if kinds:  # the stop per hole kind (a line hole's best stop need not be a block's)
-        ok["stop_below_kinds"] = kinds
     if ok:
         out["decode"] = ok
     # the calibrated gate (dlm_lsp.calibrate.Calibrator), checked by the server that applies it
