@@ -62,10 +62,12 @@ def _kill(pid: int) -> None:
 
 
 def _gone(pid: int) -> bool:
+    """Exited: no /proc entry, or a zombie. The process may be reaped between the open and the read,
+    which the read reports as ESRCH (ProcessLookupError), not as a missing file."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
