@@ -254,7 +254,9 @@ class Filler:
     min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
     snippets = None  # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
-    workspace = False  # --retrieve package: jobs name their package's workspace memory (workspace_memories)
+    # --retrieve package: jobs name their package's workspace memory (workspace_memories); a function
+    # of the hole names the memory itself (scripts/workspace_order_eval.py)
+    workspace = False
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
     calibrator = None  # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
 
@@ -314,7 +316,8 @@ class DiffusionFiller(Filler):
         deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
         job = to_fill_job(req, deadline, options=dataclasses.replace(self.options))
         if Filler.workspace:
-            job.workspace, job.document = hole.key.split("/", 1)[0], hole.key
+            space = Filler.workspace(hole) if callable(Filler.workspace) else hole.key.split("/", 1)[0]
+            job.workspace, job.document = space, hole.key
         fill = self.service.run_now(job)
         self.last_confidence = fill.confidence
         return fill.text, fill.steps, fill.tokens

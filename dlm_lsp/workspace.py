@@ -10,6 +10,13 @@ folders, nothing that is not UTF-8 text. It walks again every RESCAN_S seconds a
 files whose size or mtime changed (deleted ones leave the index). Open documents are indexed from
 the editor's text instead of the disk's, when a fill asks and their version changed.
 
+When a limit binds (a big repository: more files than MAX_FILES, more text than MAX_TOTAL_BYTES,
+more than the engine's workspace memory holds), the files taken are the nearest to where the user
+works, not the first in walk order: the walk orders the files it found by their folder's distance
+in the tree to the folders of the documents filled in and open beside them (`focus`), nearest
+first (then the most recent of those folders first, then walk order). A fill in a folder the last such walk did not favour wakes the walker,
+which then drops the farthest files (from the snippets and from the memory) for the nearest.
+
 Measured on held-out code (docs/MODEL.md, "Session 20"): snippets retrieved from the project's other
 files against the start of 3 neighbouring files, +0.4 to +0.6 points of rest-of-line exact match and
 more characters kept on every hole set; retrieval from the open neighbours alone was no better than
@@ -36,12 +43,41 @@ MAX_FILE_BYTES = 200_000  # bigger files are generated or data, as the corpus fi
 MAX_TOTAL_BYTES = 64_000_000  # text indexed over all files (a walk stops taking files past it)
 MAX_ENTRIES = 200_000  # directory entries a walk looks at (a home folder opened as a workspace)
 # text given to the engine's workspace memory (on_files: the workspace's n-gram), about the memory's
-# 1 M-token cap (engine.ngram.WORKSPACE_MAX_TOKENS): files past it, in walk order, are not sent
+# 1 M-token cap (engine.ngram.WORKSPACE_MAX_TOKENS): files past it, nearest to the focus first, are not sent
 MEMORY_CHARS = 4_000_000
 RESCAN_S = 60.0
+MAX_FOCUS = 8  # folders of recently filled and open documents the walk orders files by
 YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages", "venv", "env", "build",
                        "dist", "target", "_vendor", "vendored", "third_party", "htmlcov"})
+
+
+def uri_path(uri) -> Path | None:
+    """The absolute local path of a file URI (not resolved: it must match the walk's paths), else None."""
+    if not isinstance(uri, str) or not uri.startswith("file:"):
+        return None
+    path = Path(unquote(urlparse(uri).path))
+    if os.name == "nt" and str(path).startswith("\\") and ":" in str(path)[:4]:
+        path = Path(str(path)[1:])
+    return Path(os.path.abspath(path))
+
+
+def nearness(folder: Path, focus: list[Path]) -> tuple[int, int]:
+    """How near `folder` is to the focus (folders, most recent first): the steps up and down the
+    folder tree to the nearest of them (0: the same folder; 1: parent or child; 2: a sibling), then
+    that folder's place in `focus`; (0, 0) when there is no focus. Smaller is nearer."""
+    parts = folder.parts
+    best = (0, 0)
+    for i, f in enumerate(focus):
+        other = f.parts
+        common = 0
+        for a, b in zip(parts, other):
+            if a != b:
+                break
+            common += 1
+        key = (len(parts) + len(other) - 2 * common, i)
+        best = key if i == 0 else min(best, key)
+    return best
 
 
 def root_paths(root_uri, folders) -> list[Path]:
@@ -50,13 +86,8 @@ def root_paths(root_uri, folders) -> list[Path]:
     uris = [getattr(f, "uri", None) for f in (folders or [])] or [root_uri]
     out: list[Path] = []
     for uri in uris:
-        if not isinstance(uri, str) or not uri.startswith("file:"):
-            continue
-        path = Path(unquote(urlparse(uri).path))
-        if os.name == "nt" and str(path).startswith("\\") and ":" in str(path)[:4]:
-            path = Path(str(path)[1:])
-        path = Path(os.path.abspath(path))  # not resolved: sources must match the editor's URIs, links and all
-        if path.is_dir() and path not in out:
+        path = uri_path(uri)  # not resolved: sources must match the editor's URIs, links and all
+        if path is not None and path.is_dir() and path not in out:
             out.append(path)
     return out
 
@@ -83,6 +114,11 @@ class WorkspaceIndex:
         # walk that changed files, on this thread; what was sent, by size
         self.on_files = None
         self._sent: dict[str, int] = {}
+        # folders of the documents filled in and open (most recent first), the walk's order; whether
+        # the last walk left files out by a limit, and the focus it ordered by
+        self._focus: list[Path] = []
+        self._truncated = False
+        self._walked_focus: list[Path] = []
 
     def start(self) -> None:
         if self._thread is None and self.roots:
@@ -123,26 +159,57 @@ class WorkspaceIndex:
                 log.exception("workspace scan failed")
             self._wake.wait(self.rescan_s)
 
+    def focus(self, uris) -> None:
+        """The documents `uris` are being filled in or are open beside the one that is: their folders
+        go to the front of the walk's order. When the last walk left files out by a limit and ordered
+        them by another focus, the walker walks again now."""
+        folders = [p.parent for p in map(uri_path, uris) if p is not None]
+        if not folders:
+            return
+        with self._lock:
+            self._focus = list(dict.fromkeys(folders + self._focus))[:MAX_FOCUS]
+            stale = self._truncated and not set(folders) <= set(self._walked_focus)
+        if stale:
+            self._wake.set()
+
     def files(self) -> list[tuple[Path, str]]:
         """(path, languageId) of the files to index: served languages, regular files (no links),
-        under the limits, hidden and dependency folders pruned, sorted within each folder."""
+        hidden and dependency folders pruned, sorted within each folder; at most max_files of them,
+        the nearest to the focus's folders first (ties in walk order)."""
         out: list[tuple[Path, str]] = []
         seen = 0
+        with self._lock:
+            focus = list(self._focus)
+        self._walked_focus = focus
+        self._truncated = False
         for root in list(self.roots):
             for top, dirs, names in os.walk(root, followlinks=False):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
                 seen += len(dirs) + len(names)
                 if seen > self.max_entries:
-                    log.info("workspace walk stopped after %d entries (%d files taken)", seen, len(out))
-                    return out
+                    log.info("workspace walk stopped after %d entries (%d files found)", seen, len(out))
+                    self._truncated = True
+                    return self._nearest(out, focus)
                 for name in sorted(names):
                     lang = language_id_for_path(name)
                     if lang == "plaintext" or name.startswith(".") or not self.serves(lang):
                         continue
                     out.append((Path(top) / name, lang))
-                    if len(out) >= self.max_files:
-                        return out
-        return out
+                    if len(out) > self.max_files and not focus:
+                        self._truncated = True
+                        return out[: self.max_files]
+        return self._nearest(out, focus)
+
+    def _nearest(self, found: list[tuple[Path, str]], focus: list[Path]) -> list[tuple[Path, str]]:
+        if len(found) > self.max_files:
+            self._truncated = True
+        if focus:
+            near: dict[Path, tuple[int, int]] = {}
+            for path, _ in found:
+                if path.parent not in near:
+                    near[path.parent] = nearness(path.parent, focus)
+            found = sorted(found, key=lambda f: near[f[0].parent])  # stable: walk order among equals
+        return found[: self.max_files]
 
     def scan(self) -> int:
         """One walk: indexes new and changed files, drops deleted ones; returns files (re)read."""
@@ -150,7 +217,8 @@ class WorkspaceIndex:
         total = 0
         present: set[str] = set()
         sink, changed = self.on_files, {}
-        sent_chars = sum(self._sent.values())
+        memory = 0  # bytes of the files the memory should hold, nearest first
+        wanted: set[str] = set()
         for path, lang in self.files():
             if self._stop.is_set():
                 return read
@@ -162,11 +230,18 @@ class WorkspaceIndex:
                 continue
             total += st.st_size
             if total > self.max_total_bytes:
+                self._truncated = True
                 break
             source = uri_key(path.as_uri())
             present.add(source)
             unchanged = self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns)
-            unsent = sink is not None and source not in self._sent and sent_chars + st.st_size <= MEMORY_CHARS
+            want = sink is not None and memory + st.st_size <= MEMORY_CHARS
+            if want:
+                memory += st.st_size
+                wanted.add(source)
+            elif sink is not None:
+                self._truncated = True
+            unsent = want and source not in self._sent
             if source in self._open or (unchanged and not unsent):
                 continue
             try:
@@ -182,8 +257,7 @@ class WorkspaceIndex:
                 if not unchanged:
                     self._index(lang).add(source, text)
                     self._mark(source, (lang, st.st_size, st.st_mtime_ns))
-            if sink is not None and (source in self._sent or sent_chars + len(text) <= MEMORY_CHARS):
-                sent_chars += len(text) - self._sent.get(source, 0)
+            if want:
                 self._sent[source] = len(text)
                 changed[source] = text
             read += 1
@@ -194,7 +268,7 @@ class WorkspaceIndex:
                 lang = self._seen[source][0]
                 self._mark(source, None)
                 self._index(lang).remove(source)
-            for source in [s for s in self._sent if s not in present]:
+            for source in [s for s in self._sent if s not in wanted]:  # gone, or past the budget now
                 del self._sent[source]
                 changed[source] = None
         if sink is not None and changed and sink is self.on_files:
@@ -232,6 +306,7 @@ class WorkspaceIndex:
         most similar chunks of the workspace's other files, the open documents `open_docs` (other
         documents of the language) read from the editor. None when no file of the language is
         indexed from disk yet (the caller keeps the open documents' starts)."""
+        self.focus([uri] + [doc.uri for doc in open_docs])
         if not self.disk_files(language_id):
             return None
         me = uri_key(uri)

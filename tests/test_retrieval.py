@@ -4,13 +4,15 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 
 from dlm_lsp.documents import Document, uri_key
 from dlm_lsp.retrieval import (CHUNK_LINES, MAX_CHUNK_CHARS, SnippetIndex, cross_file_text, identifiers, query_text,
                                snippet_text, windows)
-from dlm_lsp.workspace import WorkspaceIndex, root_paths
+from dlm_lsp.workspace import WorkspaceIndex, nearness, root_paths
 
 
 def _module(name: str, body_names: list[str], lines: int = 60) -> str:
@@ -235,6 +237,66 @@ def test_workspace_walk_limits(tmp_path):
     assert ws.scan() == 5  # files stop being taken past the total
     ws = WorkspaceIndex([tmp_path], yield_s=0, max_entries=10)
     assert ws.files() == []  # a folder with more entries than the walk may look at
+
+
+def test_nearness():
+    a = Path("/r/pkg/sub")
+    assert nearness(a, [a]) == (0, 0)
+    assert nearness(a, [Path("/r/pkg")]) == (1, 0) and nearness(Path("/r/pkg"), [a]) == (1, 0)
+    assert nearness(a, [Path("/r/pkg/other")]) == (2, 0)
+    assert nearness(a, [Path("/r/elsewhere/deep/er"), Path("/r/pkg/other")]) == (2, 1)  # the nearest counts
+    assert nearness(a, [Path("/r/x"), a, Path("/r/pkg/sub")]) == (0, 1)  # then the most recent
+    assert nearness(a, []) == (0, 0)
+
+
+def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch):
+    """A big repository (here: more files than max_files, more text than the memory holds): the
+    walk takes the files nearest the folders being worked in, snippets and memory alike; a fill in
+    a folder the walk did not favour wakes it, and the farthest files leave for the nearest."""
+    from dlm_lsp import workspace as W
+
+    files = {f"aa/f{i}.py": f"alpha_{i} = {i}\n" for i in range(4)}
+    files.update({f"mm/f{i}.py": f"middle_{i} = {i}\n" for i in range(4)})
+    files.update({"zz/sub/f0.py": "zeta_0 = 0\n", "zz/sub/f1.py": "zeta_1 = 1\n", "zz/g.py": "zeta_g = 2\n"})
+    _tree(tmp_path, files)
+    ws = WorkspaceIndex([tmp_path], max_files=3, yield_s=0, rescan_s=3600)
+
+    def names(got):
+        return [str(p.relative_to(tmp_path)) for p, _ in got]
+    assert names(ws.files()) == ["aa/f0.py", "aa/f1.py", "aa/f2.py"]  # no focus yet: walk order
+    here = tmp_path / "zz/sub/new.py"
+    ws.focus([here.as_uri(), "untitled:Untitled-1"])  # URIs that are not files are ignored
+    assert ws._wake.is_set()  # the last walk left files out: walk again for the new focus
+    assert names(ws.files()) == ["zz/sub/f0.py", "zz/sub/f1.py", "zz/g.py"]  # distance 0, 0, 1
+    ws._wake.clear()
+    ws.focus([here.as_uri()])
+    assert not ws._wake.is_set()  # the walk already ordered by that folder
+
+    # the memory: a budget of about three files, nearest first; a new focus evicts the farthest
+    monkeypatch.setattr(W, "MEMORY_CHARS", 40)  # bytes: three of these files
+    ws = WorkspaceIndex([tmp_path], max_files=100, yield_s=0, rescan_s=3600)
+    got = []
+    ws.on_files = lambda ch: got.append({str(Path(unquote(urlparse(k).path)).relative_to(tmp_path)): v
+                                         for k, v in ch.items()})
+    me = (tmp_path / "mm/new.py").as_uri()
+    text = "x = middle_1\n"
+    assert ws.cross_file(me, text, len(text), "python", [], 24000) is None  # nothing indexed yet; the focus is set
+    ws.scan()
+    assert got == [{"mm/f0.py": "middle_0 = 0\n", "mm/f1.py": "middle_1 = 1\n", "mm/f2.py": "middle_2 = 2\n"}]
+    assert ws.disk_files("python") == 11  # the snippets' limits do not bind here: every file is indexed
+    assert "middle_1" in ws.cross_file(me, text, len(text), "python", [], 24000)
+    ws._wake.clear()
+    there = tmp_path / "zz/sub/new.py"
+    doc = Document((tmp_path / "aa/f0.py").as_uri(), "python", 1, "alpha_0 = 0\n")
+    ws.cross_file(there.as_uri(), "x = zeta_1\n", 10, "python", [doc], 24000)
+    assert ws._wake.is_set() and ws._focus[:2] == [there.parent, tmp_path / "aa"]
+    ws.scan()
+    # order: zz/sub (the newest folder), aa (the open document's, whose editor text is never sent),
+    # mm, then zz/g.py (a step away); 11 + 11 + 12 bytes fit, the next 12 does not
+    assert got[-1] == {"mm/f0.py": None, "mm/f1.py": None, "mm/f2.py": None,
+                       "zz/sub/f0.py": "zeta_0 = 0\n", "zz/sub/f1.py": "zeta_1 = 1\n"}
+    ws.scan()
+    assert len(got) == 2  # nothing changed: nothing sent
 
 
 def test_headless_complete_takes_the_workspace_snippets(tmp_path):
