@@ -115,6 +115,7 @@ def workspace_snippets(folder: str, doc: Document, offset: int, engine=None) -> 
     ws = WorkspaceIndex([Path(folder).resolve()], serves=lambda lang: lang == doc.language_id, yield_s=0)
     if engine is not None and hasattr(engine, "workspace_files"):
         ws.on_files = lambda changes: engine.workspace_files(WORKSPACE_SPACE, changes)
+    ws.focus([doc.uri])  # a big workspace: the files nearest this one first, as the server's walk after a fill
     ws.scan()
     return ws.cross_file(doc.uri, doc.text, offset, doc.language_id, [], SNIPPET_CHARS) or ""
 

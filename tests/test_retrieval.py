@@ -349,6 +349,20 @@ def test_headless_complete_gives_the_engine_the_workspace_memory(tmp_path):
     assert sorted(k.rsplit("/", 1)[-1] for k in sent["workspace"]) == ["a.py", "helpers.py"]
     assert jobs[0].workspace == "workspace" and jobs[0].document.endswith("/a.py") and jobs[0].document in sent["workspace"]
     assert jobs[1].workspace is None and jobs[1].document is None
+    # a workspace past the memory's budget: the files nearest the filled one go first
+    (tmp_path / "aaa").mkdir()
+    (tmp_path / "aaa/first.py").write_text("x = 1\n" * 5)  # 30 bytes: first in walk order
+    (tmp_path / "zzz").mkdir()
+    (tmp_path / "zzz/near.py").write_text("y = 2\n" * 3)  # 18
+    (tmp_path / "zzz/b.py").write_text("value = \n")
+    sent.clear()
+    import dlm_lsp.workspace as W
+    old, W.MEMORY_CHARS = W.MEMORY_CHARS, 40
+    try:
+        complete(str(tmp_path / "zzz/b.py"), 1, 9, engine=Keeping(), workspace=str(tmp_path))
+    finally:
+        W.MEMORY_CHARS = old
+    assert sorted(k.rsplit("/", 1)[-1] for k in sent["workspace"]) == ["b.py", "near.py"]
 
 
 def test_the_walk_sends_changed_and_removed_files_to_the_memory_once(tmp_path):
