@@ -14,8 +14,9 @@ When a limit binds (a big repository: more files than MAX_FILES, more text than 
 more than the engine's workspace memory holds), the files taken are the nearest to where the user
 works, not the first in walk order: the walk orders the files it found by their folder's distance
 in the tree to the folders of the documents filled in and open beside them (`focus`), nearest
-first (then the most recent of those folders first, then walk order). A fill in a folder the last such walk did not favour wakes the walker,
-which then drops the farthest files (from the snippets and from the memory) for the nearest.
+first (then the most recent of those folders first, then walk order). A fill in a folder the last
+such walk did not favour wakes the walker, which then drops the farthest files (from the snippets
+and from the memory) for the nearest.
 
 Measured on held-out code (docs/MODEL.md, "Session 20"): snippets retrieved from the project's other
 files against the start of 3 neighbouring files, +0.4 to +0.6 points of rest-of-line exact match and
@@ -115,10 +116,12 @@ class WorkspaceIndex:
         self.on_files = None
         self._sent: dict[str, int] = {}
         # folders of the documents filled in and open (most recent first), the walk's order; whether
-        # the last walk left files out by a limit, and the focus it ordered by
+        # the last finished walk left files out by a limit; the focus the latest walk orders by; whether
+        # the latest files() left some out
         self._focus: list[Path] = []
         self._truncated = False
         self._walked_focus: list[Path] = []
+        self._cut = False
 
     def start(self) -> None:
         if self._thread is None and self.roots:
@@ -181,14 +184,14 @@ class WorkspaceIndex:
         with self._lock:
             focus = list(self._focus)
         self._walked_focus = focus
-        self._truncated = False
+        self._cut = False
         for root in list(self.roots):
             for top, dirs, names in os.walk(root, followlinks=False):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
                 seen += len(dirs) + len(names)
                 if seen > self.max_entries:
                     log.info("workspace walk stopped after %d entries (%d files found)", seen, len(out))
-                    self._truncated = True
+                    self._cut = True
                     return self._nearest(out, focus)
                 for name in sorted(names):
                     lang = language_id_for_path(name)
@@ -196,13 +199,13 @@ class WorkspaceIndex:
                         continue
                     out.append((Path(top) / name, lang))
                     if len(out) > self.max_files and not focus:
-                        self._truncated = True
+                        self._cut = True
                         return out[: self.max_files]
         return self._nearest(out, focus)
 
     def _nearest(self, found: list[tuple[Path, str]], focus: list[Path]) -> list[tuple[Path, str]]:
         if len(found) > self.max_files:
-            self._truncated = True
+            self._cut = True
         if focus:
             near: dict[Path, tuple[int, int]] = {}
             for path, _ in found:
@@ -219,7 +222,9 @@ class WorkspaceIndex:
         sink, changed = self.on_files, {}
         memory = 0  # bytes of the files the memory should hold, nearest first
         wanted: set[str] = set()
-        for path, lang in self.files():
+        files = self.files()
+        cut = self._cut  # a limit left files out (set by the end of the walk: a focus() meanwhile reads the last walk's)
+        for path, lang in files:
             if self._stop.is_set():
                 return read
             try:
@@ -230,7 +235,7 @@ class WorkspaceIndex:
                 continue
             total += st.st_size
             if total > self.max_total_bytes:
-                self._truncated = True
+                cut = True
                 break
             source = uri_key(path.as_uri())
             present.add(source)
@@ -240,7 +245,7 @@ class WorkspaceIndex:
                 memory += st.st_size
                 wanted.add(source)
             elif sink is not None:
-                self._truncated = True
+                cut = True
             unsent = want and source not in self._sent
             if source in self._open or (unchanged and not unsent):
                 continue
@@ -271,6 +276,7 @@ class WorkspaceIndex:
             for source in [s for s in self._sent if s not in wanted]:  # gone, or past the budget now
                 del self._sent[source]
                 changed[source] = None
+        self._truncated = cut
         if sink is not None and changed and sink is self.on_files:
             try:
                 sink(changed)

@@ -263,7 +263,7 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
 
     def names(got):
         return [str(p.relative_to(tmp_path)) for p, _ in got]
-    assert names(ws.files()) == ["aa/f0.py", "aa/f1.py", "aa/f2.py"]  # no focus yet: walk order
+    assert ws.scan() == 3 and names(ws.files()) == ["aa/f0.py", "aa/f1.py", "aa/f2.py"]  # no focus yet: walk order
     here = tmp_path / "zz/sub/new.py"
     ws.focus([here.as_uri(), "untitled:Untitled-1"])  # URIs that are not files are ignored
     assert ws._wake.is_set()  # the last walk left files out: walk again for the new focus
@@ -297,6 +297,10 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
                        "zz/sub/f0.py": "zeta_0 = 0\n", "zz/sub/f1.py": "zeta_1 = 1\n"}
     ws.scan()
     assert len(got) == 2  # nothing changed: nothing sent
+    small = WorkspaceIndex([tmp_path / "aa"], yield_s=0, rescan_s=3600)  # no limit binds: the order does not matter
+    small.scan()
+    small.focus([here.as_uri()])
+    assert not small._wake.is_set()
 
 
 def test_headless_complete_takes_the_workspace_snippets(tmp_path):
