@@ -33,6 +33,10 @@ from engine.api import EngineError
 log = logging.getLogger("dlm.daemon")
 
 IDLE_S = 600.0
+# a daemon whose model failed leaves 2 s after a window has been told, or after this long when none
+# has: the window that started it may not have said hello yet on a busy machine, and finding no
+# daemon it would start another
+ERROR_WAIT_S = 30.0
 
 
 def alive(path) -> bool:
@@ -84,6 +88,7 @@ class EngineDaemon:
         self.counters = {"windows": 0, "refused": 0, "disconnect_cancels": 0, "bad_messages": 0}
         self._clients: set[_Client] = set()
         self._lock = threading.Lock()
+        self._told_error = threading.Event()  # a window got the error state (its hello, or the broadcast)
         self._stop = threading.Event()
         self._idle_since = time.monotonic()
         self._listener: socket.socket | None = None
@@ -212,13 +217,21 @@ class EngineDaemon:
         if state == "loading":
             self.loads += 1
         self.state, self.info = state, dict(info or {})
-        self._broadcast({"op": "state", "state": state, "info": self.info})
+        told = self._broadcast({"op": "state", "state": state, "info": self.info})
         if state == "error":
             # the model failed to load, or steps kept sticking: the windows keep the error (as
             # in-process, a server restart retries) and the next window starts a fresh daemon
             log.error("engine in the error state (%s): the daemon exits; its windows keep the error",
                       self.info.get("message"))
-            threading.Timer(2.0, self._exit_now).start()
+            if told:
+                self._told_error.set()
+            threading.Thread(target=self._exit_after_error, name="dlm-daemon-error-exit", daemon=True).start()
+
+    def _exit_after_error(self) -> None:
+        """Exits 2 s after a window has been told of the error (ERROR_WAIT_S at most without one)."""
+        self._told_error.wait(ERROR_WAIT_S)
+        time.sleep(2.0)
+        self._exit_now()
 
     def _exit_now(self) -> None:
         self.stop()
@@ -228,11 +241,13 @@ class EngineDaemon:
         except OSError:
             pass
 
-    def _broadcast(self, msg: dict) -> None:
+    def _broadcast(self, msg: dict) -> int:
+        """Sends `msg` to every window; returns how many."""
         with self._lock:
             clients = [c for c in self._clients if c.window]
         for c in clients:
             c.channel.send(msg)
+        return len(clients)
 
     # ------------------------------------------------------------ one connection
 
@@ -282,8 +297,11 @@ class EngineDaemon:
             with self._lock:
                 c.window = True
                 self.counters["windows"] += 1
-            c.channel.send({"op": "hello", "state": self.state, "info": self.info, "pid": os.getpid(),
+            state = self.state
+            c.channel.send({"op": "hello", "state": state, "info": self.info, "pid": os.getpid(),
                             "version": wire.PROTOCOL_VERSION})
+            if state == "error":
+                self._told_error.set()
         elif op == "submit":
             self._submit(c, m)
         elif op == "cancel":

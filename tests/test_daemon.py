@@ -441,17 +441,50 @@ def test_a_model_that_does_not_load_is_an_error_for_the_window_and_the_daemon_le
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     r = RemoteEngine(str(broken), "cpu")
+
+    def seen() -> str:  # what a failure shows: the client's counters and the daemons' log
+        logs = "".join(p.read_text(errors="replace")[-1500:] for p in sorted(runtime.rglob("*.log")))
+        return (f"state={r.state!r} message={r.message!r} started={r.started_daemons} "
+                f"connections={r.connections}\n{logs}")
     try:
         r.start()
-        assert not r.wait_ready(TIMEOUT)
-        assert r.state == "error" and "could not load" in r.message and r.started_daemons == 1
+        assert not r.wait_ready(TIMEOUT), seen()
+        assert r.state == "error" and "could not load" in r.message and r.started_daemons == 1, seen()
         with pytest.raises(EngineError, match="could not load"):
             r.submit(FillJob(prefix=PREFIX)).result(TIMEOUT)
         pid = r.daemon_pid
         wait_for(lambda: _gone(pid), what="the failed daemon to exit")
-        assert r.state == "error" and r.connections == 1  # not restarted in a loop
+        assert r.state == "error" and r.connections == 1, seen()  # not restarted in a loop
     finally:
         r.close()
+
+
+def test_a_failed_daemon_waits_for_a_window_to_hear_the_error(runtime, tmp_path):
+    """A daemon whose model failed before any window said hello (the window that started it is slow,
+    on a busy machine) stays until one has heard the error, so that window gets it and does not
+    start a second daemon; once told, it leaves."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    proc = subprocess.Popen([sys.executable, "-m", "dlm_lsp", "engine", "--model", str(broken), "--device", "cpu"],
+                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = RemoteEngine(str(broken), "cpu")
+    try:
+        path = wire.place(str(broken), "cpu").socket
+        wait_for(lambda: proc.poll() is not None or engine_daemon.alive(path), what="the daemon to listen")
+        wait_for(lambda: proc.poll() is not None or any(st.get("state") == "error" for st in engine_daemon.ask_all("status")),
+                 what="the daemon's model to fail")  # asking its status is not a window
+        time.sleep(3.0)  # past the 2 s a failed daemon waits once a window has heard the error
+        assert proc.poll() is None, "the failed daemon left before any window heard why"
+        r.start()
+        assert not r.wait_ready(TIMEOUT)
+        assert r.state == "error" and "could not load" in r.message, r.message
+        assert r.started_daemons == 0 and r.daemon_pid == proc.pid  # it found the failed daemon
+        assert proc.wait(TIMEOUT) is not None  # told: it leaves
+    finally:
+        r.close()
+        if proc.poll() is None:
+            proc.kill()
 
 
 async def test_a_serve_whose_engine_is_killed_mid_request_answers_it_with_an_error(model, runtime, tmp_path):
