@@ -115,6 +115,7 @@ class WorkspaceIndex:
         # walk that changed files, on this thread; what was sent, by size
         self.on_files = None
         self._sent: dict[str, int] = {}
+        self._unremoved: set[str] = set()  # removals a failed send did not deliver: sent again next walk
         # folders of the documents filled in and open (most recent first), the walk's order; whether
         # the last finished walk left files out by a limit; the focus the latest walk orders by; whether
         # the latest files() left some out
@@ -151,6 +152,7 @@ class WorkspaceIndex:
         with self._lock:
             self.on_files = on_files
             self._sent = {}
+            self._unremoved = set()
         self._wake.set()
 
     def _run(self) -> None:
@@ -276,6 +278,9 @@ class WorkspaceIndex:
             for source in [s for s in self._sent if s not in wanted]:  # gone, or past the budget now
                 del self._sent[source]
                 changed[source] = None
+            for source in self._unremoved:
+                changed.setdefault(source, None)
+            self._unremoved = set()
         self._truncated = cut
         if sink is not None and changed and sink is self.on_files:
             try:
@@ -283,8 +288,10 @@ class WorkspaceIndex:
             except Exception:  # a quality lever: the walk and the snippets go on without it; the next walk sends them again
                 log.exception("the engine's workspace memory was not updated")
                 with self._lock:
-                    for source in changed:
+                    for source, text in changed.items():
                         self._sent.pop(source, None)
+                        if text is None:  # else the engine would keep a file past the budget and refuse nearer ones
+                            self._unremoved.add(source)
         self.scans += 1
         return read
 

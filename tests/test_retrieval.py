@@ -400,6 +400,18 @@ def test_the_walk_sends_changed_and_removed_files_to_the_memory_once(tmp_path):
     ws.on_files = lambda ch: got.append({k.rsplit("/", 1)[-1]: v for k, v in ch.items()})
     ws.scan()
     assert got[-1] == {"a.py": "a = 10\n"}  # sent again
+    keep = ws.on_files
+    _tree(tmp_path, {"c.py": "c = 3\n"})
+    ws.scan()
+    assert got[-1] == {"c.py": "c = 3\n"}
+    (tmp_path / "c.py").unlink()
+    ws.on_files = broken
+    ws.scan()  # the removal is not delivered...
+    ws.on_files = keep
+    ws.scan()
+    assert got[-1] == {"c.py": None}  # ...so the next walk sends it again
+    ws.scan()
+    assert got[-1] == {"c.py": None} and len([g for g in got if "c.py" in g]) == 2  # once
     _tree(tmp_path, {"big.py": "x" * 50 + "\n"})
     old = W.MEMORY_CHARS
     try:
