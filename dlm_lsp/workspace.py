@@ -281,6 +281,9 @@ class WorkspaceIndex:
             for source in self._unremoved:
                 changed.setdefault(source, None)
             self._unremoved = set()
+        # removals first: a shared engine gets big sends in parts, and a part's files past the
+        # memory's cap would be refused before a later part made room
+        changed = {**{k: t for k, t in changed.items() if t is None}, **{k: t for k, t in changed.items() if t is not None}}
         self._truncated = cut
         if sink is not None and changed and sink is self.on_files:
             try:

@@ -295,6 +295,7 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
     # mm, then zz/g.py (a step away); 11 + 11 + 12 bytes fit, the next 12 does not
     assert got[-1] == {"mm/f0.py": None, "mm/f1.py": None, "mm/f2.py": None,
                        "zz/sub/f0.py": "zeta_0 = 0\n", "zz/sub/f1.py": "zeta_1 = 1\n"}
+    assert [v is None for v in got[-1].values()] == [True] * 3 + [False] * 2  # room is made before files come
     ws.scan()
     assert len(got) == 2  # nothing changed: nothing sent
     small = WorkspaceIndex([tmp_path / "aa"], yield_s=0, rescan_s=3600)  # no limit binds: the order does not matter
