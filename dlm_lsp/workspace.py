@@ -123,6 +123,7 @@ class WorkspaceIndex:
         self._truncated = False
         self._walked_focus: list[Path] = []
         self._cut = False
+        self._focused_uris: tuple = ((), [])  # the last focus() call's documents and their folders
 
     def start(self) -> None:
         if self._thread is None and self.roots:
@@ -168,7 +169,10 @@ class WorkspaceIndex:
         """The documents `uris` are being filled in or are open beside the one that is: their folders
         go to the front of the walk's order. When the last walk left files out by a limit and ordered
         them by another focus, the walker walks again now."""
-        folders = [p.parent for p in map(uri_path, uris) if p is not None]
+        uris = tuple(uris)
+        if uris != self._focused_uris[0]:  # every keystroke's fill asks with the same documents: parsed once
+            self._focused_uris = (uris, [p.parent for p in map(uri_path, uris) if p is not None])
+        folders = self._focused_uris[1]
         if not folders:
             return
         with self._lock:
