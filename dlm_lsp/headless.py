@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm_lsp import context, postprocess
-from dlm_lsp.calibrate import Calibrator
-from dlm_lsp.documents import Document, language_id_for_path
+from dlm_lsp.fill import context, postprocess
+from dlm_lsp.fill.gate import Calibrator
+from dlm_lsp.fill.documents import Document, language_id_for_path
 from dlm_lsp.options import InitializationOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def load_engine(model: str | None = None, device: str = "auto"):
     (DLM_THREADS, else service.cpu_threads(): the cores less one): with torch's default of one
     thread per core, a busy core elsewhere (a build, a training job) made each step spin in OpenMP's
     barriers, and a ~100 ms fill took ~2 s and hit its deadline after one step (session 8)."""
-    from engine.service import EngineService, _env_threads, cpu_threads
+    from engine.serve.service import EngineService, _env_threads, cpu_threads
 
     engine = EngineService(model=model, device=device, threads=_env_threads() or cpu_threads())
     engine.load()
@@ -83,7 +83,7 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
     req = context.build_request(doc, offset, max_fill_tokens, neighbours=neighbours)
     job = context.to_fill_job(req, arrival + budget_ms / 1000.0)
     if workspace is not None:
-        from dlm_lsp.documents import uri_key
+        from dlm_lsp.fill.documents import uri_key
 
         job.workspace, job.document = workspace, uri_key(doc.uri)
     fill = engine.run_now(job)
@@ -107,10 +107,10 @@ WORKSPACE_SPACE = "workspace"  # the name of the workspace memory complete() giv
 
 def workspace_snippets(folder: str, doc: Document, offset: int, engine=None) -> str:
     """The cross-file far text the server would give this cursor with `folder` as its workspace
-    (dlm_lsp.workspace, walked once here); with an `engine` that keeps a workspace memory
+    (dlm_lsp.fill.workspace, walked once here); with an `engine` that keeps a workspace memory
     (workspace_files), its files go there too, as the server's walk sends them."""
-    from dlm_lsp.retrieval import SNIPPET_CHARS
-    from dlm_lsp.workspace import WorkspaceIndex
+    from dlm_lsp.fill.retrieval import SNIPPET_CHARS
+    from dlm_lsp.fill.workspace import WorkspaceIndex
 
     ws = WorkspaceIndex([Path(folder).resolve()], serves=lambda lang: lang == doc.language_id, yield_s=0)
     if engine is not None and hasattr(engine, "workspace_files"):

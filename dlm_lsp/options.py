@@ -36,11 +36,11 @@ class InitializationOptions:
     # when committed) is at least this; 0 shows every fill that passes post-processing; None: the
     # model's own gate (serving.json in its folder, chosen from its accepted-vs-shown curve), else 0
     min_confidence: float | None = None
-    # torch CPU threads of the engine; None: DLM_THREADS, else the cores free for it (engine.service.cpu_threads)
+    # torch CPU threads of the engine; None: DLM_THREADS, else the cores free for it (engine.serve.service.cpu_threads)
     threads: int | None = None
     # where the engine runs: "shared" (the user's engine daemon, one model in memory for every editor
-    # window: engine/daemon.py) or "inproc" (inside this server); None: DLM_ENGINE, else "shared".
-    # Or a FIM HTTP endpoint (engine/http_engine.py): {"url", "api": "openai-fim" | "mercury",
+    # window: engine/serve/daemon.py) or "inproc" (inside this server); None: DLM_ENGINE, else "shared".
+    # Or a FIM HTTP endpoint (engine/clients/http_engine.py): {"url", "api": "openai-fim" | "mercury",
     # "apiKeyEnv": the environment variable holding its key, "model"} (a URL string is
     # {"url": ..., "api": "openai-fim"}). Machine-scoped like `model`; read when the engine starts.
     engine: str | dict | None = None
@@ -48,7 +48,7 @@ class InitializationOptions:
     # one line (no dedup / syntax / bracket filters). Used by the e2e test that needs a fill from a
     # weak model; not meant for editors.
     postprocess: bool = True
-    # cross-file context from the workspace folders' files (dlm_lsp.workspace: the snippets most like
+    # cross-file context from the workspace folders' files (dlm_lsp.fill.workspace: the snippets most like
     # the code at the cursor, read locally, given to the engine with the fill; and the files themselves
     # to the engine's workspace memory, DecodeOptions.workspace_ngram); false: the other open documents only
     workspace_context: bool = True

@@ -29,14 +29,14 @@ from urllib.parse import unquote
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from dlm_lsp import calibrate, context, postprocess
-from dlm_lsp.documents import DocumentStore, require_sync_types, uri_key
+from dlm_lsp.fill import gate as calibrate, context, postprocess
+from dlm_lsp.fill.documents import DocumentStore, require_sync_types, uri_key
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
-from dlm_lsp.positions import UTF16, units_len
+from dlm_lsp.fill.positions import UTF16, units_len
 from dlm_lsp.protocol import DlmProtocol, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
-from dlm_lsp.retrieval import SNIPPET_CHARS
-from dlm_lsp.workspace import WorkspaceIndex, root_paths
+from dlm_lsp.fill.retrieval import SNIPPET_CHARS
+from dlm_lsp.fill.workspace import WorkspaceIndex, root_paths
 
 WORKSPACE_SPACE = "workspace"  # the name of this window's workspace memory in its engine (FillJob.workspace)
 
@@ -55,22 +55,22 @@ PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never
 
 
 def default_engine_factory(model, device, on_state, threads=None, engine=None):
-    """The real engine: the user's shared engine daemon (engine/remote.py: this process never loads
+    """The real engine: the user's shared engine daemon (engine/clients/remote.py: this process never loads
     torch) or, with `engine` / DLM_ENGINE "inproc", an EngineService in this process (imported here
     so importing the server never loads torch), or with an `engine` endpoint object a FIM HTTP
-    endpoint (engine/http_engine.py)."""
+    endpoint (engine/clients/http_engine.py)."""
     import os
 
     if isinstance(engine, dict):  # a FIM HTTP endpoint (dlm_lsp.options.engine_endpoint normalized it)
-        from engine.http_engine import HttpEngine
+        from engine.clients.http_engine import HttpEngine
 
         return HttpEngine(engine["url"], api=engine.get("api") or "openai-fim", api_key_env=engine.get("apiKeyEnv"),
                           model=engine.get("model"), on_state=on_state)
     if (engine or os.environ.get("DLM_ENGINE") or "shared") == "shared":
-        from engine.remote import RemoteEngine
+        from engine.clients.remote import RemoteEngine
 
         return RemoteEngine(model=model, device=device, on_state=on_state, threads=threads)
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     return EngineService(model=model, device=device, on_state=on_state, threads=threads)
 
@@ -108,7 +108,7 @@ class DlmServer(LanguageServer):
 
     def cross_file(self, uri: str, doc, offset: int) -> str:
         """The fill's cross-file far text: the snippets of the workspace's other files most like the
-        code at the cursor (dlm_lsp.workspace) once its files are indexed, else the starts of the
+        code at the cursor (dlm_lsp.fill.workspace) once its files are indexed, else the starts of the
         most recently edited other open documents (context.neighbour_text)."""
         if self.workspace_index is not None and self.options.workspace_context:
             try:
@@ -467,7 +467,7 @@ def make_server(engine_factory=None) -> DlmServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams):
-        """Tracks a newly opened document (the server's one copy of it: dlm_lsp/documents.py)."""
+        """Tracks a newly opened document (the server's one copy of it: dlm_lsp/fill/documents.py)."""
         d = params.text_document
         ls.documents.open(d.uri, d.language_id, d.version, d.text)
         tell_no_tree(ls)

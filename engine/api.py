@@ -49,12 +49,12 @@ class DecodeOptions:
     # (engine.tokenizer.TextTokenizer.heal); the fill's text leaves the re-typed part out.
     heal: bool = True
     # context copy boost, a cache LM over the canvas's own prefix and suffix (`copy_bias` in
-    # engine/sampler.py): a predicted slot's logits gain `copy_bigram` nats for each token that follows
+    # engine/decode/sampler.py): a predicted slot's logits gain `copy_bigram` nats for each token that follows
     # its left neighbour's token somewhere in that context, and `copy_unigram` for every token that
     # occurs in it. 0: off. `copy_order` > 1 matches longer runs (prompt-lookup style): a token that
     # follows the same last k committed tokens (k <= copy_order) somewhere in the context gains
     # k x copy_bigram instead. None: the model's own setting (serving.json "decode", tuned on its
-    # held-out eval; engine.checkpoint.serving_defaults), else off (0, order 1).
+    # held-out eval; engine.weights.checkpoint.serving_defaults), else off (0, order 1).
     copy_bigram: float | None = None
     copy_unigram: float | None = None
     copy_order: int | None = None
@@ -63,28 +63,28 @@ class DecodeOptions:
     # follows them only there gains k x `copy_far` (one the near context already boosts gains nothing
     # more). 0: off; None: the model's setting, else off.
     copy_far: float | None = None
-    # identifier-aware decoding (engine/names.py): at the leftmost masked slot, a token that would
+    # identifier-aware decoding (engine/bias/names.py): at the leftmost masked slot, a token that would
     # make the identifier under way one that is in none of the job's texts (prefix, suffix, lookup)
     # nor the keywords and builtins loses `names` nats. 0: off; None: the model's setting, else off.
     names: float | None = None
-    # the corpus n-gram memory (engine/ngram.py, the model folder's ngram.safetensors): a masked slot
+    # the corpus n-gram memory (engine/bias/ngram.py, the model folder's ngram.safetensors): a masked slot
     # whose committed left run ends in a stored context of the training corpus (the longest, 4-6
     # tokens) gains `ngram` x P(next | context) nats on the context's stored next tokens. 0: off;
     # None: the model's setting for the job's hole kind (serving.json "decode": "ngram", and
     # "ngram_kinds" per FillJob.kind), else off. Needs the table beside the weights.
     ngram: float | None = None
-    # the fill's own n-gram (engine/ngram.py, LocalNgram): the corpus memory's rule over the job's own
+    # the fill's own n-gram (engine/bias/ngram.py, LocalNgram): the corpus memory's rule over the job's own
     # texts (its lookup and its context): a masked slot whose committed left run ends in a context of
     # 3-6 tokens followed at least twice there gains `local_ngram` x P(next | context) on its two most
     # frequent next tokens. 0: off; None: the model's setting for the job's hole kind (serving.json
     # "decode": "local_ngram", and "local_ngram_kinds" per FillJob.kind), else off.
     local_ngram: float | None = None
-    # the workspace's n-gram (engine/ngram.py, WorkspaceNgram): the same rule over every file of the
+    # the workspace's n-gram (engine/bias/ngram.py, WorkspaceNgram): the same rule over every file of the
     # workspace less the filled one (FillJob.workspace), used where the fill's own n-gram has no
     # context. 0: off; None: the model's setting for the job's hole kind (serving.json "decode":
     # "workspace_ngram", "workspace_ngram_kinds"), else off. No effect on a job without a workspace.
     workspace_ngram: float | None = None
-    # the bracket rule (engine/names.py, NameBias.bracket_row): at the leftmost masked slot, with a
+    # the bracket rule (engine/bias/names.py, NameBias.bracket_row): at the leftmost masked slot, with a
     # bracket open on the cursor's line, a token closing another kind loses `brackets` nats, and so
     # do the ends (padding, end of text, the line-break stop) while a bracket the fill opened is
     # open. 0: off; None: the model's setting, else off.
@@ -93,7 +93,7 @@ class DecodeOptions:
     # line break in it (the tokenizer's `newline_ids`) is an end, like padding (it may be committed
     # only as the leftmost masked slot under pad_left, ends the fill, and "every masked slot
     # predicts an end" stops it). The server's text after the line break is cut anyway; this saves
-    # the steps spent past it. None: on for the line and middle holes of dlm_lsp.context
+    # the steps spent past it. None: on for the line and middle holes of dlm_lsp.fill.context
     # (to_fill_job), off for a bare job.
     stop_newline: bool | None = None
     # stop when unsure: in a threshold step where no slot reaches the threshold and the leftmost masked
@@ -109,7 +109,7 @@ class DecodeOptions:
     # neighbour's prediction (argmax, after its own boost), so a copied run can be boosted, and
     # committed, several slots per step. Temperature 0 only. None: the model's setting, else off.
     copy_chain: bool | None = None
-    # approximate per-keystroke context reuse for full-attention models (engine/reuse.py): with the
+    # approximate per-keystroke context reuse for full-attention models (engine/decode/reuse.py): with the
     # job's session key, the first forward reuses the last request's context K/V where its tokens are
     # unchanged (keys re-rotated where positions moved) and runs only the changed tokens + the canvas.
     # A full recompute once `reuse_budget` changed tokens have accumulated since the last full forward,
@@ -117,7 +117,7 @@ class DecodeOptions:
     # 1,000 held-out line holes, each with its last 8 characters typed first, the fills scored the
     # same as recomputed ones (exact 0.068 vs 0.067, accepted 0.372 vs 0.371; docs/ARCHITECTURE.md).
     # False: exact full recomputes (the causal reorder layout reuses exactly whatever this says:
-    # engine/reorder.py). Jobs without a session key never reuse.
+    # engine/decode/reorder.py). Jobs without a session key never reuse.
     reuse: bool = True
     reuse_budget: int = 32
     seed: int = 0
@@ -140,7 +140,7 @@ class FillJob:
     # text from beyond the context window (the rest of the document, other open files): never
     # forwarded through the model, only searched by the copy boost (DecodeOptions.copy_far)
     lookup: str = ""
-    # the hole's kind (dlm_lsp.context: "line", "args", "middle", "block"), None for a bare job: picks
+    # the hole's kind (dlm_lsp.fill.context: "line", "args", "middle", "block"), None for a bare job: picks
     # the model's per-kind decoding (serving.json "decode" "ngram_kinds", "stop_below_kinds", ...)
     kind: str | None = None
     # the workspace memory this fill reads (DecodeOptions.workspace_ngram): the name its files were

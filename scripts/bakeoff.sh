@@ -23,7 +23,7 @@ declare -A RECIPE=(
   # the AR twin at equal compute: FIM documents, loss on every token; its checkpoints are also the
   # first phase of recipe (b), AR first and then adapted to diffusion
   [v2-ar]="--objective ar"
-  # (c) causal-attention diffusion with reordering (engine/reorder.py): observed tokens first at their
+  # (c) causal-attention diffusion with reordering (engine/decode/reorder.py): observed tokens first at their
   # logical positions, masks last, strict causal attention; 4 server-shaped holes per infill window.
   # Its context K/V are exact across denoising steps and keystrokes (FillJob.session). It starts from
   # nothing with the tokenizer v2a trained on the corpus (the same file as v2-ar's), so all share one

@@ -1,6 +1,6 @@
 """Copies the bake-off candidates' last checkpoints (runs/<name>/last) to models/bakeoff/<name>, the
 copies a fresh clone resumes from (scripts/bakeoff.sh), with the optimizer file slimmed
-(engine.train.slim_optimizer: moments and steps kept, raw weights dropped) so that four candidates fit
+(engine.train.loop.slim_optimizer: moments and steps kept, raw weights dropped) so that four candidates fit
 one session's commit limit.
 
     .venv/bin/python scripts/bakeoff_snapshot.py v2a v2-ar v2b v2c
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.train import OPTIMIZER_FILE, slim_optimizer  # noqa: E402
+from engine.train.loop import OPTIMIZER_FILE, slim_optimizer  # noqa: E402
 
 KEEP = ("config.json", "model.safetensors", "tokenizer.json", "training_state.json", "train_log.jsonl",
         "train_curve.png", OPTIMIZER_FILE)

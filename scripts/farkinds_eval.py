@@ -1,7 +1,7 @@
 """`dlm-lsp eval` with the cross-file far text given to middle holes too (docs/MODEL.md, "Session 21").
 
 The server gives the far text (the copy boost's far side and the names of the workspace snippets)
-to rest-of-line holes only (`dlm_lsp.context.FAR_KINDS`, session 7). This runs the eval with
+to rest-of-line holes only (`dlm_lsp.fill.context.FAR_KINDS`, session 7). This runs the eval with
 FAR_KINDS = ("line", "middle"), every argument passed on:
 
     .venv/bin/python scripts/farkinds_eval.py eval --corpus runs/corpus --heldout all --threads 1 \
@@ -9,7 +9,7 @@ FAR_KINDS = ("line", "middle"), every argument passed on:
 """
 import sys
 
-import dlm_lsp.context as context
+import dlm_lsp.fill.context as context
 
 context.FAR_KINDS = ("line", "middle")
 

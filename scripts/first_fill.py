@@ -1,7 +1,7 @@
 """What the first fill of a fresh process costs on the CPU against the next ones (the reason the
-engine's warm-up is off on the CPU by default: engine/service.py, EngineService.warm_up).
+engine's warm-up is off on the CPU by default: engine/serve/service.py, EngineService.warm_up).
 
-The default model, one thread, six fills of 16 slots at different places of engine/sampler.py; run it
+The default model, one thread, six fills of 16 slots at different places of engine/decode/sampler.py; run it
 idle, a few times (each run is a fresh process):
 
     .venv/bin/python scripts/first_fill.py
@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.api import DecodeOptions  # noqa: E402
-from engine.checkpoint import load_checkpoint  # noqa: E402
-from engine.sampler import Canvas, fill  # noqa: E402
+from engine.weights.checkpoint import load_checkpoint  # noqa: E402
+from engine.decode.sampler import Canvas, fill  # noqa: E402
 
 
 def main() -> int:

@@ -48,7 +48,7 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
     """Per family: fp32 CPU vs `dtype` on `dev` logits, and one fill decoded on `dev`."""
     from engine.api import DecodeOptions
     from engine.families.loader import load_family
-    from engine.sampler import Canvas, fill
+    from engine.decode.sampler import Canvas, fill
     from tests.families_tiny import SPECS, seed_of, write_checkpoint
 
     out = {}
@@ -128,7 +128,7 @@ def dream_7b_config(tiny: bool):
 
 def random_model(cfg, dev: torch.device, dtype: torch.dtype, seed: int = 0):
     """The model built on the meta device and materialised on `dev` in `dtype` with random weights."""
-    from engine.model import Transformer, rope_tables
+    from engine.model.transformer import Transformer, rope_tables
 
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -148,8 +148,8 @@ def random_model(cfg, dev: torch.device, dtype: torch.dtype, seed: int = 0):
 def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps: int) -> dict:
     """First forward, cached step, 32/64-slot fills and a batch of 8 on a random Dream-7B."""
     from engine.api import DecodeOptions
-    from engine.cache import BatchContext
-    from engine.sampler import Canvas, fill, step
+    from engine.decode.cache import BatchContext
+    from engine.decode.sampler import Canvas, fill, step
 
     cfg = dream_7b_config(tiny)
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU recipe: `dlm-lsp train` on CUDA (bf16 autocast, engine/train.py) with a larger batch, at most
+# The GPU recipe: `dlm-lsp train` on CUDA (bf16 autocast, engine/train/loop.py) with a larger batch, at most
 # ~8 minutes in all, on the corpus packed by scripts/pack_corpus.py; then the checkpoints are split
-# into safetensors shards of at most SHARD_MB MiB (engine/shard.py), the size that comes back from
+# into safetensors shards of at most SHARD_MB MiB (engine/weights/shard.py), the size that comes back from
 # the device machine.
 #
 #   python scripts/pack_corpus.py                 # here: runs/corpus/train.tar.xz (~5 MiB)
@@ -75,7 +75,7 @@ if [ ${#CKPTS[@]} -eq 0 ]; then
     [ "$STATUS" -eq 0 ] && STATUS=1
     exit "$STATUS"
 fi
-"$PY" -m engine.shard "${CKPTS[@]}" --max-mb "$SHARD_MB"
+"$PY" -m engine.weights.shard "${CKPTS[@]}" --max-mb "$SHARD_MB"
 
 # Export for the device tool (at most 8 files of 16 MiB come back): the weight shards as they are,
 # everything else of best/ (config, index, tokenizer, state, log, curve; not the optimizer state, twice

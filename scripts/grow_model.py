@@ -1,4 +1,4 @@
-"""Depth growth of a checkpoint (engine/grow.py): new blocks that add nothing until trained, so that
+"""Depth growth of a checkpoint (engine/train/grow.py): new blocks that add nothing until trained, so that
 `dlm-lsp train --resume DST` continues the run, bigger, on the same plan.
 
     .venv/bin/python scripts/grow_model.py runs/v2b-long/last runs/grow8/start --after 1,2,3
@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.grow import grow_checkpoint  # noqa: E402
+from engine.train.grow import grow_checkpoint  # noqa: E402
 
 
 def main() -> int:

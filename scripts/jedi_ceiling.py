@@ -1,6 +1,6 @@
 """The ceiling of a `jedi` names lever (issue 12, identifier-aware decoding) on the eval's seed-0
 1,000 line holes: on how many holes the true text has an identifier that the names lever's known set
-lacks (engine/names.py: the job's texts, the far text, keywords, builtins), on how many of those
+lacks (engine/bias/names.py: the job's texts, the far text, keywords, builtins), on how many of those
 jedi's completions at the cursor would supply it, and what jedi costs per hole. jedi is not a
 dependency of the project: `pip install jedi` first.
 
@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jedi  # noqa: E402
 
-from dlm_lsp.context import neighbour_text  # noqa: E402
-from dlm_lsp.evaluate import _request, load_files, sibling_files  # noqa: E402
-from engine import names  # noqa: E402
-from engine.holes import cut_holes  # noqa: E402
+from dlm_lsp.fill.context import neighbour_text  # noqa: E402
+from dlm_lsp.measure.evaluate import _request, load_files, sibling_files  # noqa: E402
+from engine.bias import names  # noqa: E402
+from dlm_lsp.measure.holes import cut_holes  # noqa: E402
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -1,6 +1,6 @@
 """The probe that measured the fill's own n-gram before it was built (docs/MODEL.md, "Session 21";
 docs/measurements/s21/probe_*.json). It patches the sampler: at attach_far a table is counted
-(engine.ngram.count_order) over the lookup's ids and, with FARNG_NEAR=1, the canvas's own ids, and
+(engine.bias.ngram.count_order) over the lookup's ids and, with FARNG_NEAR=1, the canvas's own ids, and
 added beside the corpus memory with weight FARNG_W (orders FARNG_ORDERS, min count FARNG_MIN); only
 for jobs with a lookup. The built lever is DecodeOptions.local_ngram (engine/ngram.LocalNgram); this
 stays as the record of the probe. Every other argument goes to `dlm-lsp`:
@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 
-from engine import ngram as ng
-from engine import sampler as S
+from engine.bias import ngram as ng
+from engine.decode import sampler as S
 
 W = float(os.environ.get("FARNG_W", "4"))
 ORDERS = tuple(int(x) for x in os.environ.get("FARNG_ORDERS", "3,4,5,6").split(","))

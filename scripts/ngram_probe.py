@@ -1,5 +1,5 @@
 """A probe (session 18): does a corpus n-gram memory help the 4 M default's fills? Since session 19
-the lever is in the engine (engine/ngram.py, `dlm-lsp ngram`, DecodeOptions.ngram); this script
+the lever is in the engine (engine/bias/ngram.py, `dlm-lsp ngram`, DecodeOptions.ngram); this script
 stays to reproduce session 18's tables, counting with the engine's own functions.
 
 The default model is capacity-bound (docs/MODEL.md, sessions 14-17: more training and a bigger model
@@ -17,7 +17,7 @@ context of k = 1..orders tokens (a 64-bit hash of the ids; no context crosses a 
 that follow it: the context's total count and its 8 most frequent next tokens among those seen in at
 least 2 different packages (the stdlib counts as one), with their counts and package counts.
 `eval` runs `dlm-lsp eval` in this process with one change to decoding: where the context copy
-boost is computed (engine.sampler.Canvas.copy_bias), a masked slot whose committed left run of
+boost is computed (engine.decode.sampler.Canvas.copy_bias), a masked slot whose committed left run of
 `min-order`.. `orders` tokens matches a stored context (the longest match, total count >= `min-count`,
 next tokens seen in >= `min-packages` packages) gets `weight` x P_ngram(next | context) added to
 its logits. With --weight 0 it reproduces `dlm-lsp eval` to the digit. The table is 176 MB
@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.ngram import context_hash, corpus_tokens, pair_counts  # noqa: E402 - the engine's own counting
+from engine.bias.ngram import context_hash, corpus_tokens, pair_counts  # noqa: E402 - the engine's own counting
 
 TOP = 8
 FIELDS = ("ctx", "tot", "sctx", "nxt", "cnt", "pf")
@@ -108,7 +108,7 @@ class Table:
 def evaluate(args, rest: list[str]) -> int:
     import torch
 
-    import engine.sampler as S
+    import engine.decode.sampler as S
     from dlm_lsp.cli import main
 
     table = Table(args.table, args.min_order, args.min_count, args.min_packages)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import corpus  # noqa: E402
+from engine.train import corpus  # noqa: E402
 
 LIMIT_MB = 40  # what travels to the device machine must stay small
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlm_lsp.evaluate import exact_match  # noqa: E402
+from dlm_lsp.measure.evaluate import exact_match  # noqa: E402
 
 
 def _kept(s: dict) -> int:

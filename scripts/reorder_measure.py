@@ -1,4 +1,4 @@
-"""The two measurements docs/MODEL.md quotes for recipe (c) (engine/reorder.py), one thread each:
+"""The two measurements docs/MODEL.md quotes for recipe (c) (engine/decode/reorder.py), one thread each:
 
     .venv/bin/python scripts/reorder_measure.py train   # CPU time per training step: (a) vs (c), +- the AR loss
     .venv/bin/python scripts/reorder_measure.py reuse   # per-keystroke context reuse vs full recompute
@@ -24,14 +24,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.api import DecodeOptions  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.model import Transformer  # noqa: E402
+from engine.model.config import ModelConfig  # noqa: E402
+from engine.model.transformer import Transformer  # noqa: E402
 
 
 def train_steps() -> None:
-    from engine import corpus
+    from engine.train import corpus
     from engine.tokenizer import EOS, MASK, PAD, TextTokenizer
-    from engine.train import Batches, TrainArgs, loss_on
+    from engine.train.loop import Batches, TrainArgs, loss_on
 
     tok = TextTokenizer.load("models/default")
     texts = [t for t in (f.read() for f in corpus.collect([], include_stdlib=True)[:150]) if t]
@@ -66,8 +66,8 @@ def train_steps() -> None:
 
 
 def reuse() -> None:
-    from engine.reorder import SessionCache
-    from engine.sampler import Canvas, fill
+    from engine.decode.reorder import SessionCache
+    from engine.decode.sampler import Canvas, fill
 
     cfg = ModelConfig(vocab_size=8192, dim=192, n_layers=5, n_heads=4, ffn_dim=576, max_seq_len=1024, context_len=512,
                       attention="causal", canvas="reorder", mask_token_id=2, pad_token_id=0, eos_token_id=1).validate()
@@ -100,7 +100,7 @@ def reuse() -> None:
 def checkpoint(folder: str) -> None:
     import json
 
-    from engine.checkpoint import save_checkpoint
+    from engine.weights.checkpoint import save_checkpoint
     from engine.tokenizer import TextTokenizer
 
     cfg = ModelConfig.from_dict({**json.loads(Path("models/default/config.json").read_text()),

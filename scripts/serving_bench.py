@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dlm_lsp import loadtest  # noqa: E402
-from dlm_lsp.fim_api import FimPipeline, Limits, parse_body  # noqa: E402
+from dlm_lsp.measure import loadtest  # noqa: E402
+from dlm_lsp.http.fim import FimPipeline, Limits, parse_body  # noqa: E402
 
 PROMPT = ("import os\n\n\ndef list_files(path):\n    \"\"\"The names of the regular files in path.\"\"\"\n"
           "    out = []\n    for name in os.listdir(path):\n        if os.path.isfile(os.path.join(path, name)):\n"
@@ -91,7 +91,7 @@ def overhead(model, n: int) -> dict:
     machine load: it is shared with training jobs), after 3 warm-up pairs."""
     import httpx
 
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     cmd = [sys.executable, "-m", "dlm_lsp", "http", "--port", str(free_port()), "--device", "cpu", "--threads", "1"]
     if model:

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from engine.api import DecodeOptions  # noqa: E402
-from engine.model import ModelConfig, Transformer  # noqa: E402
-from engine.sampler import Canvas, fill  # noqa: E402
+from engine.model.transformer import ModelConfig, Transformer  # noqa: E402
+from engine.decode.sampler import Canvas, fill  # noqa: E402
 
 SHAPES = ["192x5x576", "256x6x768", "224x6x672", "256x5x768", "192x7x576"]  # dim x layers x FFN; the default first
 

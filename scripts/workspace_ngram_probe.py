@@ -1,7 +1,7 @@
 """Probe: the fill's own n-gram over the whole workspace (every other file of the hole's package, not
 only the 12k characters of retrieved snippets). Measured before anything is built (docs/MODEL.md,
 "Session 22"). It patches the eval and the sampler: every evaluated file is tokenized once; per
-package, every (context of k ids, next id) pair is counted (engine.ngram.pair_counts); a hole's table
+package, every (context of k ids, next id) pair is counted (engine.bias.ngram.pair_counts); a hole's table
 is its package's counts minus its own file's (a file never informs its own holes: in an editor the
 line being typed is not on disk yet). At a masked slot, for the longest context of WSNG_ORDERS ids
 ending its left run that is followed >= WSNG_MIN times, its 2 most frequent next ids gain WSNG_W x P,
@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from dlm_lsp import evaluate as E
-from engine import ngram as ng
-from engine import sampler as S
+from dlm_lsp.measure import evaluate as E
+from engine.bias import ngram as ng
+from engine.decode import sampler as S
 
 W = float(os.environ.get("WSNG_W", "4"))
 ORDERS = tuple(sorted((int(x) for x in os.environ.get("WSNG_ORDERS", "3,4,5,6").split(",")), reverse=True))
@@ -39,7 +39,7 @@ def _pairs(a: np.ndarray, k: int):
 
 
 def build(files: dict, model: str) -> None:
-    from engine.checkpoint import resolve_model_path
+    from engine.weights.checkpoint import resolve_model_path
     from engine.tokenizer import TextTokenizer
 
     t0 = time.time()

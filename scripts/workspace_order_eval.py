@@ -1,5 +1,5 @@
 """Which files a big workspace's memory holds: the first in walk order, or the nearest to the
-document being filled (dlm_lsp.workspace: `focus`, WorkspaceIndex.files). Measured on a workspace
+document being filled (dlm_lsp.fill.workspace: `focus`, WorkspaceIndex.files). Measured on a workspace
 whose source is past the engine's workspace memory (MEMORY_CHARS): by default the `torch` package
 of this checkout's .venv (2,285 files, 46 MB; not in the training corpus's manifest).
 
@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dlm_lsp import evaluate as E  # noqa: E402
-from dlm_lsp import workspace as W  # noqa: E402
-from engine.holes import cut_holes  # noqa: E402
+from dlm_lsp.measure import evaluate as E  # noqa: E402
+from dlm_lsp.fill import workspace as W  # noqa: E402
+from dlm_lsp.measure.holes import cut_holes  # noqa: E402
 from paired_eval import compare  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def main() -> int:
           file=sys.stderr, flush=True)
 
     dlm = E.DiffusionFiller(None, threads=args.threads)
-    from dlm_lsp.calibrate import Calibrator
+    from dlm_lsp.fill.gate import Calibrator
     dlm.calibrator = Calibrator.from_json(dlm.service.serving.get("calibrator"))
     dlm.min_confidence = 0.0
     E.Filler.neighbours = E.Filler.snippets = None

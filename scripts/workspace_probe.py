@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from dlm_lsp.retrieval import SNIPPET_CHARS
-from dlm_lsp.workspace import WorkspaceIndex
+from dlm_lsp.fill.retrieval import SNIPPET_CHARS
+from dlm_lsp.fill.workspace import WorkspaceIndex
 
 
 def main(folder: str, rel: str, n: int = 50) -> dict:

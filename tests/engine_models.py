@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from engine.checkpoint import load_checkpoint, save_checkpoint
-from engine.config import ModelConfig
-from engine.model import Transformer
+from engine.weights.checkpoint import load_checkpoint, save_checkpoint
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
 from tests.tiny import make_tiny_checkpoint
 
 

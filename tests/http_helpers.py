@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from dlm_lsp.http_api import bind
+from dlm_lsp.http.app import bind
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from dlm_lsp.replay import LspClient
+from dlm_lsp.measure.replay import LspClient
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SERVER = [sys.executable, str(REPO / "tests" / "lsp_fake_server.py")]

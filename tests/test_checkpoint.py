@@ -1,4 +1,4 @@
-"""engine/checkpoint.py: the HF-style folder round trip and the errors that say what to do next."""
+"""engine/weights/checkpoint.py: the HF-style folder round trip and the errors that say what to do next."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.checkpoint import CheckpointError, load_checkpoint, read_state_dict, resolve_model_path, save_checkpoint
+from engine.weights.checkpoint import CheckpointError, load_checkpoint, read_state_dict, resolve_model_path, save_checkpoint
 from tests.tiny import make_tiny_checkpoint
 
 
@@ -188,7 +188,7 @@ def test_an_index_cannot_name_shards_outside_its_folder(tiny, tmp_path):
 
 
 def test_the_header_check_accepts_every_shipped_weights_file():
-    from engine.checkpoint import REPO_ROOT, check_safetensors
+    from engine.weights.checkpoint import REPO_ROOT, check_safetensors
 
     files = sorted((REPO_ROOT / "models").glob("*/model.safetensors"))
     assert files

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from dlm_lsp.context import FAR_AFTER, FAR_BEFORE, build_request, to_fill_job
-from dlm_lsp.documents import Document
-from engine import sampler, wire
+from dlm_lsp.fill.context import FAR_AFTER, FAR_BEFORE, build_request, to_fill_job
+from dlm_lsp.fill.documents import Document
+from engine.decode import sampler
+from engine.clients import wire
 from engine.api import DecodeOptions, FillJob
 from tests.tiny import tiny_service
 
@@ -82,7 +83,7 @@ def test_copy_far_must_not_be_negative(service):
 
 def test_copy_far_is_a_model_tunable_default(tmp_path):
     from engine.api import with_model_defaults
-    from engine.checkpoint import serving_defaults
+    from engine.weights.checkpoint import serving_defaults
 
     (tmp_path / "serving.json").write_text('{"decode": {"copy_bigram": 2.0, "copy_far": 3.0}}')
     tuned = serving_defaults(tmp_path)["decode"]
@@ -99,7 +100,7 @@ def test_copy_far_is_a_model_tunable_default(tmp_path):
 
 
 def test_neighbours_are_the_other_open_documents_most_recent_first():
-    from dlm_lsp.documents import DocumentStore
+    from dlm_lsp.fill.documents import DocumentStore
 
     store = DocumentStore()
     for name in ("a", "b", "c"):
@@ -115,7 +116,7 @@ def test_neighbours_are_the_other_open_documents_most_recent_first():
 
 
 def test_neighbour_text_cuts_each_to_a_share_and_puts_the_most_relevant_last():
-    from dlm_lsp.context import neighbour_text
+    from dlm_lsp.fill.context import neighbour_text
 
     assert neighbour_text([]) == "" and neighbour_text(["", ""]) == ""
     got = neighbour_text(["first" * 10, "second" * 10], limit=20)
@@ -125,7 +126,7 @@ def test_neighbour_text_cuts_each_to_a_share_and_puts_the_most_relevant_last():
 
 
 def test_eval_siblings_are_the_files_of_the_same_folder_nearest_first():
-    from dlm_lsp.evaluate import sibling_files
+    from dlm_lsp.measure.evaluate import sibling_files
 
     files = {k: "" for k in ("p:pkg/a.py", "p:pkg/b.py", "p:pkg/c.py", "p:pkg/sub/d.py", "stdlib:x.py", "stdlib:y.py")}
     sib = sibling_files(files, 2)
@@ -151,9 +152,9 @@ async def test_server_sends_the_other_open_documents_as_lookup():
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("window,cache,heal", [(0, False, False), (3, True, False), (0, True, True), (16, True, True)])
 def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, window, cache, heal):
-    from engine.config import ModelConfig
-    from engine.model import Transformer
-    from engine.sampler import Canvas, fill, reference_fill
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
+    from engine.decode.sampler import Canvas, fill, reference_fill
 
     cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
                       mask_token_id=2, pad_token_id=249, eos_token_id=1, bos_token_id=3).validate()
@@ -186,7 +187,7 @@ def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, wi
 
 def test_copy_chain_is_a_model_tunable_default(tmp_path):
     from engine.api import with_model_defaults
-    from engine.checkpoint import serving_defaults
+    from engine.weights.checkpoint import serving_defaults
 
     (tmp_path / "serving.json").write_text('{"decode": {"copy_chain": true}}')
     assert serving_defaults(tmp_path)["decode"] == {"copy_chain": True}
@@ -198,7 +199,7 @@ def test_copy_chain_is_a_model_tunable_default(tmp_path):
 
 async def test_server_sends_snippets_of_the_workspace_files_as_lookup(tmp_path):
     """A closed file of the workspace folder reaches the engine as the snippet most like the code at
-    the cursor (dlm_lsp/workspace.py, indexed in a background thread); off, it does not."""
+    the cursor (dlm_lsp/fill/workspace.py, indexed in a background thread); off, it does not."""
     import asyncio
 
     from tests.lsp_helpers import FAKE_SERVER, inline, lsp_server, open_doc, scripted

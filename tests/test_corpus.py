@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import corpus
-from engine.corpus_build import MANIFEST, CorpusError, Pin, build, licence_of, read_manifest
+from engine.train import corpus
+from engine.train.corpus_build import MANIFEST, CorpusError, Pin, build, licence_of, read_manifest
 
 
 def _meta(name, version, license_expr=None, license_text=None, classifiers=()):
@@ -64,7 +64,7 @@ def test_manifest_errors_name_the_line(tmp_path):
 
 
 def test_build_filters_and_splits(tmp_path, monkeypatch):
-    import engine.corpus_build as cb
+    import engine.train.corpus_build as cb
 
     monkeypatch.setattr(cb, "PACKAGE_CAP", 1.0)  # a corpus this small is all one package
     wheels = tmp_path / "wheels"
@@ -115,7 +115,7 @@ def test_copyleft_package_stops_the_build(tmp_path):
 
 
 def test_package_cap(tmp_path, monkeypatch):
-    import engine.corpus_build as cb
+    import engine.train.corpus_build as cb
 
     monkeypatch.setattr(cb, "PACKAGE_CAP", 0.5)
     wheels = tmp_path / "wheels"
@@ -129,7 +129,7 @@ def test_package_cap(tmp_path, monkeypatch):
 
 
 def test_extra_manifest_adds_packages_and_keeps_the_heldout_side(tmp_path, monkeypatch):
-    import engine.corpus_build as cb
+    import engine.train.corpus_build as cb
 
     monkeypatch.setattr(cb, "PACKAGE_CAP", 1.0)
     wheels = tmp_path / "wheels"
@@ -155,7 +155,7 @@ def test_extra_manifest_adds_packages_and_keeps_the_heldout_side(tmp_path, monke
 
 
 def test_shipped_extra_manifest_is_pinned_and_disjoint_from_the_training_manifest():
-    from engine.corpus_build import _norm
+    from engine.train.corpus_build import _norm
 
     extra = read_manifest(MANIFEST.parent / "ngram_extra_manifest.txt")
     assert len(extra) >= 100 and all(p.version and not p.heldout for p in extra)

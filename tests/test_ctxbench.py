@@ -2,7 +2,7 @@
 import argparse
 import json
 
-from dlm_lsp import ctxbench
+from dlm_lsp.measure import ctxbench
 
 
 def test_ctxbench_types_into_a_big_file_and_reports(tmp_path):

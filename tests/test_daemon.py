@@ -1,4 +1,4 @@
-"""The shared engine daemon (engine/daemon.py) and its client (engine/remote.py), with real
+"""The shared engine daemon (engine/serve/daemon.py) and its client (engine/clients/remote.py), with real
 processes: two serves on one engine (one model load), an engine killed mid-request, cancel and
 deadline across the socket, a window that disconnects, windows racing to start the daemon, the idle
 exit, and the socket's permissions. Each test has its own XDG_RUNTIME_DIR; a daemon left behind is
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from dlm_lsp.replay import LspClient
-from engine import daemon as engine_daemon
-from engine import wire
+from dlm_lsp.measure.replay import LspClient
+from engine.serve import daemon as engine_daemon
+from engine.clients import wire
 from engine.api import DecodeOptions, EngineError, Fill, FillJob
-from engine.remote import RemoteEngine
+from engine.clients.remote import RemoteEngine
 from tests.lsp_helpers import REAL_SERVER, inline, inline_params, insert, open_doc
 from tests.tiny import make_tiny_checkpoint
 
@@ -430,7 +430,7 @@ def test_the_default_engine_is_the_shared_one_and_inproc_is_an_option(monkeypatc
 
 
 def test_a_thin_serve_imports_no_torch():
-    code = ("import sys; from dlm_lsp import cli; cli.build_parser('serve'); import dlm_lsp.server, engine.remote; "
+    code = ("import sys; from dlm_lsp import cli; cli.build_parser('serve'); import dlm_lsp.server, engine.clients.remote; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=TIMEOUT)
     assert out.stdout.strip() == "False", out.stderr
@@ -520,7 +520,7 @@ def test_a_windows_workspace_memory_lives_in_the_daemon_and_survives_its_restart
     """RemoteEngine.workspace_files puts a window's files into its own memory in the daemon; a job
     naming it fills as the in-process engine does with the same files; another window's job of
     that name does not see it; a daemon that replaced a killed one is sent the files again."""
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     files = {"w/a.py": "def add(a, b):\n    return a + b\n" * 3, "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
              "w/self.py": "def add(a, b):\n    return a - b\n"}

@@ -1,4 +1,4 @@
-"""engine/delta.py: compact delta checkpoints over a base, extracted from tiny models with a known
+"""engine/weights/delta.py: compact delta checkpoints over a base, extracted from tiny models with a known
 change (exact rank-2 perturbations, a changed norm, changed special rows), loaded through the normal
 checkpoint loader and served; the base's hash checked; the command's error paths."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import base_models as bm
-from engine import delta as dl
-from engine.checkpoint import CheckpointError, load_checkpoint, read_state_dict, save_checkpoint
+from engine.weights import base_models as bm
+from engine.weights import delta as dl
+from engine.weights.checkpoint import CheckpointError, load_checkpoint, read_state_dict, save_checkpoint
 from tests.engine_models import peaked_weights
 from tests.tiny import make_tiny_checkpoint
 
@@ -143,7 +143,7 @@ def test_a_base_with_another_hash_is_refused_naming_the_command(pair, tmp_path, 
 
 def test_delta_folder_serves_the_same_fill_as_the_tuned_model(pair, tmp_path, monkeypatch):
     from engine.api import FillJob
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     base, tuned = pair
     out = tmp_path / "d"

@@ -1,4 +1,4 @@
-"""engine/distill.py, candidate (e): a teacher with another tokenizer gives soft targets on the rows
+"""engine/train/distill.py, candidate (e): a teacher with another tokenizer gives soft targets on the rows
 where both tokenizations start a token at the same character, projected onto the student's ids;
 shards append and are refused for another tokenizer or shape; training mixes them into the loss."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from engine import corpus, distill
-from engine.config import ModelConfig
-from engine.model import Transformer
+from engine.train import corpus, distill
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
 from engine.tokenizer import BOS, EOS, MASK, PAD, TextTokenizer, train_bpe
-from engine.train import Batches, TrainArgs, loss_on, train
+from engine.train.loop import Batches, TrainArgs, loss_on, train
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_training_draws_teacher_windows_and_their_soft_targets_change_the_loss(t
 
 
 def test_soft_targets_move_left_with_the_hard_targets_of_a_shifted_model():
-    from engine.train import shift_rows, shift_targets
+    from engine.train.loop import shift_rows, shift_targets
 
     tgt = torch.tensor([[-1, 5, -1, 7]])
     w = torch.tensor([[0.0, 1.0, 0.0, 1.0]])

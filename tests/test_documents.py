@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from dlm_lsp import context, documents
-from dlm_lsp.documents import Document, DocumentStore, make_parser, parse_source, uri_key
-from dlm_lsp.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, line_starts, units_len
+from dlm_lsp.fill import context, documents
+from dlm_lsp.fill.documents import Document, DocumentStore, make_parser, parse_source, uri_key
+from dlm_lsp.fill.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, line_starts, units_len
 from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
 
 # str.splitlines() breaks at all of these; LSP at none of them

@@ -1,4 +1,4 @@
-"""`dlm-lsp eval`: hole cutting (engine/holes.py), the metrics, the AR decoder, and a tiny end-to-end run."""
+"""`dlm-lsp eval`: hole cutting (dlm_lsp/measure/holes.py), the metrics, the AR decoder, and a tiny end-to-end run."""
 from __future__ import annotations
 
 import json
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlm_lsp.evaluate import (
+from dlm_lsp.measure.evaluate import (
     METRIC_KEYS, OracleFiller, Sample, edit_similarity, evaluate, exact_match, fim_greedy, levenshtein, load_files,
     percentile, repeats_suffix, score, syntax_clean,
 )
-from engine.holes import KINDS, Hole, count_syntax_errors, cut_holes, parse
+from dlm_lsp.measure.holes import KINDS, Hole, count_syntax_errors, cut_holes, parse
 from tests.tiny import make_tiny_checkpoint
 
 SAMPLE = Path(__file__).parent / "data" / "eval_sample.py"
@@ -193,7 +193,7 @@ def test_score_on_hand_made_samples():
 
 
 def test_shown_accepted_and_the_gate_curve():
-    from dlm_lsp.evaluate import accept_curve
+    from dlm_lsp.measure.evaluate import accept_curve
 
     text = "def f(a):\n    return a + 1\n\nvalue = f(2)\n"
     a = text.index("return")
@@ -236,7 +236,7 @@ def tiny_models(tmp_path_factory):
 
 
 def test_fim_greedy_matches_recomputing_every_token(tiny_models):
-    from engine.checkpoint import load_checkpoint
+    from engine.weights.checkpoint import load_checkpoint
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
@@ -256,7 +256,7 @@ def test_fim_greedy_matches_recomputing_every_token(tiny_models):
 
 
 def test_fim_greedy_heals_the_prefix_tail_like_the_diffusion_engine(tiny_models):
-    from engine.checkpoint import load_checkpoint
+    from engine.weights.checkpoint import load_checkpoint
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
@@ -361,8 +361,8 @@ def test_eval_oracle_only_loads_no_model(tmp_path):
 
 
 def test_fim_greedy_keeps_the_prompt_inside_the_twins_training_window(tiny_models, monkeypatch):
-    import engine.autoregressive as ar
-    from engine.checkpoint import load_checkpoint
+    import engine.decode.autoregressive as ar
+    from engine.weights.checkpoint import load_checkpoint
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
     cfg.context_len = 96
@@ -384,8 +384,8 @@ def test_reuse_typing_types_the_last_characters_then_fills_the_hole_with_reuse()
     import types
 
     from engine.api import DecodeOptions, Fill
-    from engine.reuse import ReuseCache
-    from dlm_lsp.evaluate import TypedReuseFiller
+    from engine.decode.reuse import ReuseCache
+    from dlm_lsp.measure.evaluate import TypedReuseFiller
 
     class Recorder:
         _reuse = ReuseCache()
@@ -438,7 +438,7 @@ def test_eval_gives_each_package_a_workspace_memory_and_its_jobs_name_it(tiny_mo
     """--retrieve package: each held-out package's files go to the engine as one workspace memory
     (named after the package) and every job names it and its own file, which the engine leaves out."""
     from dlm_lsp.cli import main
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     folder = tmp_path / "corpus"
     keys = []

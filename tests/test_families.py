@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.weights.checkpoint import CheckpointError, load_checkpoint
 from engine.families import FAMILIES, FamilyError, family_config, load_family
 from tests.families_tiny import SPECS, family_folders, reference_logits, reference_model, write_checkpoint  # noqa: F401
 
@@ -230,7 +230,7 @@ def test_seven_billion_shapes_build_on_the_meta_device():
     model on the meta device with the expected parameter count, no memory used."""
     from engine.families.registry import FAMILIES as F
     from engine.families.specials import TokenFiles
-    from engine.model import Transformer
+    from engine.model.transformer import Transformer
 
     dream = next(f for f in F if f.name == "dream")
     cfg = dict(architectures=["DreamModel"], model_type="Dream", hidden_size=3584, intermediate_size=18944,
@@ -272,7 +272,7 @@ def test_dream_padded_batch_equals_the_pairwise_mask_reference(folders):
 def test_gqa_causal_kv_cache_decoding_equals_full_recompute(folders):
     """The causal KV-cache path with grouped-query attention (WeDLM's 4 query / 2 K/V heads): greedy
     decoding with the cache equals recomputing the whole sequence every token."""
-    from engine.autoregressive import greedy_decode, reference_greedy
+    from engine.decode.autoregressive import greedy_decode, reference_greedy
 
     m = _engine(folders["wedlm"], torch.float64)
     assert m.cfg.kv_heads == 2 and m.cfg.n_heads == 4

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import DecodeOptions, FillJob
-from engine.checkpoint import load_checkpoint
-from engine.sampler import Canvas, fill, reference_fill
-from engine.sampler import step as fill_step
+from engine.weights.checkpoint import load_checkpoint
+from engine.decode.sampler import Canvas, fill, reference_fill
+from engine.decode.sampler import step as fill_step
 from tests.families_tiny import family_folders  # noqa: F401 (fixture)
 
 DECODING = ["dream", "llada", "coda", "sdar", "fast-dllm-v2", "open-dcoder"]
@@ -149,7 +149,7 @@ def test_shifted_family_needs_a_token_before_the_hole_and_takes_bos_from_its_fil
 
 def test_service_fills_with_a_family_checkpoint(loaded):
     """The resident service loads a family folder like any model and answers a job."""
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     folder = loaded["dream"][0]
     svc = EngineService(str(folder), device="cpu")
@@ -162,7 +162,7 @@ def test_service_fills_with_a_family_checkpoint(loaded):
 def test_block_causal_batched_cached_steps_equal_single_canvases(loaded, name):
     """The batch path keeps each context row's absolute position (BatchContext): a batch of two
     block-causal canvases with cached steps and a window gives each one's own fill."""
-    from engine.cache import BatchContext
+    from engine.decode.cache import BatchContext
 
     _, model, tok, cfg = loaded[name]
     opts = DecodeOptions(threshold=0.3, heal=False, window=4)
@@ -440,7 +440,7 @@ def test_dreamon_at_its_longest_never_expands_and_a_final_step_leaves_no_mask(dr
 
 def test_service_fills_with_dreamon(family_folders):
     """The service runs DreamOn's loop (healing off: the middle has no fixed slot 0)."""
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     svc = EngineService(str(family_folders["dreamon"]), device="cpu")
     svc.load()

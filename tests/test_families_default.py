@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 
 from engine.api import DecodeOptions
-from engine.checkpoint import load_checkpoint
-from engine.sampler import Canvas, fill
+from engine.weights.checkpoint import load_checkpoint
+from engine.decode.sampler import Canvas, fill
 from tests.engine_models import cpu_vendor, peaked_model
 
 DATA = Path(__file__).parent / "data" / "default_logits.safetensors"

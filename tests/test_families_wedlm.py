@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.api import DecodeOptions, FillJob
-from engine.cache import BatchContext
+from engine.decode.cache import BatchContext
 from engine.families import wedlm
 from engine.families.loader import load_family
-from engine.sampler import Canvas, fill
-from engine.sampler import step as fill_step
+from engine.decode.sampler import Canvas, fill
+from engine.decode.sampler import step as fill_step
 from tests.families_tiny import SPECS, Spec, _qwen, reference_logits, reference_model, seed_of, write_checkpoint
 
 HEAD_SCALE = 16.0  # a power of two (exact in fp32 and fp64): a random unit-scale head is near uniform
@@ -305,7 +305,7 @@ def test_cached_steps_keep_only_the_committed_run(wq, rule):
 
 def test_service_fills_with_wedlm(wq):
     """The resident service loads the folder like any model (fp32) and answers a job, healing on."""
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     folder = wq[0]
     svc = EngineService(str(folder), device="cpu")

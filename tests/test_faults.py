@@ -2,7 +2,7 @@
 engine's thread, runs out of memory, or the model file is broken. Each fault: a log line, the failing
 request gets an error or an empty answer, the next request is served.
 
-Engine faults are injected by patching `engine.sampler.forward` (the one call every step makes); the
+Engine faults are injected by patching `engine.decode.sampler.forward` (the one call every step makes); the
 server is driven in process (`DlmServer.fill_at`) with the real engine on a tiny checkpoint, or as a
 real process over stdio (`dlm-lsp serve`, or the scripted engine in tests/lsp_fake_engine.py).
 Limits are generous ("answered within 5 s"): they tell a hang from an answer, not fast from slow.
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from engine import sampler
+from engine.decode import sampler
 from engine.api import EngineError, FillJob
-from engine.service import EngineService
+from engine.serve.service import EngineService
 from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, inline, lsp_server, open_doc, scripted
 from tests.tiny import make_tiny_checkpoint
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dlm_lsp.fuzz import (ANY_VERSION, CHECKS, RefText, Fuzzer, add_fuzz_args, apply_change, check_answer,
+from dlm_lsp.measure.fuzz import (ANY_VERSION, CHECKS, RefText, Fuzzer, add_fuzz_args, apply_change, check_answer,
                           edit_outcomes, norm, resolve, run_fuzz)
 from tests.lsp_helpers import REPO, scripted
 

@@ -1,4 +1,4 @@
-"""engine/grow.py: a grown checkpoint computes what its source computed (new blocks add nothing until
+"""engine/train/grow.py: a grown checkpoint computes what its source computed (new blocks add nothing until
 trained), its optimizer file carries the old blocks' moments to their new places and none for the new
 blocks, and `train --resume` continues it on the same plan."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from engine.checkpoint import load_checkpoint, read_state_dict
-from engine.grow import grow_checkpoint, layer_plan
-from engine.train import OPTIMIZER_FILE, TrainArgs, load_optimizer, load_raw_weights, train
+from engine.weights.checkpoint import load_checkpoint, read_state_dict
+from engine.train.grow import grow_checkpoint, layer_plan
+from engine.train.loop import OPTIMIZER_FILE, TrainArgs, load_optimizer, load_raw_weights, train
 
 TINY = dict(max_files=10, dim=32, n_layers=3, n_heads=2, ffn_dim=64, seq_len=128, vocab=512, batch=4,
             val_examples=16, warmup=2, threads=1, progress=False, total_hours=100.0)

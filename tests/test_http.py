@@ -1,4 +1,4 @@
-"""`dlm-lsp http` (dlm_lsp/http_api.py, dlm_lsp/fim_api.py): the real app under uvicorn on a
+"""`dlm-lsp http` (dlm_lsp/http/app.py, dlm_lsp/http/fim.py): the real app under uvicorn on a
 loopback port, driven over real sockets with httpx and raw sockets. The scripted engine
 (tests/lsp_fake_engine.py) gives exact timing: cancel on disconnect, deadlines, a stuck engine.
 `dlm-lsp http` as a process on a tiny checkpoint (the real engine) is tested in
@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dlm_lsp.fim_api import ApiError, FimPipeline, Limits, parse_body
-from dlm_lsp.http_api import FimServer, is_loopback
+from dlm_lsp.http.fim import ApiError, FimPipeline, Limits, parse_body
+from dlm_lsp.http.app import FimServer, is_loopback
 from engine.api import Fill
 from tests.http_helpers import ThreadServer
 from tests.lsp_fake_engine import ScriptedEngine

@@ -1,4 +1,4 @@
-"""The language server's remote engine (engine/http_engine.py) and the `engine` option: against a
+"""The language server's remote engine (engine/clients/http_engine.py) and the `engine` option: against a
 real `dlm-lsp http` process on a tiny checkpoint, against the in-process API with the scripted
 engine (exact timing for cancel and deadline), and the `mercury` flavour against a local stand-in
 that speaks Inception's documented /v1/fim/completions shape (no network). The language server
@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from dlm_lsp.options import parse_options
-from dlm_lsp.replay import LspClient
+from dlm_lsp.measure.replay import LspClient
 from engine.api import EngineError, FillJob
-from engine.http_engine import HttpEngine, base_url
+from engine.clients.http_engine import HttpEngine, base_url
 from tests.http_helpers import REPO, ThreadServer, http_process
 from tests.lsp_helpers import REAL_SERVER, inline, insert, lsp_server, open_doc
 from tests.test_http import PROMPT, Running

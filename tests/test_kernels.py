@@ -83,7 +83,7 @@ def _child() -> None:
     """Runs every case through the interpreted kernel; prints one JSON object."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     from engine.api import DecodeOptions
-    from engine.sampler import Canvas, fill
+    from engine.decode.sampler import Canvas, fill
     from tests.engine_models import peaked_model
 
     out = {"cases": {}}
@@ -141,7 +141,7 @@ def test_sampler_through_the_kernel_matches_the_oracle(interpreted):
     """The fast loop takes its argmax and confidences from kernels.slot_stats: with the kernel
     switched in, a fill still equals the fp64 oracle token for token."""
     from engine.api import DecodeOptions
-    from engine.sampler import reference_fill
+    from engine.decode.sampler import reference_fill
     from tests.engine_models import peaked_model
 
     res = interpreted["sampler"]

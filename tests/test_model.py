@@ -1,11 +1,11 @@
-"""engine/model.py and engine/autoregressive.py: the cached-context path, batching masks, and greedy
+"""engine/model/transformer.py and engine/decode/autoregressive.py: the cached-context path, batching masks, and greedy
 decoding with a KV cache against full recomputation."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.autoregressive import fim_prompt, greedy_decode, reference_greedy
+from engine.decode.autoregressive import fim_prompt, greedy_decode, reference_greedy
 from tests.engine_models import peaked_model
 
 

@@ -1,4 +1,4 @@
-"""Identifier-aware decoding (DecodeOptions.names, engine/names.py): a fill's identifiers are names
+"""Identifier-aware decoding (DecodeOptions.names, engine/bias/names.py): a fill's identifiers are names
 that exist in the job's text, the keywords and builtins, or the model's corpus names."""
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import json
 import pytest
 import torch
 
-from engine import names, sampler
+from engine.bias import names
+
+from engine.decode import sampler
 from engine.api import DecodeOptions, FillJob
-from engine.checkpoint import serving_defaults
+from engine.weights.checkpoint import serving_defaults
 from tests.tiny import tiny_service
 
 TEXTS = ["", "onse", "ond", "ite", "(", " =", "resp", "response", "respond", "onse(", "x", " foo", "\ufffd", "é"]

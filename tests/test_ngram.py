@@ -1,4 +1,4 @@
-"""The corpus n-gram memory (engine/ngram.py, DecodeOptions.ngram): its counting against a plain
+"""The corpus n-gram memory (engine/bias/ngram.py, DecodeOptions.ngram): its counting against a plain
 counter, its file (safetensors, checked, tied to the tokenizer), and its place in decoding (the
 service's fills equal the oracle's; the model's per-kind setting)."""
 from __future__ import annotations
@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from dlm_lsp.cli import main as cli
-from engine import ngram, sampler, wire
+from engine.bias import ngram
+from engine.decode import sampler
+from engine.clients import wire
 from engine.api import DecodeOptions, EngineError, FillJob, with_model_defaults
-from engine.checkpoint import serving_defaults
+from engine.weights.checkpoint import serving_defaults
 from tests.tiny import CORPUS, make_tiny_checkpoint
 
 
@@ -131,7 +133,7 @@ def _corpus(folder) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     root = tmp_path_factory.mktemp("ngram")
     folder = make_tiny_checkpoint(root / "m", seed=5)
@@ -200,8 +202,8 @@ def test_the_models_per_kind_setting_and_the_missing_table(served, tmp_path):
 
 
 def test_the_hole_kind_reaches_the_engine():
-    from dlm_lsp.context import build_request, to_fill_job
-    from dlm_lsp.documents import Document
+    from dlm_lsp.fill.context import build_request, to_fill_job
+    from dlm_lsp.fill.documents import Document
 
     req = build_request(Document("file:///t.py", "python", 1, "def f(x):\n    return x\n"), 17)
     job = to_fill_job(req, None)
@@ -214,7 +216,7 @@ def test_the_hole_kind_reaches_the_engine():
 
 
 def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     folder = make_tiny_checkpoint(tmp_path / "r", attention="causal", canvas="reorder", seed=2)
     assert cli(["ngram", "--corpus", _corpus(tmp_path / "corpus"), "--model", str(folder), "--orders", "2,3",

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from engine.objective import SpecialIds, infill_example, mdlm_example
+from engine.train.objective import SpecialIds, infill_example, mdlm_example
 from tests.tiny import make_tiny_checkpoint
 
 IDS = SpecialIds(mask=2, pad=0, eos=1)
@@ -62,7 +62,7 @@ def test_ordered_infill_reveals_a_prefix_of_the_canvas(tmp_path):
 
 
 def test_multi_hole_windows_hold_several_canvases_of_middle_then_padding(tmp_path):
-    from engine.objective import collate, multi_infill_example
+    from engine.train.objective import collate, multi_infill_example
 
     tok = _tok(tmp_path)
     ids = SpecialIds(mask=tok.token_id("<|mask|>"), pad=tok.token_id("<|pad|>"), eos=tok.token_id("<|endoftext|>"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.holes import KINDS
+from dlm_lsp.measure.holes import KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path(__file__).parent / "data" / "eval_sample.py"

@@ -1,9 +1,9 @@
 """Post-processing: every rule on its own, then the whole pipeline with the syntax check."""
 import pytest
 
-from dlm_lsp.context import build_request
-from dlm_lsp.documents import Document
-from dlm_lsp.postprocess import (
+from dlm_lsp.fill.context import build_request
+from dlm_lsp.fill.documents import Document
+from dlm_lsp.fill.postprocess import (
     SyntaxCheck, balance_brackets, count_errors, cut_block, cut_degenerate, cut_repetition, cut_to_clean,
     finish, leading_closers, own_brackets_closed, repeats_line_above, repeats_suffix, similar, strip_specials,
     trim_tail_overlap, within_distance,

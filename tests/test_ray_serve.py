@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from dlm_lsp import loadtest  # noqa: E402
+from dlm_lsp.measure import loadtest  # noqa: E402
 from engine.api import FillJob  # noqa: E402
-from engine.http_engine import HttpEngine  # noqa: E402
+from engine.clients.http_engine import HttpEngine  # noqa: E402
 from tests.http_helpers import REPO  # noqa: E402
 from tests.tiny import make_tiny_checkpoint  # noqa: E402
 

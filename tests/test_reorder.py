@@ -1,4 +1,4 @@
-"""Recipe (c), causal diffusion with reordering (engine/reorder.py): the training layout, the exact
+"""Recipe (c), causal diffusion with reordering (engine/decode/reorder.py): the training layout, the exact
 cached decode against the full-recompute oracle, the engine's semantics on it (deadline, cancel,
 healing, batching), per-keystroke reuse, and a smoke training run the engine then serves."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 
-from engine import reorder, sampler
+from engine.decode import reorder, sampler
 from engine.api import DecodeOptions, FillJob
-from engine.cache import BatchContext
-from engine.config import ConfigError, ModelConfig
-from engine.objective import SpecialIds
-from engine.sampler import Canvas, fill, reference_fill
+from engine.decode.cache import BatchContext
+from engine.model.config import ConfigError, ModelConfig
+from engine.train.objective import SpecialIds
+from engine.decode.sampler import Canvas, fill, reference_fill
 from tests.engine_models import peaked_model
 
 PAD = 249  # a token the peaked seed-0 model predicts often: padding and early ends happen on the oracle's path
@@ -341,9 +341,9 @@ def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
 
 
 def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
-    from engine.checkpoint import load_checkpoint
-    from engine.service import EngineService
-    from engine.train import TrainArgs, train
+    from engine.weights.checkpoint import load_checkpoint
+    from engine.serve.service import EngineService
+    from engine.train.loop import TrainArgs, train
     from tests.tiny import CORPUS, make_tiny_checkpoint
 
     tiny = make_tiny_checkpoint(tmp_path / "tiny")
@@ -388,7 +388,7 @@ def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
 
 
 def test_session_key_crosses_the_engine_socket():
-    from engine.wire import job_from_message, job_message
+    from engine.clients.wire import job_from_message, job_message
 
     assert job_from_message(job_message(FillJob(prefix="x", session="file:///a.py"))).session == "file:///a.py"
     assert job_from_message(job_message(FillJob(prefix="x"))).session is None
@@ -402,7 +402,7 @@ def test_session_key_crosses_the_engine_socket():
 @pytest.fixture(scope="module")
 def tiny_services(tmp_path_factory):
     """Services over tiny random checkpoints of both layouts (real tokenizer, real service path)."""
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
     from tests.tiny import make_tiny_checkpoint
 
     out = {}
@@ -467,7 +467,7 @@ def test_fill_counts_the_rows_it_forwards_and_what_reuse_saved(tiny_services, mo
 
 def test_a_bidirectional_fill_counts_its_rows_and_reuses_only_approximately(tiny_services, monkeypatch):
     """Exact reuse is the reorder layout's: a bidirectional model with DecodeOptions.reuse off never
-    reuses; with it on (the default) its next keystroke reuses approximately (engine/reuse.py)."""
+    reuses; with it on (the default) its next keystroke reuses approximately (engine/decode/reuse.py)."""
     from engine.api import DecodeOptions
 
     svc = tiny_services["bidirectional"]
@@ -486,7 +486,7 @@ def test_fill_row_counts_cross_the_engine_socket():
     import json
 
     from engine.api import Fill
-    from engine.wire import fill_from_message, fill_message
+    from engine.clients.wire import fill_from_message, fill_message
 
     f = Fill(text="x", tokens=1, steps=3, slots=8, reused_tokens=170, forwarded_tokens=42)
     back = fill_from_message(json.loads(json.dumps(fill_message(f))))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dlm_lsp.replay import _percentile, replay, write_histogram
+from dlm_lsp.measure.replay import _percentile, replay, write_histogram
 from tests.lsp_helpers import FAKE_SERVER, REPO, scripted
 from tests.tiny import make_tiny_checkpoint
 

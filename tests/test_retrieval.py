@@ -1,4 +1,4 @@
-"""Cross-file snippets (dlm_lsp/retrieval.py) and the workspace index (dlm_lsp/workspace.py)."""
+"""Cross-file snippets (dlm_lsp/fill/retrieval.py) and the workspace index (dlm_lsp/fill/workspace.py)."""
 from __future__ import annotations
 
 import os
@@ -9,10 +9,10 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from dlm_lsp.documents import Document, uri_key
-from dlm_lsp.retrieval import (CHUNK_LINES, MAX_CHUNK_CHARS, SnippetIndex, cross_file_text, identifiers, query_text,
+from dlm_lsp.fill.documents import Document, uri_key
+from dlm_lsp.fill.retrieval import (CHUNK_LINES, MAX_CHUNK_CHARS, SnippetIndex, cross_file_text, identifiers, query_text,
                                snippet_text, windows)
-from dlm_lsp.workspace import WorkspaceIndex, nearness, root_paths
+from dlm_lsp.fill.workspace import WorkspaceIndex, nearness, root_paths
 
 
 def _module(name: str, body_names: list[str], lines: int = 60) -> str:
@@ -214,8 +214,8 @@ def test_root_paths(tmp_path):
 
 
 def test_eval_retrieval_scopes():
-    from dlm_lsp.evaluate import package_files, retrieval_fn
-    from engine.holes import Hole
+    from dlm_lsp.measure.evaluate import package_files, retrieval_fn
+    from dlm_lsp.measure.holes import Hole
 
     files = {"p:pkg/a.py": "def use():\n    return shared_helper_name(1)\n",
              "p:pkg/b.py": "def shared_helper_name(x):\n    return x\n",
@@ -253,7 +253,7 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
     """A big repository (here: more files than max_files, more text than the memory holds): the
     walk takes the files nearest the folders being worked in, snippets and memory alike; a fill in
     a folder the walk did not favour wakes it, and the farthest files leave for the nearest."""
-    from dlm_lsp import workspace as W
+    from dlm_lsp.fill import workspace as W
 
     files = {f"aa/f{i}.py": f"alpha_{i} = {i}\n" for i in range(4)}
     files.update({f"mm/f{i}.py": f"middle_{i} = {i}\n" for i in range(4)})
@@ -361,7 +361,7 @@ def test_headless_complete_gives_the_engine_the_workspace_memory(tmp_path):
     (tmp_path / "zzz/near.py").write_text("y = 2\n" * 3)  # 18
     (tmp_path / "zzz/b.py").write_text("value = \n")
     sent.clear()
-    import dlm_lsp.workspace as W
+    import dlm_lsp.fill.workspace as W
     old, W.MEMORY_CHARS = W.MEMORY_CHARS, 40
     try:
         complete(str(tmp_path / "zzz/b.py"), 1, 9, engine=Keeping(), workspace=str(tmp_path))
@@ -376,7 +376,7 @@ def test_the_walk_sends_changed_and_removed_files_to_the_memory_once(tmp_path):
     memory's character budget holds."""
     import os
 
-    from dlm_lsp import workspace as W
+    from dlm_lsp.fill import workspace as W
 
     _tree(tmp_path, {"a.py": "a = 1\n", "b.py": "b = 2\n"})
     got = []

@@ -1,4 +1,4 @@
-"""engine/reuse.py: approximate per-keystroke context reuse for full-attention models.
+"""engine/decode/reuse.py: approximate per-keystroke context reuse for full-attention models.
 
 Reuse off is today's path bit for bit; an unchanged request after a full forward fills as a full
 recompute; re-rotated keys equal keys recomputed at the new positions (alone, and in the buffer a
@@ -14,12 +14,12 @@ import dataclasses
 import pytest
 import torch
 
-from engine import reuse, sampler
+from engine.decode import reuse, sampler
 from engine.api import DecodeOptions, EngineError, FillJob
-from engine.model import apply_rope
-from engine.reuse import ReuseCache, best_run, rerotate, segments
-from engine.sampler import Canvas
-from engine.service import EngineService
+from engine.model.transformer import apply_rope
+from engine.decode.reuse import ReuseCache, best_run, rerotate, segments
+from engine.decode.sampler import Canvas
+from engine.serve.service import EngineService
 from tests.engine_models import peaked_checkpoint, peaked_model
 from tests.tiny import CORPUS
 

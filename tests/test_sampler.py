@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from engine.api import DecodeOptions
-from engine.config import ModelConfig
-from engine import sampler
-from engine.cache import BatchContext
-from engine.sampler import Canvas, fill, reference_fill, schedule, select_threshold, select_topk, trim_fill
+from engine.model.config import ModelConfig
+from engine.decode import sampler
+from engine.decode.cache import BatchContext
+from engine.decode.sampler import Canvas, fill, reference_fill, schedule, select_threshold, select_topk, trim_fill
 from tests.engine_models import MockModel, peaked_model
 
 # a token the peaked seed-0 models predict often: calling it padding puts padding and early stops on
@@ -242,7 +242,7 @@ def test_refresh_every_k_steps(models, every):
 def test_batched_full_forward_equals_single(models, shift):
     """forward_full with rows of different lengths (the path CUDA batches take): the same hidden
     states and the same cached context as one canvas at a time."""
-    from engine.cache import forward_full
+    from engine.decode.cache import forward_full
 
     m = models[shift]
     o = DecodeOptions()
@@ -392,7 +392,7 @@ def test_canvas_never_exceeds_the_training_window():
 def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
     """With blocks of 2, slots are committed block by block from the left even when the right end is
     the most confident, and the first committed padding turns every later slot into padding."""
-    from engine.sampler import eligible_slots
+    from engine.decode.sampler import eligible_slots
 
     assert eligible_slots([0, 1, 2, 3, 4], 2) == [0, 1]
     assert eligible_slots([1, 4, 5], 2) == [0]
@@ -424,7 +424,7 @@ def test_pad_left_commits_padding_only_at_the_leftmost_masked_slot():
 def test_end_at_padding_with_an_end_id_cuts_text_further_right():
     import torch
 
-    from engine.sampler import _end_at_padding, trim_fill
+    from engine.decode.sampler import _end_at_padding, trim_fill
 
     # masked slots 0..4 predict: text, pad, text, pad, text; slots 1 and 2 are picked
     pred = [11.0, 0.0, 12.0, 0.0, 13.0]
@@ -654,7 +654,7 @@ def test_batched_healed_canvases_equal_each_alone(models):
 
 
 def test_copy_tables_and_bias():
-    from engine.sampler import copy_bias, copy_tables, left_runs
+    from engine.decode.sampler import copy_bias, copy_tables, left_runs
 
     uni, succ = copy_tables([5, 6, 7, 5, 8, 1, 9], special=(1,))
     assert uni == [5, 6, 7, 8, 9] and succ == {(5,): [6, 8], (6,): [7], (7,): [5]}  # nothing across the special id
@@ -684,7 +684,7 @@ def _copy_tables_plainly(context: list[int], special: tuple, order: int) -> dict
 
 
 def test_lazy_successors_match_the_whole_table():
-    from engine.sampler import copy_tables
+    from engine.decode.sampler import copy_tables
 
     rng = np.random.default_rng(1)
     for _ in range(200):
@@ -704,8 +704,8 @@ def test_lazy_successors_match_the_whole_table():
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("window,cache,order", [(0, False, 1), (0, True, 1), (3, True, 1), (3, True, 3)])
 def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, cache, order):
-    from engine.config import ModelConfig
-    from engine.model import Transformer
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
 
     # an untrained model (flat distributions, unlike the peaked ones), so a boost of a few nats decides
     cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
@@ -737,7 +737,7 @@ def _far_successors_plainly(far: list[int], run: tuple) -> list[list[int]]:
 
 
 def test_far_side_of_the_copy_boost():
-    from engine.sampler import copy_bias, copy_tables, far_ids, far_successors
+    from engine.decode.sampler import copy_bias, copy_tables, far_ids, far_successors
 
     far = far_ids([9, 4, 5, 6, 1, 4, 5, 7, 3, 5, 8, 4, 5], special=(1, 3, None))
     assert far.tolist() == [9, 4, 5, 6, -1, 4, 5, 7, -1, 5, 8, 4, 5]  # specials can neither match nor follow
@@ -767,8 +767,8 @@ def test_far_side_of_the_copy_boost():
 
 @pytest.mark.parametrize("window,cache", [(0, False), (3, True)])
 def test_copy_far_fast_loop_matches_oracle_and_changes_fills(window, cache):
-    from engine.config import ModelConfig
-    from engine.model import Transformer
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
 
     cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512,
                       mask_token_id=2, pad_token_id=PAD, eos_token_id=1, bos_token_id=3).validate()

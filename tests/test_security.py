@@ -138,7 +138,7 @@ async def test_serving_the_default_model_opens_no_network_socket(tmp_path, monke
         await inline(c, uri, line, 8, timeout=60)
         s = await c.request("dlm/stats", {}, timeout=10)
         assert s["engineJobs"] >= 1 and s["state"] == "ready" and s["model"] == "default"
-        from engine.service import cpu_threads  # the thread count in use is reported (issue 16)
+        from engine.serve.service import cpu_threads  # the thread count in use is reported (issue 16)
 
         env = os.environ.get("DLM_THREADS", "")
         assert s["threads"] == (int(env) if env.isdigit() and int(env) > 0 else cpu_threads())

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from dlm_lsp.replay import LspError
+from dlm_lsp.measure.replay import LspError
 from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, inline_params, insert, lsp_server, open_doc, scripted
 
 URI = "file:///tmp/dlm-e2e/a.py"
@@ -268,7 +268,7 @@ async def test_the_models_own_gate_applies_unless_the_user_sets_min_confidence()
 
 
 def test_serving_defaults_are_read_and_checked(tmp_path):
-    from engine.checkpoint import serving_defaults
+    from engine.weights.checkpoint import serving_defaults
 
     assert serving_defaults(tmp_path) == {}
     (tmp_path / "serving.json").write_text('{"min_confidence": 0.4, "chosen_by": "curve"}')
@@ -290,7 +290,7 @@ def test_serving_defaults_are_read_and_checked(tmp_path):
 
 def test_model_decode_defaults_fill_only_what_the_job_left_unset(tmp_path):
     from engine.api import DecodeOptions, FillJob, with_model_defaults
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
     from tests.tiny import make_tiny_checkpoint
 
     tuned = {"copy_bigram": 2.0, "copy_order": 3}
@@ -471,7 +471,7 @@ def test_one_shot_commands_fill_with_the_resident_workers_thread_count(tmp_path)
     from tests.tiny import make_tiny_checkpoint
 
     model = make_tiny_checkpoint(tmp_path / "m")
-    code = ("import torch; from dlm_lsp.headless import load_engine; from engine.service import cpu_threads; "
+    code = ("import torch; from dlm_lsp.headless import load_engine; from engine.serve.service import cpu_threads; "
             f"e = load_engine({str(model)!r}, 'cpu'); print(torch.get_num_threads(), e.threads, cpu_threads())")
     env = {k: v for k, v in os.environ.items() if k not in ("DLM_THREADS", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)

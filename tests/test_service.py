@@ -1,4 +1,4 @@
-"""engine/service.py: batching equals running alone, jobs joining mid-batch, failures that stay with
+"""engine/serve/service.py: batching equals running alone, jobs joining mid-batch, failures that stay with
 their job, cancel, deadline, per-job stats, load errors and shutdown."""
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import time
 
 import pytest
 
-from engine import sampler, service
+from engine.decode import sampler
+
+from engine.serve import service
 from engine.api import DecodeOptions, EngineError, FillJob
-from engine.service import EngineService
+from engine.serve.service import EngineService
 from tests.engine_models import peaked_checkpoint
 
 TIMEOUT = 120
@@ -206,7 +208,7 @@ def test_a_job_whose_deadline_passed_in_the_queue_is_answered_empty_without_runn
 def test_the_worker_runs_with_the_thread_count_it_reports(folder, monkeypatch):
     import torch
 
-    from engine import service
+    from engine.serve import service
 
     seen = []
     real = sampler.forward

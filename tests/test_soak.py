@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dlm_lsp.soak import Soak, add_soak_args, rss_kb, run_soak, tree_rss_kb
+from dlm_lsp.measure.soak import Soak, add_soak_args, rss_kb, run_soak, tree_rss_kb
 from tests.lsp_helpers import REPO, scripted
 
 REFERENCE = [sys.executable, str(REPO / "tests" / "lsp_reference_server.py")]

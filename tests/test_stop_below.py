@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.api import DecodeOptions, FillJob, with_model_defaults
-from engine.checkpoint import serving_defaults
-from engine.sampler import Canvas, check_options, fill, reference_fill
+from engine.weights.checkpoint import serving_defaults
+from engine.decode.sampler import Canvas, check_options, fill, reference_fill
 from tests.engine_models import peaked_model
 from tests.tiny import tiny_service
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlm_lsp.context import build_request, to_fill_job
-from dlm_lsp.documents import Document
-from engine import sampler
+from dlm_lsp.fill.context import build_request, to_fill_job
+from dlm_lsp.fill.documents import Document
+from engine.decode import sampler
 from engine.api import DecodeOptions, FillJob
-from engine.sampler import Canvas, fill, reference_fill
+from engine.decode.sampler import Canvas, fill, reference_fill
 from tests.tiny import tiny_service
 
 

@@ -102,7 +102,7 @@ def test_the_engine_tokenizes_a_session_as_it_would_afresh():
     # EngineService._encode: a document typed into (with its session key) gets the ids of tokenizing
     # its whole texts at every keystroke, its suffix edited too; other sessions and keyless jobs as ever
     from engine.api import FillJob
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     svc = EngineService(str(ROOT / "models" / "default"), device="cpu", threads=1)
     svc.load()

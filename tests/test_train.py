@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import corpus
-from engine.checkpoint import load_checkpoint, read_state_dict
-from engine.shard import INDEX, plan_shards, save_sharded, shard_checkpoint
-from engine.train import TrainArgs, train
+from engine.train import corpus
+from engine.weights.checkpoint import load_checkpoint, read_state_dict
+from engine.weights.shard import INDEX, plan_shards, save_sharded, shard_checkpoint
+from engine.train.loop import TrainArgs, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(max_files=10, dim=32, n_layers=2, n_heads=2, ffn_dim=64, seq_len=128, vocab=512, batch=4,
@@ -233,7 +233,7 @@ def test_pack_built_keeps_the_sides_and_relabels_this_stdlib(tmp_path):
 
 
 def test_wsd_schedule_warms_once_and_decays_over_the_planned_hours():
-    from engine.train import wsd_lr
+    from engine.train.loop import wsd_lr
 
     a = TrainArgs(lr=1e-3, warmup=10, total_hours=10.0, decay_share=0.2)
     assert wsd_lr(a, 0, 0.0) == pytest.approx(1e-4)
@@ -245,7 +245,7 @@ def test_wsd_schedule_warms_once_and_decays_over_the_planned_hours():
 
 
 def test_resume_restores_the_optimizer_and_skips_the_warm_up(tmp_path):
-    from engine.train import OPTIMIZER_FILE, load_raw_weights
+    from engine.train.loop import OPTIMIZER_FILE, load_raw_weights
 
     args = {**TINY, "warmup": 50, "total_hours": 100.0, "holes": 3}
     first = tmp_path / "a"
@@ -301,7 +301,7 @@ def test_train_on_a_built_corpus_uses_its_sides(tmp_path):
 
 
 def test_anneal_mask_goes_from_causal_to_full():
-    from engine.train import anneal_mask
+    from engine.train.loop import anneal_mask
 
     valid = torch.ones(2, 6, dtype=torch.bool)
     valid[1, 4:] = False  # batch padding
@@ -318,7 +318,7 @@ def test_anneal_mask_goes_from_causal_to_full():
 
 
 def test_shifted_loss_reads_each_target_one_position_to_the_left():
-    from engine.train import shift_targets
+    from engine.train.loop import shift_targets
 
     tgt = torch.tensor([[5, -1, 7, -1, 9]])
     w = torch.tensor([[1.0, 0.0, 2.0, 0.0, 3.0]])
@@ -329,9 +329,9 @@ def test_shifted_loss_reads_each_target_one_position_to_the_left():
 def test_certainty_adds_the_entropy_of_rows_already_predicted_right():
     from contextlib import nullcontext
 
-    from engine.config import ModelConfig
-    from engine.model import Transformer
-    from engine.train import loss_on
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
+    from engine.train.loop import loss_on
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_dim=32, max_seq_len=16, mask_token_id=1,
@@ -358,7 +358,7 @@ def test_certainty_adds_the_entropy_of_rows_already_predicted_right():
 
 
 def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path):
-    from engine.train import OPTIMIZER_FILE, anneal_mask
+    from engine.train.loop import OPTIMIZER_FILE, anneal_mask
 
     ar = tmp_path / "ar"
     train(TrainArgs(out=str(ar), objective="ar", max_steps=3, total_hours=100.0, **TINY))
@@ -387,7 +387,7 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
     # and the engine fills with it (the logit shift read from config.json): the cached fast path
     # equals the oracle token for token
     from engine.api import DecodeOptions
-    from engine.sampler import Canvas, fill, reference_fill
+    from engine.decode.sampler import Canvas, fill, reference_fill
 
     model.eval()
     prefix, suffix = tok.encode("def f(x):\n    return"), tok.encode("\n\ndef g():\n    pass\n")
@@ -402,7 +402,7 @@ def test_resuming_a_diffusion_checkpoint_as_ar_is_refused(run, tmp_path):
 
 
 def test_a_slimmed_optimizer_resumes_from_the_ema_without_re_warm_up(tmp_path):
-    from engine.train import OPTIMIZER_FILE, load_raw_weights, slim_optimizer
+    from engine.train.loop import OPTIMIZER_FILE, load_raw_weights, slim_optimizer
 
     args = {**TINY, "warmup": 50, "total_hours": 100.0}
     first = tmp_path / "a"
@@ -421,7 +421,7 @@ def test_a_resume_with_the_optimizer_continues_the_ema_horizon(tmp_path):
     """The EMA in a checkpoint continues across segments: one resumed step moves it by the decay the
     run's step count gives (5/14 at step 4), not by a ramp restarted at the segment's first step (1/10),
     which replaced the EMA with the noisier raw weights at every resume."""
-    from engine.train import OPTIMIZER_FILE, load_raw_weights
+    from engine.train.loop import OPTIMIZER_FILE, load_raw_weights
 
     args = {**TINY, "warmup": 50, "total_hours": 100.0}
     first = tmp_path / "a"
@@ -442,7 +442,7 @@ def test_a_resume_with_the_optimizer_continues_the_ema_horizon(tmp_path):
 def test_sigterm_ends_training_after_the_step_under_way_with_the_final_save(tmp_path, monkeypatch):
     import signal
 
-    from engine import train as train_mod
+    from engine.train import loop as train_mod
 
     calls = []
     real = train_mod.loss_on

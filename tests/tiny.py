@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.checkpoint import save_checkpoint
-from engine.config import ModelConfig
-from engine.model import Transformer
+from engine.weights.checkpoint import save_checkpoint
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
 from engine.tokenizer import BOS, EOS, MASK, PAD, train_bpe
 
 CORPUS = [
@@ -20,7 +20,7 @@ def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift:
                          dim: int = 32, n_layers: int = 2, vocab: int = 300, printable: bool = False,
                          canvas: str | None = None) -> Path:
     """Writes a random-weight checkpoint (canvas="reorder" with attention="causal": recipe (c)'s
-    layout, engine/reorder.py). printable=True zeroes the (tied) embedding rows of every
+    layout, engine/decode/reorder.py). printable=True zeroes the (tied) embedding rows of every
     token that does not decode to printable ASCII (special tokens included), so greedy fills are
     readable text that never ends in padding - what protocol tests need from a model."""
     tok = train_bpe(CORPUS, vocab)
@@ -46,7 +46,7 @@ def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift:
 def tiny_service(folder, seed: int):
     """A loaded one-thread EngineService on a tiny checkpoint written to `folder` (the module-scoped
     `service` fixture of the decoding-option tests)."""
-    from engine.service import EngineService
+    from engine.serve.service import EngineService
 
     svc = EngineService(str(make_tiny_checkpoint(folder, seed=seed)), device="cpu", threads=1)
     svc.load()

@@ -1,5 +1,5 @@
 """Checkpoint layouts: a family's config.json keys -> the shape fields of ModelConfig, and its tensor
-names -> engine/model.py's. Four layouts cover every family: `qwen2` (q/k/v biases), `qwen3`
+names -> engine/model/transformer.py's. Four layouts cover every family: `qwen2` (q/k/v biases), `qwen3`
 (per-head q/k RMS norm, explicit head_dim), `wedlm` (either, as its config says), and `llada`
 (OLMo-style names over a Llama block).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from engine.config import ConfigError
+from engine.model.config import ConfigError
 
 # The rope tables are precomputed up to the model's window; an editor's context is a few thousand
 # tokens, and a 128k table of a 128-wide head would take 128 MB.

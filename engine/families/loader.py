@@ -1,7 +1,7 @@
 """Loads a family checkpoint: meta-device model, safetensors shard by shard, names mapped once.
 
 The model is built on the meta device (no memory). Each shard's header is checked against the file
-(engine/checkpoint.py `check_safetensors`: offsets inside the file, byte counts matching shapes,
+(engine/weights/checkpoint.py `check_safetensors`: offsets inside the file, byte counts matching shapes,
 float dtypes only); then each tensor is renamed, allocated in the target dtype on the target device
 and filled from the file in chunks through one 32 MB scratch buffer. Host memory holds the
 converted weights plus that buffer (on CUDA, the buffer only): a memory-mapped read (safetensors
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ConfigError
+from engine.model.config import ConfigError
 from engine.families.layouts import rename
 from engine.families.registry import Family, detect
 from engine.families.specials import TokenFiles
-from engine.model import Transformer, rope_tables
+from engine.model.transformer import Transformer, rope_tables
 from engine.tokenizer import TextTokenizer
 
 
@@ -49,7 +49,7 @@ def is_family_checkpoint(folder: Path) -> bool:
 
 def weight_files(folder: Path) -> list[Path]:
     """model.safetensors, or the shards model.safetensors.index.json lists, in order."""
-    from engine.checkpoint import CheckpointError, _shard_names
+    from engine.weights.checkpoint import CheckpointError, _shard_names
 
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.exists():
@@ -76,7 +76,7 @@ def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype |
                 forward_only: bool = False):
     """Returns (model in eval mode, tokenizer, config) for a family checkpoint. `forward_only`
     admits families the engine cannot decode yet (WeDLM) for parity checks."""
-    from engine.checkpoint import CheckpointError, check_safetensors
+    from engine.weights.checkpoint import CheckpointError, check_safetensors
 
     folder = Path(folder)
     try:
@@ -119,7 +119,7 @@ def read_tensors(path: Path, header: dict):
     """Yields (name, shape, fill) for each tensor of a checked safetensors file, in file order;
     fill(out) copies the tensor into `out` (any dtype and device, same number of elements) through
     one scratch buffer of CHUNK_BYTES, so no tensor is ever held twice in host memory."""
-    from engine.checkpoint import CheckpointError
+    from engine.weights.checkpoint import CheckpointError
 
     entries = sorted(((n, t) for n, t in header.items() if n != "__metadata__"), key=lambda x: x[1]["data_offsets"][0])
     scratch = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
@@ -146,7 +146,7 @@ def read_tensors(path: Path, header: dict):
 
 def _take(fam: Family, cfg, name: str, shape: tuple, fill, want: dict, sd: dict, device, dtype, path: Path) -> None:
     """Reads one tensor, renamed and converted, into sd (shape-checked against the model)."""
-    from engine.checkpoint import CheckpointError
+    from engine.weights.checkpoint import CheckpointError
 
     try:
         target = rename(fam.layout, name)

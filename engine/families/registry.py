@@ -1,4 +1,4 @@
-"""The open diffusion LM families as data over one architecture (engine/model.py).
+"""The open diffusion LM families as data over one architecture (engine/model/transformer.py).
 
 A family is: which config.json it recognises (`architectures` / `model_type`), its layout (config
 keys and tensor names: engine/families/layouts.py), its attention topology, whether its logits are
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import ConfigError, ModelConfig
+from engine.model.config import ConfigError, ModelConfig
 from engine.families.layouts import shape_fields
 from engine.families.specials import TokenFiles, special_ids
 
@@ -40,7 +40,7 @@ class Family:
     needs_expand_token: bool = False  # DreamOn shares Dream's config: it is told apart by its expand token
     sub_block: int = 0  # Fast-dLLM v2: sub-blocks decoded left to right inside a block (its generate()'s default)
     mask_fallback: int | None = None  # the mask id its authors' code uses when config.json names none
-    canvas: str | None = None  # ModelConfig.canvas ("reorder": causal with reordering, engine/reorder.py)
+    canvas: str | None = None  # ModelConfig.canvas ("reorder": causal with reordering, engine/decode/reorder.py)
     decodes: bool = True  # False: forward parity only (the engine cannot decode it yet)
     note: str = ""
 

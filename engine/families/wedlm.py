@@ -19,7 +19,7 @@ attention. Its engine decodes a stream:
 
 So in physical order a step is [prompt][every committed token, logical order][window masks], the
 left-contiguous committed run exactly cached and every other committed token re-run, which is
-what ReorderCanvas does for this family (engine/reorder.py). A prefix-only fill of n slots gets
+what ReorderCanvas does for this family (engine/decode/reorder.py). A prefix-only fill of n slots gets
 WINDOW - 1 hidden slots after them, as the authors' window runs past max_tokens, and is the
 authors' generation with max_tokens = n; with a suffix the suffix is the engine's extension
 (the authors have no infill): it is observed context at its logical positions right after the

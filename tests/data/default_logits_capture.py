@@ -5,9 +5,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from engine.checkpoint import load_checkpoint
+from engine.weights.checkpoint import load_checkpoint
 from engine.api import DecodeOptions
-from engine.sampler import Canvas, fill
+from engine.decode.sampler import Canvas, fill
 from tests.engine_models import cpu_vendor, peaked_model
 
 torch.set_num_threads(1)

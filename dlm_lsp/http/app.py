@@ -1,0 +1,404 @@
+"""`dlm-lsp http`: the engine's HTTP face, a Starlette app served by uvicorn.
+
+  POST /v1/completions       OpenAI completions shape (prompt + suffix = fill in the middle)
+  POST /v1/fim/completions   Inception Mercury's FIM shape
+  GET  /v1/models            the one model served (+ a `dlm` field: its gate, the server's limits)
+  GET  /health               {"status": "loading" | "ready" | "error", ...}; 200 only when ready
+
+What the request fields mean and the `dlm` extension field of each answer: dlm_lsp/http/fim.py and
+docs/serving.md. Fills go through the language server's own pipeline (context windows, hole kind,
+post-processing) and its engine (`--engine inproc`, the default, or the user's `shared` daemon).
+
+Safety, by construction:
+- bound to 127.0.0.1 unless --host says otherwise; a bearer token (read from the environment
+  variable --token-env names, never from the command line) is checked on every /v1 request when
+  set, and the server refuses to start on a non-loopback address without one;
+- a body over --max-body-kb is answered 413 (from Content-Length before reading, or while reading
+  a chunked body); bad fields 400; an unknown model 404; more than --max-inflight requests at once
+  503 with Retry-After;
+- every request is answered: the engine's deadline (arrival + deadline_ms) commits what it has, and
+  a request still without a fill DEADLINE_GRACE_S later is answered 504 with its job cancelled;
+- a client that disconnects before its answer cancels its engine job (the engine stops it within a
+  step); the streamed answer is computed before its first byte, so the same watch covers it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from dlm_lsp.http import fim as fim_api
+from dlm_lsp.http.fim import ApiError, FimPipeline, Limits
+
+log = logging.getLogger("dlm.http")
+
+DEFAULT_PORT = 8765
+DEFAULT_TOKEN_ENV = "DLM_HTTP_TOKEN"
+# How long past its deadline a request waits for the engine (which commits everything at the
+# deadline, so only a stuck or overloaded engine is this late) before it is answered 504.
+DEADLINE_GRACE_S = 0.25
+READY_WAIT_S = 0.05  # poll of the engine state while a request waits for the model to load
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine reaches (127.0.0.0/8, ::1, "localhost")."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+class FimServer:
+    """The engine, its state and the API's handlers; `app` is the ASGI application."""
+
+    def __init__(self, engine_factory, model_id: str, token: str | None = None, limits: Limits | None = None,
+                 language: str = "python", budget_ms: int = 1000, max_inflight: int = 64, tokenizer=None,
+                 context_tokens: int = 512):
+        self.model_id, self.token = model_id, token or None
+        self.limits = limits or Limits()
+        self.language, self.budget_ms, self.max_inflight = language, budget_ms, max_inflight
+        self.tokenizer = tokenizer
+        self.pipeline = FimPipeline(self.limits.max_tokens_cap, context_tokens)
+        self.state, self.info = "loading", {}
+        self.inflight = 0
+        self.counters = {"requests": 0, "answered": 0, "errors": 0, "disconnected": 0, "late": 0, "refused": 0}
+        self._lock = threading.Lock()
+        self.engine = engine_factory(self._on_state)
+        self.app = Starlette(routes=[
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.openai_completions, methods=["POST"]),
+            Route("/v1/fim/completions", self.mercury_completions, methods=["POST"]),
+        ], lifespan=self._lifespan)
+
+    # ------------------------------------------------------------ engine
+
+    def _on_state(self, state: str, info: dict | None) -> None:  # any thread
+        with self._lock:
+            self.state = state
+            self.info = dict(info or {})
+        log.info("engine %s%s", state, f": {info.get('message')}" if info and info.get("message") else "")
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        self.engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+
+    @property
+    def calibrator(self):
+        """The engine's calibrated gate (dlm_lsp.fill.gate), or None: the raw confidence is gated."""
+        from dlm_lsp.fill.gate import Calibrator
+
+        raw = self.info.get("calibrator")
+        if raw is not getattr(self, "_calibrator_raw", None):
+            self._calibrator_raw, self._calibrator = raw, Calibrator.from_json(raw)
+        return getattr(self, "_calibrator", None)
+
+    @property
+    def gate(self) -> float:
+        g = self.info.get("gate")
+        return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) else 0.0
+
+    async def _wait_ready(self, deadline: float) -> None:
+        """Returns once the engine is ready; raises ApiError 503 while it loads past `deadline`."""
+        while self.state != "ready":
+            if self.state == "error":
+                raise ApiError(503, f"the engine failed: {self.info.get('message') or 'see the server log'}",
+                               type="server_error", code="engine_error")
+            if time.monotonic() >= deadline:
+                raise ApiError(503, "the model is still loading; try again shortly", type="server_error",
+                               code="model_loading", headers={"Retry-After": "1"})
+            await asyncio.sleep(READY_WAIT_S)
+
+    # ------------------------------------------------------------ request plumbing
+
+    def _check_auth(self, request: Request) -> None:
+        if self.token is None:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <token>",
+                           type="authentication_error", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise ApiError(400, "bad Content-Length")
+            if int(declared) > limit:
+                raise ApiError(413, f"the request body is {declared} bytes; at most {limit} are accepted",
+                               code="request_too_large")
+        chunks, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise ApiError(413, f"the request body is over {limit} bytes", code="request_too_large")
+            chunks.append(part)
+        return b"".join(chunks)
+
+    @staticmethod
+    async def _disconnected(request: Request) -> None:
+        """Returns when the client goes away (after the body, the next ASGI message is the disconnect)."""
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    async def _await_fill(self, request: Request, prep, fut):
+        """The job's Fill; raises ClientGone (job cancelled), ApiError 504 (late: job cancelled) or
+        ApiError 500 (the engine failed the job)."""
+        from engine.api import EngineError
+
+        afut = asyncio.wrap_future(fut)
+        gone = asyncio.ensure_future(self._disconnected(request))
+        limit = max(0.0, prep.job.deadline + DEADLINE_GRACE_S - time.monotonic())
+        try:
+            done, _ = await asyncio.wait({afut, gone}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            prep.job.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if afut in done:
+            try:
+                return afut.result()
+            except EngineError as e:
+                raise ApiError(500, f"the engine failed this request: {e}", type="server_error",
+                               code="engine_error") from None
+        prep.job.cancel()
+        afut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
+        if gone in done:
+            raise ClientGone()
+        with self._lock:
+            self.counters["late"] += 1
+        raise ApiError(504, f"no fill within the deadline ({prep.params.deadline_ms} ms) + "
+                            f"{DEADLINE_GRACE_S * 1000:.0f} ms; the job was cancelled", type="server_error",
+                       code="deadline_exceeded")
+
+    def _prompt_tokens(self, prep) -> int:
+        tok = self.tokenizer or getattr(self.engine, "tok", None)
+        if tok is None:
+            return 0
+        try:
+            return sum(len(ids) for ids in tok.encode_batch([prep.request.prefix, prep.request.suffix]))
+        except Exception:  # noqa: BLE001 - usage is informative; never fail a fill over it
+            return 0
+
+    # ------------------------------------------------------------ handlers
+
+    async def health(self, request: Request) -> Response:
+        """{"status", "model", "message", "inflight"}: 200 when the engine is ready, else 503."""
+        body = {"status": self.state, "model": self.model_id, "message": self.info.get("message"),
+                "inflight": self.inflight}
+        return JSONResponse(body, status_code=200 if self.state == "ready" else 503)
+
+    async def models(self, request: Request) -> Response:
+        """The model list (one model) with the `dlm` field: its state, confidence gate and limits."""
+        try:
+            self._check_auth(request)
+        except ApiError as e:
+            return self._error(e)
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_id, "object": "model", "created": 0, "owned_by": "dlm-lsp",
+            "dlm": {"state": self.state, "gate": self.info.get("gate"), "calibrator": self.info.get("calibrator"),
+                    "max_fill_tokens": self.limits.max_tokens_cap,
+                    "max_body_bytes": self.limits.max_body_bytes, "max_deadline_ms": self.limits.max_deadline_ms,
+                    "default_deadline_ms": self.budget_ms, "language": self.language},
+        }]})
+
+    async def openai_completions(self, request: Request) -> Response:
+        """POST /v1/completions (OpenAI shape)."""
+        return await self._complete(request, "openai")
+
+    async def mercury_completions(self, request: Request) -> Response:
+        """POST /v1/fim/completions (Mercury's FIM shape)."""
+        return await self._complete(request, "mercury")
+
+    def _error(self, e: ApiError) -> Response:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    async def _complete(self, request: Request, flavour: str) -> Response:
+        arrival = time.monotonic()
+        with self._lock:
+            self.counters["requests"] += 1
+            busy = self.inflight >= self.max_inflight
+            if not busy:
+                self.inflight += 1
+        if busy:
+            with self._lock:
+                self.counters["refused"] += 1
+            return self._error(ApiError(503, f"{self.max_inflight} requests are in flight; try again shortly",
+                                        type="server_error", code="overloaded", headers={"Retry-After": "1"}))
+        try:
+            self._check_auth(request)
+            raw = await self._read_body(request)
+            p = fim_api.parse_body(raw, flavour, self.limits, self.language, self.budget_ms)
+            if p.model not in (None, "", self.model_id):
+                raise ApiError(404, f"model {p.model!r} not found; this server serves {self.model_id!r}",
+                               param="model", code="model_not_found")
+            await self._wait_ready(arrival + p.deadline_ms / 1000.0)
+            prep = self.pipeline.prepare(p, arrival)
+            fut = self.engine.submit(prep.job)
+            fill = await self._await_fill(request, prep, fut)
+            done = self.pipeline.complete(prep, fill, self.gate, self.calibrator)
+            use = fim_api.usage(self._prompt_tokens(prep), fill.tokens, flavour)
+            dlm = fim_api.timing(prep, fill, done)
+            cid = fim_api.completion_id()
+            with self._lock:
+                self.counters["answered"] += 1
+            if p.stream:
+                return StreamingResponse(self._events(cid, done, use, dlm, p.include_usage),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return JSONResponse(fim_api.response(cid, self.model_id, done.text, done.finish_reason, use, dlm))
+        except ApiError as e:
+            if e.status >= 500:
+                log.warning("request answered %d: %s", e.status, e.message)
+                with self._lock:
+                    self.counters["errors"] += 1
+            return self._error(e)
+        except (ClientGone, ClientDisconnect):
+            with self._lock:
+                self.counters["disconnected"] += 1
+            log.info("client went away; its engine job was cancelled")
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001 - one request's bug must not take the server down
+            log.exception("request failed")
+            with self._lock:
+                self.counters["errors"] += 1
+            return self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+        finally:
+            with self._lock:
+                self.inflight -= 1
+
+    async def _events(self, cid: str, done, use: dict, dlm: dict, include_usage: bool):
+        """The answer as server-sent events: the text, the finish reason (+ dlm), usage, [DONE]."""
+        if done.text:
+            yield fim_api.sse(fim_api.chunk(cid, self.model_id, done.text, None))
+        yield fim_api.sse(fim_api.chunk(cid, self.model_id, "", done.finish_reason, {"dlm": dlm}))
+        if include_usage:
+            yield fim_api.sse(fim_api.chunk(cid, self.model_id, None, None, {"usage": use}, choices=False))
+        yield fim_api.SSE_DONE
+
+
+# ---------------------------------------------------------------------- running it
+
+
+def engine_factory(kind: str, model: str | None, device: str, threads: int | None):
+    """on_state -> an engine with EngineService's interface: in this process, or the user's daemon."""
+    def make(on_state):
+        if kind == "shared":
+            from engine.clients.remote import RemoteEngine
+
+            return RemoteEngine(model=model, device=device, on_state=on_state, threads=threads)
+        from engine.serve.service import EngineService
+
+        return EngineService(model=model, device=device, on_state=on_state, threads=threads)
+
+    return make
+
+
+def model_id_for(model: str | None) -> str:
+    """The id /v1/models gives a model: "dlm-default", or the checkpoint folder's name (never its path)."""
+    if model in (None, "", "default"):
+        return "dlm-default"
+    return Path(str(model)).name or str(model)
+
+
+def load_tokenizer(model: str | None):
+    """The model's tokenizer for `usage` counts (no torch), or None."""
+    from engine.clients import wire
+    from engine.tokenizer import TextTokenizer
+
+    folder = Path(wire.resolved_model(model))
+    try:
+        return TextTokenizer.load(folder) if (folder / "tokenizer.json").is_file() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 takes a free one."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(addr)
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def add_http_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one)")
+    p.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    p.add_argument("--model-id", default=None, help="the id /v1/models gives (default: dlm-default or the folder's name)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads of the engine")
+    p.add_argument("--engine", choices=["inproc", "shared"], default="inproc",
+                   help="run the engine in this process (default) or use the user's shared engine daemon")
+    p.add_argument("--token-env", default=DEFAULT_TOKEN_ENV,
+                   help=f"environment variable holding the bearer token (default {DEFAULT_TOKEN_ENV}); unset: no token")
+    p.add_argument("--budget-ms", type=int, default=1000, help="default deadline of a request (its deadline_ms)")
+    p.add_argument("--max-fill-tokens", type=int, default=64, help="most mask slots of one fill (max_tokens above is cut)")
+    p.add_argument("--max-body-kb", type=int, default=1024, help="largest request body accepted (413 above)")
+    p.add_argument("--max-inflight", type=int, default=64, help="requests at once before 503")
+    p.add_argument("--language", default="python", help="languageId of requests that name none")
+
+
+def run_http(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    token = os.environ.get(args.token_env or "", "").strip() or None
+    if not is_loopback(args.host) and token is None:
+        print(f"dlm-lsp http: refusing to listen on {args.host} without a token: set the environment variable "
+              f"{args.token_env} (or bind 127.0.0.1)", file=sys.stderr)
+        return 2
+    if not 1 <= args.max_fill_tokens <= fim_api.MAX_SLOTS:
+        print(f"dlm-lsp http: --max-fill-tokens must be 1..{fim_api.MAX_SLOTS}", file=sys.stderr)
+        return 2
+    limits = Limits(max_body_bytes=args.max_body_kb * 1024, max_tokens_cap=args.max_fill_tokens)
+    server = FimServer(engine_factory(args.engine, args.model, args.device, args.threads), args.model_id or model_id_for(args.model),
+                       token=token, limits=limits, language=args.language, budget_ms=args.budget_ms,
+                       max_inflight=args.max_inflight, tokenizer=load_tokenizer(args.model))
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"dlm-lsp http: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(json.dumps({"listening": f"http://{shown}:{port}", "model": server.model_id, "token": token is not None}),
+          flush=True)
+    config = uvicorn.Config(server.app, log_level="warning", timeout_keep_alive=30, lifespan="on",
+                            h11_max_incomplete_event_size=64 * 1024)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

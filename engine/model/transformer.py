@@ -1,0 +1,239 @@
+"""One pre-norm decoder architecture for every model the engine runs: the project's own checkpoints
+and the open diffusion families (engine/families), which are data over this module.
+
+Llama/Qwen2/Qwen3-shaped: RMSNorm, RoPE (optionally linearly scaled), SwiGLU, grouped-query attention
+(`n_kv_heads`), optional q/k/v and output biases (Qwen2, Llama `attention_bias`), optional per-head
+RMS QK-norm (Qwen3, and the project's models), tied or untied LM head. The attention topology is
+data (`cfg.attention`): bidirectional (diffusion), causal (the AR twin, WeDLM) or block-causal
+(SDAR, Fast-dLLM v2). The logit shift (Dream lineage) is honoured by the sampler, not here: logits
+at position p are always the model's output at p. The forward pass is split in two so the
+decoding loop can run the expensive part on few positions:
+  hidden(ids, ...) -> pre-norm hidden states (B, L, D), optionally with each layer's K/V
+  logits(h)        -> final norm + LM head (B, L, V)
+Context K/V (`ctx`) lets a step run only the canvas positions against the cached prefix/suffix
+K/V (Fast-dLLM DualCache) and lets the causal twin decode with a KV cache; both use one code path.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.model.config import ModelConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (B, Hkv, L, Dh) each, RoPE already applied to K
+# A context may also be given as (k_buf, v_buf, n): buffers whose first n rows are the context, with
+# room after them. The call writes its own K/V at rows n.. and attends to the buffer's first n + L rows:
+# no concatenation (which copies the whole context, every layer, every step).
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32: bf16 sums of squares lose too much for tiny dims
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns cos, sin of shape (max_seq_len, head_dim) in the rotate-half (HF Llama) layout."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+    if cfg.rope_linear_factor != 1.0:  # linear scaling: as if every position were divided by the factor
+        inv = inv / cfg.rope_linear_factor
+    t = torch.arange(cfg.max_seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, L, Dh); cos/sin: (B, 1, L, Dh)
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rot * sin).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, q_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.dim, bias=cfg.out_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+
+    def forward(self, x, cos, sin, mask, ctx: KV | None, is_causal: bool):
+        B, L, _ = x.shape
+        q = self.wq(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        k = self.wk(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dh)
+        v = self.wv(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = (k, v)
+        if ctx is not None and len(ctx) == 3:  # in place: write after the context's n rows
+            kb, vb, n = ctx
+            kb[:, :, n : n + L] = k
+            vb[:, :, n : n + L] = v
+            k, v = kb[:, :, : n + L], vb[:, :, : n + L]
+        elif ctx is not None:
+            k = torch.cat([ctx[0], k], dim=2)
+            v = torch.cat([ctx[1], v], dim=2)
+        # with cached context the causal mask is built explicitly (SDPA's is_causal aligns top-left)
+        # (an empty context leaves keys == queries, where SDPA's top-left alignment is right)
+        causal = is_causal and mask is None and (ctx is None or k.shape[2] == L)
+        if self.n_kv != self.n_heads:  # each K/V head serves n_heads / n_kv query heads; the cache keeps Hkv
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        out = out.transpose(1, 2).reshape(B, L, -1)
+        return self.wo(out), new_kv
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.mlp_bias)  # gate
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.mlp_bias)  # up
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=cfg.mlp_bias)  # down
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, ctx, is_causal):
+        a, kv = self.attn(self.attn_norm(x), cos, sin, mask, ctx, is_causal)
+        x = x + a
+        x = x + self.mlp(self.ffn_norm(x))
+        return x, kv
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def causal(self) -> bool:
+        return self.cfg.attention == "causal"
+
+    def init_weights(self, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                (nn.init.zeros_ if name.endswith(".bias") else nn.init.ones_)(p)
+                continue
+            std = 0.02
+            if name.endswith(("wo.weight", "w2.weight")):
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers)  # GPT-2 residual scaling
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def _mask(self, B, L, device, key_valid, ctx_valid, Lc, pos=None, ctx_pos=None):
+        """Boolean attention mask (B, 1, L, Lc+L), True = attend; None when nothing is masked.
+        Causal order is the order of the rows (the context first: WeDLM's reordered inputs keep their
+        logical positions but attend in physical order); block-causal order is by absolute position."""
+        if self.cfg.attention == "block_causal":
+            return self._block_mask(B, L, device, key_valid, ctx_valid, Lc, pos, ctx_pos)
+        # a single causal query after its context sees everything: no mask (the AR decode step)
+        if key_valid is None and ctx_valid is None and (not self.causal or Lc == 0 or L == 1):
+            return None
+        kv_self = key_valid if key_valid is not None else torch.ones(B, L, dtype=torch.bool, device=device)
+        kv_ctx = ctx_valid if ctx_valid is not None else torch.ones(B, Lc, dtype=torch.bool, device=device)
+        self_part = kv_self[:, None, None, :].expand(B, 1, L, L)
+        eye = torch.eye(L, dtype=torch.bool, device=device)
+        if self.causal:
+            self_part = self_part & torch.ones(L, L, dtype=torch.bool, device=device).tril()
+        # every query may at least see itself, so rows at padding stay finite
+        self_part = self_part | eye
+        ctx_part = kv_ctx[:, None, None, :].expand(B, 1, L, Lc)
+        return torch.cat([ctx_part, self_part], dim=-1)
+
+    def _block_mask(self, B, L, device, key_valid, ctx_valid, Lc, pos, ctx_pos):
+        """Block-causal (B, 1, L, Lc+L): a query sees the keys whose block (absolute position //
+        block_size) is not after its own. The context's positions default to 0..Lc-1."""
+        bs = self.cfg.block_size
+        if Lc and ctx_pos is None:
+            ctx_pos = torch.arange(Lc, device=device).expand(B, Lc)
+        key_pos = pos if not Lc else torch.cat([ctx_pos, pos], dim=1)  # (B, Lc+L)
+        ok = (key_pos[:, None, :] // bs) <= (pos[:, :, None] // bs)  # (B, L, Lc+L)
+        valid = [v if v is not None else torch.ones(B, n, dtype=torch.bool, device=device)
+                 for v, n in ((ctx_valid, Lc), (key_valid, L))]
+        ok = ok & torch.cat(valid, dim=1)[:, None, :]
+        ok[:, :, Lc:] |= torch.eye(L, dtype=torch.bool, device=device)  # padding rows stay finite
+        return ok[:, None]
+
+    def hidden(
+        self,
+        ids: torch.Tensor,  # (B, L)
+        pos: torch.Tensor | None = None,  # (B, L) absolute positions; default 0..L-1 (+ctx length)
+        key_valid: torch.Tensor | None = None,  # (B, L) False at batch padding
+        ctx: list | None = None,  # per layer (k, v) (B, H, Lc, Dh), or (k_buf, v_buf, Lc) with room after Lc
+        ctx_valid: torch.Tensor | None = None,  # (B, Lc)
+        return_kv: bool = False,
+        ctx_pos: torch.Tensor | None = None,  # (B, Lc) the context's absolute positions (block_causal)
+        attn_mask: torch.Tensor | None = None,  # (B, 1, L, L) True = attend: replaces the topology's mask
+    ):
+        """Returns pre-norm hidden states (B, L, D), plus this call's per-layer K/V if return_kv.
+        `attn_mask` (training only, no context) overrides the attention topology, e.g. the random
+        causal-to-full mask of AR-to-diffusion adaptation (engine/train/loop.py `anneal_mask`)."""
+        B, L = ids.shape
+        Lc = 0 if ctx is None else (ctx[0][2] if len(ctx[0]) == 3 else ctx[0][0].shape[2])
+        if pos is None:
+            pos = torch.arange(Lc, Lc + L, device=ids.device).expand(B, L)
+        if int(pos.max()) >= self.cfg.max_seq_len:
+            raise ValueError(f"position {int(pos.max())} exceeds max_seq_len {self.cfg.max_seq_len}")
+        cos = self.rope_cos[pos].unsqueeze(1).to(self.tok_embeddings.weight.dtype)  # (B, 1, L, Dh)
+        sin = self.rope_sin[pos].unsqueeze(1).to(self.tok_embeddings.weight.dtype)
+        if attn_mask is not None and ctx is not None:
+            raise ValueError("attn_mask overrides the topology of a whole sequence: no cached context")
+        mask = self._mask(B, L, ids.device, key_valid, ctx_valid, Lc, pos, ctx_pos) if attn_mask is None else attn_mask
+        causal = self.causal and attn_mask is None
+        x = self.tok_embeddings(ids)
+        kvs = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, cos, sin, mask, None if ctx is None else ctx[i], causal)
+            if return_kv:
+                kvs.append(kv)
+        return (x, kvs) if return_kv else x
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: (..., D) -> (..., V)."""
+        return F.linear(self.norm(h), self.head_weight)
+
+    def forward(self, ids, pos=None, key_valid=None):
+        """Logits (B, L, V); position p's logits are the model's output at p (shifted families
+        predict token p+1 there: the sampler reads them one position to the left)."""
+        return self.logits(self.hidden(ids, pos, key_valid))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
