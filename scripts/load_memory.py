@@ -2,7 +2,7 @@
 
 Writes a random bf16 checkpoint of Qwen2.5-Coder-0.5B shapes in the Open-dCoder layout (hidden 896,
 24 layers, 14/2 heads, FFN 4864, vocab 151936, tied head, one model.safetensors as the real one),
-then loads it through `engine.weights.checkpoint.load_checkpoint` (fp32 on CPU) in a fresh process and
+then loads it through `engine.weights.load.load_checkpoint` (fp32 on CPU) in a fresh process and
 reads VmHWM / RssAnon from /proc/self/status. Prints one JSON object (and writes it with --json).
 
     python scripts/load_memory.py [--dir /tmp/q05] [--json docs/measurements/load_memory.json]
@@ -52,7 +52,7 @@ MEASURE = r'''
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
 import torch
-from engine.weights.checkpoint import load_checkpoint
+from engine.weights.load import load_checkpoint
 def status():
     d = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
     return {k: int(d[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}

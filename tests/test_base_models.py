@@ -374,6 +374,20 @@ def test_engine_loads_the_folder_as_a_causal_lm_equal_to_transformers(converted)
     assert greedy_decode(model, prompt, 10).ids == reference_greedy(model, prompt, 10)
 
 
+def test_load_ar_model_tells_a_plain_llama_from_a_checkpoint(converted, tmp_path):
+    """engine/weights/load.py: a plain Llama folder loads as the engine's causal LM, this project's own
+    folder (the reorder start here) as load_checkpoint loads it."""
+    from engine.weights.load import load_ar_model, load_checkpoint
+
+    model, _, cfg = load_ar_model(converted)
+    want, _, want_cfg = bm.load_causal_lm(converted)
+    assert cfg == want_cfg and cfg.family == "llama-causal"
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), want.state_dict().values()))
+    start = bm.reorder_start(converted, tmp_path / "start")
+    assert not bm.is_causal_lm(start)
+    assert load_ar_model(start)[2] == load_checkpoint(start)[2]
+
+
 def test_eval_ar_filler_runs_the_folder_prefix_only(converted):
     """`dlm-lsp eval --ar-model <folder>`: no FIM tokens, so the prompt is the prefix alone."""
     from dlm_lsp.measure.evaluate import AutoregressiveFiller, fim_greedy
@@ -403,7 +417,7 @@ def test_reorder_start_keeps_the_base_predictions_and_fine_tunes_as_recipe_c(con
     format, canvas "reorder", this project's specials appended (their rows the mean embedding); on the
     base's own ids its logits are the base's; `train --objective reorder` resumes it and the engine
     serves the result."""
-    from engine.weights.checkpoint import load_checkpoint
+    from engine.weights.load import load_checkpoint
     from engine.serve.service import EngineService
     from engine.api import FillJob
     from engine.tokenizer import EOS, MASK, PAD, SPECIALS

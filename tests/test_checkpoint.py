@@ -1,4 +1,5 @@
-"""engine/weights/checkpoint.py: the HF-style folder round trip and the errors that say what to do next."""
+"""engine/weights/checkpoint.py, load.py and engine/model/weight_files.py: the HF-style folder round trip and the
+errors that say what to do next."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.weights.checkpoint import CheckpointError, load_checkpoint, read_state_dict, resolve_model_path, save_checkpoint
+from engine.model.weight_files import CheckpointError
+from engine.weights.checkpoint import resolve_model_path, save_checkpoint
+from engine.weights.load import load_checkpoint, read_state_dict
 from tests.tiny import make_tiny_checkpoint
 
 
@@ -188,10 +191,57 @@ def test_an_index_cannot_name_shards_outside_its_folder(tiny, tmp_path):
 
 
 def test_the_header_check_accepts_every_shipped_weights_file():
-    from engine.weights.checkpoint import REPO_ROOT, check_safetensors
+    from engine.model.weight_files import check_safetensors
+    from engine.weights.checkpoint import REPO_ROOT
 
     files = sorted((REPO_ROOT / "models").glob("*/model.safetensors"))
     assert files
     for f in files:
         header = check_safetensors(f)
         assert len(header) > 2
+
+
+# ----------------------------------------------------------------------------- layering
+
+def test_model_families_weights_import_each_other_only_downwards():
+    """engine/model <- engine/families <- engine/weights: every import among them (module level or inside a
+    function) goes down a layer or, inside one package, leaves no cycle."""
+    import ast
+    from pathlib import Path
+
+    from engine.weights.checkpoint import REPO_ROOT
+
+    layers = ("engine.model", "engine.families", "engine.weights")
+    mods = {(pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"): p
+            for pkg in layers for p in (REPO_ROOT / pkg.replace(".", "/")).glob("*.py")}
+
+    def layer(m: str) -> int:
+        return next(i for i, pkg in enumerate(layers) if m == pkg or m.startswith(pkg + "."))
+
+    edges: dict[str, set[str]] = {}
+    for m, path in mods.items():
+        out = edges.setdefault(m, set())
+        for n in ast.walk(ast.parse(Path(path).read_text())):
+            names = ([a.name for a in n.names] if isinstance(n, ast.Import) else
+                     [n.module, *(f"{n.module}.{a.name}" for a in n.names)] if isinstance(n, ast.ImportFrom) and n.module
+                     else [])
+            for t in names:
+                if t in mods and t != m:
+                    out.add(t)
+                    pkg = t.rpartition(".")[0]
+                    if pkg in mods and pkg != m and not m.startswith(pkg + "."):  # a submodule's import runs its package first
+                        out.add(pkg)
+    upward = sorted(f"{m} imports {t}" for m, ts in edges.items() for t in ts if layer(t) > layer(m))
+    assert not upward
+
+    def cycle_from(m: str, stack: list[str]) -> list[str] | None:
+        for t in sorted(edges[m]):
+            if t in stack:
+                return stack[stack.index(t):] + [t]
+            found = cycle_from(t, stack + [t])
+            if found:
+                return found
+        return None
+
+    for m in sorted(mods):
+        assert cycle_from(m, [m]) is None, " -> ".join(cycle_from(m, [m]))

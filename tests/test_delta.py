@@ -1,6 +1,7 @@
-"""engine/weights/delta.py: compact delta checkpoints over a base, extracted from tiny models with a known
-change (exact rank-2 perturbations, a changed norm, changed special rows), loaded through the normal
-checkpoint loader and served; the base's hash checked; the command's error paths."""
+"""engine/weights/delta.py and delta_extract.py: compact delta checkpoints over a base, extracted from
+tiny models with a known change (exact rank-2 perturbations, a changed norm, changed special rows),
+loaded through the normal checkpoint loader and served; the base's hash checked; the command's error
+paths."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,11 @@ import pytest
 import torch
 
 from engine.weights import base_models as bm
+from engine.model.weight_files import CheckpointError
 from engine.weights import delta as dl
-from engine.weights.checkpoint import CheckpointError, load_checkpoint, read_state_dict, save_checkpoint
+from engine.weights import delta_extract as dx
+from engine.weights.checkpoint import save_checkpoint
+from engine.weights.load import load_checkpoint, read_state_dict
 from tests.engine_models import peaked_weights
 from tests.tiny import make_tiny_checkpoint
 
@@ -79,7 +83,7 @@ def _logits(folder: Path) -> torch.Tensor:
 def test_exact_low_rank_change_is_reproduced(pair, tmp_path, monkeypatch, dtype, atol):
     base, tuned = pair
     out = tmp_path / "d"
-    rep = dl.extract_delta(base, tuned, out, rank=2, dtype=dtype, log=quiet, full_rows=4)
+    rep = dx.extract_delta(base, tuned, out, rank=2, dtype=dtype, log=quiet, full_rows=4)
     n = len(read_state_dict(base))
     assert rep["tensors"] == {"low_rank": 3, "full": 1, "unchanged": n - 4}
     assert rep["error"]["overall"] < (1e-5 if dtype == torch.float32 else 2e-3)
@@ -107,7 +111,7 @@ def test_low_rank_error_is_reported_honestly(pair, tmp_path, monkeypatch):
     matrix, and that is what the loaded weights lose."""
     base, tuned = pair
     out = tmp_path / "d"
-    rep = dl.extract_delta(base, tuned, out, rank=1, dtype=torch.float32, log=quiet, full_rows=0)
+    rep = dx.extract_delta(base, tuned, out, rank=1, dtype=torch.float32, log=quiet, full_rows=0)
     kinds = rep["error"]["kinds"]
     assert kinds["attn.wq"]["worst"] > 0.1 and kinds["mlp.w2"]["worst"] > 0.1
     assert kinds["attn_norm"]["worst"] < 1e-6  # a 1-D delta is stored in full
@@ -122,7 +126,7 @@ def test_low_rank_error_is_reported_honestly(pair, tmp_path, monkeypatch):
 def test_a_base_with_another_hash_is_refused_naming_the_command(pair, tmp_path, monkeypatch):
     base, tuned = pair
     out = tmp_path / "d"
-    dl.extract_delta(base, tuned, out, rank=2, log=quiet, full_rows=0, base_id="smollm2-reorder")
+    dx.extract_delta(base, tuned, out, rank=2, log=quiet, full_rows=0, base_id="smollm2-reorder")
     where = dl.start_dir("smollm2")
     command = f"dlm-lsp base-model smollm2 --reorder-start {where}"
     # nothing here: no start, no converted base, no wheel, no HF cache
@@ -147,7 +151,7 @@ def test_delta_folder_serves_the_same_fill_as_the_tuned_model(pair, tmp_path, mo
 
     base, tuned = pair
     out = tmp_path / "d"
-    dl.extract_delta(base, tuned, out, rank=2, dtype=torch.float32, log=quiet, full_rows=0)
+    dx.extract_delta(base, tuned, out, rank=2, dtype=torch.float32, log=quiet, full_rows=0)
     monkeypatch.setenv(dl.BASE_ENV, str(base))
     fills = []
     for folder in (tuned, out):
@@ -184,7 +188,7 @@ def test_the_base_is_hashed_once(pair, tmp_path, monkeypatch):
 def test_delta_header_is_checked(pair, tmp_path, monkeypatch):
     base, tuned = pair
     out = tmp_path / "d"
-    dl.extract_delta(base, tuned, out, rank=2, log=quiet, full_rows=0)
+    dx.extract_delta(base, tuned, out, rank=2, log=quiet, full_rows=0)
     raw = (out / dl.DELTA_WEIGHTS).read_bytes()
     (out / dl.DELTA_WEIGHTS).write_bytes(raw[: len(raw) // 2])
     monkeypatch.setenv(dl.BASE_ENV, str(base))
@@ -208,7 +212,7 @@ def test_rebuilds_the_start_offline_from_the_pinned_wheel(tmp_path, monkeypatch)
     start = bm.reorder_start(converted, tmp_path / "start")
     tuned = _tune(start, tmp_path / "tuned")
     out = tmp_path / "d"
-    dl.extract_delta(start, tuned, out, rank=2, dtype=torch.float32, log=quiet, full_rows=0)
+    dx.extract_delta(start, tuned, out, rank=2, dtype=torch.float32, log=quiet, full_rows=0)
     meta = json.loads((out / dl.DELTA_JSON).read_text())
     assert (meta["base"], meta["base_source"]) == ("smollm2-reorder", "wheel")
     shutil.rmtree(converted)  # only the wheel is left

@@ -236,7 +236,7 @@ def tiny_models(tmp_path_factory):
 
 
 def test_fim_greedy_matches_recomputing_every_token(tiny_models):
-    from engine.weights.checkpoint import load_checkpoint
+    from engine.weights.load import load_checkpoint
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
@@ -256,7 +256,7 @@ def test_fim_greedy_matches_recomputing_every_token(tiny_models):
 
 
 def test_fim_greedy_heals_the_prefix_tail_like_the_diffusion_engine(tiny_models):
-    from engine.weights.checkpoint import load_checkpoint
+    from engine.weights.load import load_checkpoint
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
@@ -362,7 +362,7 @@ def test_eval_oracle_only_loads_no_model(tmp_path):
 
 def test_fim_greedy_keeps_the_prompt_inside_the_twins_training_window(tiny_models, monkeypatch):
     import engine.decode.autoregressive as ar
-    from engine.weights.checkpoint import load_checkpoint
+    from engine.weights.load import load_checkpoint
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
     cfg.context_len = 96

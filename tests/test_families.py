@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from engine.weights.checkpoint import CheckpointError, load_checkpoint
+from engine.model.weight_files import CheckpointError
+from engine.weights.load import load_checkpoint
 from engine.families import FAMILIES, FamilyError, family_config, load_family
 from tests.families_tiny import SPECS, family_folders, reference_logits, reference_model, write_checkpoint  # noqa: F401
 

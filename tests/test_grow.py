@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from engine.weights.checkpoint import load_checkpoint, read_state_dict
+from engine.weights.load import load_checkpoint, read_state_dict
 from engine.train.grow import grow_checkpoint, layer_plan
 from engine.train.loop import OPTIMIZER_FILE, TrainArgs, load_optimizer, load_raw_weights, train
 

@@ -384,17 +384,14 @@ class AutoregressiveFiller(Filler):
     def __init__(self, model: str, device: str = "cpu", threads: int | None = None, heal: bool = True):
         import torch
 
-        from engine.weights.base_models import is_causal_lm, load_causal_lm
-        from engine.weights.checkpoint import load_checkpoint, resolve_model_path
+        from engine.weights.load import load_ar_model
 
         super().__init__()
         self.heal = heal  # token healing, as the diffusion engine does it (DecodeOptions.heal)
         if threads:
             torch.set_num_threads(threads)
         # a plain Llama (SmolLM2 from `dlm-lsp base-model`) is a causal LM without FIM tokens: prefix-only
-        folder = resolve_model_path(model)
-        load = load_causal_lm if is_causal_lm(folder) else load_checkpoint
-        self.model, self.tok, self.cfg = load(folder, device=device)
+        self.model, self.tok, self.cfg = load_ar_model(model, device=device)
         if self.cfg.attention != "causal":
             raise SystemExit(f"--ar-model {model}: attention is {self.cfg.attention!r}, expected 'causal' "
                              "(train it with --objective ar)")

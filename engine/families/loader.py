@@ -1,7 +1,7 @@
 """Loads a family checkpoint: meta-device model, safetensors shard by shard, names mapped once.
 
 The model is built on the meta device (no memory). Each shard's header is checked against the file
-(engine/weights/checkpoint.py `check_safetensors`: offsets inside the file, byte counts matching shapes,
+(engine/model/weight_files.py `check_safetensors`: offsets inside the file, byte counts matching shapes,
 float dtypes only); then each tensor is renamed, allocated in the target dtype on the target device
 and filled from the file in chunks through one 32 MB scratch buffer. Host memory holds the
 converted weights plus that buffer (on CUDA, the buffer only): a memory-mapped read (safetensors
@@ -22,6 +22,7 @@ from engine.families.layouts import rename
 from engine.families.registry import Family, detect
 from engine.families.specials import TokenFiles
 from engine.model.transformer import Transformer, rope_tables
+from engine.model.weight_files import CheckpointError, check_safetensors, weight_paths
 from engine.tokenizer import TextTokenizer
 
 
@@ -47,22 +48,6 @@ def is_family_checkpoint(folder: Path) -> bool:
     return cfg.get("model_type", "dlm-lsp") != "dlm-lsp" or "architectures" in cfg
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """model.safetensors, or the shards model.safetensors.index.json lists, in order."""
-    from engine.weights.checkpoint import CheckpointError, _shard_names
-
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.exists():
-        return [single]
-    if index.exists():
-        return [folder / s for s in _shard_names(index)]
-    pickles = sorted(p.name for ext in ("bin", "pt", "pth", "ckpt") for p in folder.glob(f"*.{ext}"))
-    if pickles:
-        raise CheckpointError(f"{folder} has only pickle weights ({', '.join(pickles)}), which are never loaded "
-                              "(unpickling can run code); convert them to safetensors")
-    raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {folder}")
-
-
 def family_config(folder: Path):
     """(Family, ModelConfig) of a family checkpoint folder, special ids from its files."""
     folder = Path(folder)
@@ -76,8 +61,6 @@ def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype |
                 forward_only: bool = False):
     """Returns (model in eval mode, tokenizer, config) for a family checkpoint. `forward_only`
     admits families the engine cannot decode yet (WeDLM) for parity checks."""
-    from engine.weights.checkpoint import CheckpointError, check_safetensors
-
     folder = Path(folder)
     try:
         fam, cfg = family_config(folder)
@@ -93,7 +76,7 @@ def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype |
         model = Transformer(cfg)
     want = {k: v.shape for k, v in model.state_dict().items()}
     sd: dict[str, torch.Tensor] = {}
-    for path in weight_files(folder):
+    for path in weight_paths(folder):
         header = check_safetensors(path)
         for name, shape, fill in read_tensors(path, header):
             _take(fam, cfg, name, shape, fill, want, sd, device, dtype, path)
@@ -119,8 +102,6 @@ def read_tensors(path: Path, header: dict):
     """Yields (name, shape, fill) for each tensor of a checked safetensors file, in file order;
     fill(out) copies the tensor into `out` (any dtype and device, same number of elements) through
     one scratch buffer of CHUNK_BYTES, so no tensor is ever held twice in host memory."""
-    from engine.weights.checkpoint import CheckpointError
-
     entries = sorted(((n, t) for n, t in header.items() if n != "__metadata__"), key=lambda x: x[1]["data_offsets"][0])
     scratch = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
     with open(path, "rb") as f:
@@ -146,8 +127,6 @@ def read_tensors(path: Path, header: dict):
 
 def _take(fam: Family, cfg, name: str, shape: tuple, fill, want: dict, sd: dict, device, dtype, path: Path) -> None:
     """Reads one tensor, renamed and converted, into sd (shape-checked against the model)."""
-    from engine.weights.checkpoint import CheckpointError
-
     try:
         target = rename(fam.layout, name)
     except KeyError:

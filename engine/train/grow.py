@@ -68,7 +68,7 @@ def grow_checkpoint(src: Path, dst: Path, after: list[int]) -> ModelConfig:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from engine.weights.checkpoint import read_state_dict
+    from engine.weights.load import read_state_dict
 
     src, dst = Path(src), Path(dst)
     cfg = ModelConfig.load(src)

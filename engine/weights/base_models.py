@@ -417,10 +417,9 @@ def load_causal_lm(folder, device="cpu", dtype=None):
     import torch
     from safetensors import safe_open
 
-    from engine.weights.checkpoint import CheckpointError, check_safetensors
     from engine.families.layouts import rename
-    from engine.families.loader import weight_files
     from engine.model.transformer import Transformer, rope_tables
+    from engine.model.weight_files import CheckpointError, check_safetensors, weight_paths
     from engine.tokenizer import TextTokenizer
 
     folder = Path(folder)
@@ -435,7 +434,7 @@ def load_causal_lm(folder, device="cpu", dtype=None):
         model = Transformer(cfg)
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     sd = {}
-    for path in weight_files(folder):
+    for path in weight_paths(folder):
         check_safetensors(path)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
@@ -594,7 +593,7 @@ def add_base_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_base_model(args: argparse.Namespace) -> int:
-    from engine.weights.checkpoint import CheckpointError
+    from engine.model.weight_files import CheckpointError
 
     try:
         path = prepare(BASE_MODELS[args.name], Path(args.out).expanduser() if args.out else None,

@@ -1,5 +1,6 @@
-"""Sharded safetensors: a checkpoint's weights split into files of at most N bytes, in the Hugging Face
-layout that engine.weights.checkpoint.read_state_dict reads:
+"""Sharded safetensors: splits a checkpoint folder's weights into files of at most N MiB each, in place.
+
+The Hugging Face layout that engine.weights.load.read_state_dict reads:
   model-00001-of-00003.safetensors ... + model.safetensors.index.json {"metadata": {"total_size"},
   "weight_map": {tensor name: shard file}}
 Used by the GPU recipe (scripts/gpu_train.sh): files that come back from the device machine are
