@@ -18,8 +18,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine.api import DecodeOptions  # noqa: E402
-from engine.weights.checkpoint import load_checkpoint  # noqa: E402
-from engine.decode.sampler import Canvas, fill  # noqa: E402
+from engine.weights.load import load_checkpoint  # noqa: E402
+from engine.decode.sampler import fill
+from engine.decode.forward import build_canvas
 
 
 def main() -> int:
@@ -30,7 +31,7 @@ def main() -> int:
     for i in range(6):
         prefix = tok.encode(src[1000 + 300 * i: 4000 + 300 * i])[-480:]
         suffix = tok.encode(src[4100 + 300 * i: 4600 + 300 * i])[:40]
-        canvas = Canvas.build(prefix, suffix, 16, cfg, DecodeOptions())
+        canvas = build_canvas(prefix, suffix, 16, cfg, DecodeOptions())
         t0 = time.perf_counter()
         fill(model, canvas)
         ms.append((time.perf_counter() - t0) * 1000)

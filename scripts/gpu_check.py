@@ -48,7 +48,8 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
     """Per family: fp32 CPU vs `dtype` on `dev` logits, and one fill decoded on `dev`."""
     from engine.api import DecodeOptions
     from engine.families.loader import load_family
-    from engine.decode.sampler import Canvas, fill
+    from engine.decode.sampler import fill
+    from engine.decode.forward import build_canvas
     from tests.families_tiny import SPECS, seed_of, write_checkpoint
 
     out = {}
@@ -66,7 +67,7 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
         row = {"max_abs_err": float((got - want).abs().max()), "rel_err": rel, "top1_agree": top1,
                "ok": rel <= BF16_REL_TOL or dtype == torch.float32 and rel <= 1e-4}
         t0 = time.perf_counter()
-        c = Canvas.build(tok.encode("def add(a, b):\n    ret"), tok.encode("\n\nprint(add(1, 2))\n"), 8, cfg,
+        c = build_canvas(tok.encode("def add(a, b):\n    ret"), tok.encode("\n\nprint(add(1, 2))\n"), 8, cfg,
                          DecodeOptions(heal=False), device=dev)
         r = fill(model, c)
         _sync(dev)
@@ -149,8 +150,9 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
     """First forward, cached step, 32/64-slot fills and a batch of 8 on a random Dream-7B."""
     from engine.api import DecodeOptions
     from engine.decode.cache import BatchContext
-    from engine.decode.sampler import Canvas, fill, step
 
+    from engine.decode.sampler import fill, step
+    from engine.decode.forward import build_canvas
     cfg = dream_7b_config(tiny)
     t0 = time.perf_counter()
     model = random_model(cfg, dev, dtype)
@@ -162,7 +164,7 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
 
     def canvas(n, shift=0):
         room = context - n
-        return Canvas.build(words[shift : shift + room * 2 // 3], words[shift + room * 2 // 3 : shift + room], n, cfg, opts,
+        return build_canvas(words[shift : shift + room * 2 // 3], words[shift + room * 2 // 3 : shift + room], n, cfg, opts,
                             context_tokens=context, device=dev)
 
     def timed(fn):

@@ -34,7 +34,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.bias.ngram import context_hash, corpus_tokens, pair_counts  # noqa: E402 - the engine's own counting
+from engine.bias.ngram import context_hash, pair_counts  # noqa: E402
+from engine.train.ngram_count import corpus_tokens  # noqa: E402 - the engine's own counting
 
 TOP = 8
 FIELDS = ("ctx", "tot", "sctx", "nxt", "cnt", "pf")

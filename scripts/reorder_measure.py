@@ -67,8 +67,9 @@ def train_steps() -> None:
 
 def reuse() -> None:
     from engine.decode.reorder import SessionCache
-    from engine.decode.sampler import Canvas, fill
 
+    from engine.decode.sampler import fill
+    from engine.decode.forward import build_canvas
     cfg = ModelConfig(vocab_size=8192, dim=192, n_layers=5, n_heads=4, ffn_dim=576, max_seq_len=1024, context_len=512,
                       attention="causal", canvas="reorder", mask_token_id=2, pad_token_id=0, eos_token_id=1).validate()
     model = Transformer(cfg)
@@ -80,7 +81,7 @@ def reuse() -> None:
     def run(with_reuse: bool):
         sessions, fills, firsts, ids = SessionCache(), [], [], []
         for k in range(24):
-            c = Canvas.build(doc[: 440 + k], suffix, 16, cfg, o)
+            c = build_canvas(doc[: 440 + k], suffix, 16, cfg, o)
             if with_reuse:
                 c.session, c.session_key = sessions, "doc"
             t0 = time.perf_counter()

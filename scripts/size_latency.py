@@ -20,7 +20,8 @@ import torch  # noqa: E402
 
 from engine.api import DecodeOptions  # noqa: E402
 from engine.model.transformer import ModelConfig, Transformer  # noqa: E402
-from engine.decode.sampler import Canvas, fill  # noqa: E402
+from engine.decode.sampler import fill
+from engine.decode.forward import build_canvas
 
 SHAPES = ["192x5x576", "256x6x768", "224x6x672", "256x5x768", "192x7x576"]  # dim x layers x FFN; the default first
 
@@ -37,7 +38,7 @@ def fill_ms(dim: int, layers: int, ffn: int, reps: int) -> tuple[float, float]:
     suffix = torch.randint(4, 8000, (30,), generator=g).tolist()
     times = []
     for _ in range(reps):
-        canvas = Canvas.build(prefix, suffix, 16, cfg, DecodeOptions(steps=8))
+        canvas = build_canvas(prefix, suffix, 16, cfg, DecodeOptions(steps=8))
         t0 = time.perf_counter()
         fill(model, canvas)
         times.append(time.perf_counter() - t0)

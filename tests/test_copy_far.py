@@ -8,7 +8,7 @@ import pytest
 
 from dlm_lsp.fill.context import FAR_AFTER, FAR_BEFORE, build_request, to_fill_job
 from dlm_lsp.fill.documents import Document
-from engine.decode import sampler
+from engine.decode import reference
 from engine.clients import wire
 from engine.api import DecodeOptions, FillJob
 from tests.tiny import tiny_service
@@ -65,7 +65,7 @@ def test_service_fill_with_lookup_equals_the_oracle_and_copy_far_0_ignores_it(se
         far = dataclasses.replace(base, copy_far=3.0)
         got = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=far, lookup=lookup))
         p_ids, s_ids = service.tok.encode_batch([prefix, suffix])
-        want = sampler.reference_fill(service.model, p_ids, s_ids, 8, far, lookup=service.tok.encode(lookup))
+        want = reference.reference_fill(service.model, p_ids, s_ids, 8, far, lookup=service.tok.encode(lookup))
         assert got.token_ids == want
         off = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base, lookup=lookup))
         plain = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
@@ -100,14 +100,14 @@ def test_copy_far_is_a_model_tunable_default(tmp_path):
 
 
 def test_neighbours_are_the_other_open_documents_most_recent_first():
-    from dlm_lsp.fill.documents import DocumentStore
+    from dlm_lsp.fill.documents import ContentChange, DocumentStore
 
     store = DocumentStore()
     for name in ("a", "b", "c"):
         store.open(f"file:///w/{name}.py", "python", 1, f"# {name}\n")
     store.open("file:///w/notes.md", "markdown", 1, "# notes\n")
     assert [d.uri for d in store.neighbours("file:///w/a.py", "python")] == ["file:///w/c.py", "file:///w/b.py"]
-    store.change("file:///w/b.py", 2, [type("Change", (), {"text": "# b2\n", "range": None})()])
+    store.change("file:///w/b.py", 2, [ContentChange("# b2\n")])
     assert [d.uri for d in store.neighbours("file:///w/a.py", "python")] == ["file:///w/b.py", "file:///w/c.py"]
     assert [d.uri for d in store.neighbours("file:///w/a.py", "python", n=1)] == ["file:///w/b.py"]
     store.close("file:///w/b.py")
@@ -154,8 +154,10 @@ async def test_server_sends_the_other_open_documents_as_lookup():
 def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, window, cache, heal):
     from engine.model.config import ModelConfig
     from engine.model.transformer import Transformer
-    from engine.decode.sampler import Canvas, fill, reference_fill
 
+    from engine.decode.sampler import fill
+    from engine.decode.reference import reference_fill
+    from engine.decode.forward import build_canvas
     cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
                       mask_token_id=2, pad_token_id=249, eos_token_id=1, bos_token_id=3).validate()
     model = Transformer(cfg)
@@ -173,11 +175,11 @@ def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, wi
         base = dict(threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=2.0, copy_order=3,
                     copy_far=3.0)
         on, off = DecodeOptions(**base, copy_chain=True), DecodeOptions(**base, copy_chain=False)
-        c = Canvas.build(prefix, suffix, 8, model.cfg, on, heal=h)
+        c = build_canvas(prefix, suffix, 8, model.cfg, on, heal=h)
         c.attach_far(lookup)
         got = fill(model, c)
         assert got.ids == reference_fill(model, prefix, suffix, 8, on, heal=h, lookup=lookup), f"seed {seed}"
-        c0 = Canvas.build(prefix, suffix, 8, model.cfg, off, heal=h)
+        c0 = build_canvas(prefix, suffix, 8, model.cfg, off, heal=h)
         c0.attach_far(lookup)
         plain = fill(model, c0)
         assert plain.ids == reference_fill(model, prefix, suffix, 8, off, heal=h, lookup=lookup)

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import DecodeOptions, FillJob
-from engine.weights.checkpoint import load_checkpoint
-from engine.decode.sampler import Canvas, fill, reference_fill
+from engine.weights.load import load_checkpoint
+from engine.decode.sampler import fill
+from engine.decode.reference import reference_fill
+from engine.decode.forward import build_canvas
 from engine.decode.sampler import step as fill_step
 from tests.families_tiny import family_folders  # noqa: F401 (fixture)
 
@@ -90,7 +92,7 @@ def test_dream_fill_equals_dream_diffusion_generate(loaded, alg, confidence, ste
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
     opts = DecodeOptions(selection="timesteps", steps=steps, confidence=confidence, cache=False, window=0,
                          pad_left=False, heal=False, freeze=False, pad_stop=2.0)
-    c = Canvas.build(prefix, suffix, 16, cfg, opts)
+    c = build_canvas(prefix, suffix, 16, cfg, opts)
     fill(model, c)
     assert c.slot_ids() == dream_diffusion_generate(model, prefix, suffix, 16, steps, cfg.mask_token_id, alg)
 
@@ -102,7 +104,7 @@ def test_llada_fill_equals_llada_low_confidence_remasking(loaded, steps):
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
     opts = DecodeOptions(selection="topk", steps=steps, block=8, confidence="max_prob", cache=False, window=0,
                          pad_left=False, heal=False, freeze=False, pad_stop=2.0)
-    c = Canvas.build(prefix, suffix, 16, cfg, opts)
+    c = build_canvas(prefix, suffix, 16, cfg, opts)
     fill(model, c)
     want = llada_low_confidence_remasking(model, prefix, suffix, 16, steps, 8, cfg.mask_token_id)
     assert c.slot_ids() == want
@@ -116,11 +118,11 @@ def test_family_fill_equals_the_engine_oracle(loaded, name):
     _, model, tok, cfg = loaded[name]
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
     opts = DecodeOptions(threshold=0.3, cache=False, window=0, heal=False)
-    got = fill(model, Canvas.build(prefix, suffix, 8, cfg, opts)).ids
+    got = fill(model, build_canvas(prefix, suffix, 8, cfg, opts)).ids
     assert got == reference_fill(model, prefix, suffix, 8, opts)
     exact_cache = DecodeOptions(threshold=0.3, cache=True, refresh_every=1, window=0, heal=False)
-    assert fill(model, Canvas.build(prefix, suffix, 8, cfg, exact_cache)).ids == got
-    r = fill(model, Canvas.build(prefix, suffix, 8, cfg, DecodeOptions(heal=False, window=4)))
+    assert fill(model, build_canvas(prefix, suffix, 8, cfg, exact_cache)).ids == got
+    r = fill(model, build_canvas(prefix, suffix, 8, cfg, DecodeOptions(heal=False, window=4)))
     assert all(0 <= t < cfg.vocab_size and t != cfg.mask_token_id for t in r.ids)
 
 
@@ -130,20 +132,20 @@ def test_block_causal_families_decode_block_by_block(loaded):
     _, model, tok, cfg = loaded["sdar"]
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
     opts = DecodeOptions(threshold=0.0, cache=False, window=0, heal=False, pad_left=False)  # commit all it may
-    c = Canvas.build(prefix, suffix, 12, cfg, opts)
+    c = build_canvas(prefix, suffix, 12, cfg, opts)
     committed = []
     while not c.done:
         before = c.masked.clone()
         fill_step(model, [c])
         committed.append({(c.start + int(i)) // cfg.block_size for i in torch.nonzero(before & ~c.masked).flatten()})
     assert all(len(b) == 1 for b in committed) and [min(b) for b in committed] == sorted(min(b) for b in committed)
-    assert fill(model, Canvas.build(prefix, suffix, 12, cfg, opts)).ids == reference_fill(model, prefix, suffix, 12, opts)
+    assert fill(model, build_canvas(prefix, suffix, 12, cfg, opts)).ids == reference_fill(model, prefix, suffix, 12, opts)
 
 
 def test_shifted_family_needs_a_token_before_the_hole_and_takes_bos_from_its_files(loaded):
     _, _, tok, cfg = loaded["dream"]
     assert cfg.logits_shift and cfg.bos_token_id == 151665
-    c = Canvas.build([], tok.encode(SUFFIX), 4, cfg, DecodeOptions())
+    c = build_canvas([], tok.encode(SUFFIX), 4, cfg, DecodeOptions())
     assert int(c.ids[0]) == 151665 and c.start == 1
 
 
@@ -167,8 +169,8 @@ def test_block_causal_batched_cached_steps_equal_single_canvases(loaded, name):
     _, model, tok, cfg = loaded[name]
     opts = DecodeOptions(threshold=0.3, heal=False, window=4)
     jobs = [(tok.encode(PREFIX), tok.encode(SUFFIX), 10), (tok.encode("x = 1\n"), tok.encode("\nprint(x)\n"), 7)]
-    alone = [fill(model, Canvas.build(p, s, n, cfg, opts)).ids for p, s, n in jobs]
-    cs = [Canvas.build(p, s, n, cfg, opts) for p, s, n in jobs]
+    alone = [fill(model, build_canvas(p, s, n, cfg, opts)).ids for p, s, n in jobs]
+    cs = [build_canvas(p, s, n, cfg, opts) for p, s, n in jobs]
     bctx = BatchContext()
     while not all(c.done for c in cs):
         fill_step(model, [c for c in cs if not c.done], batch_ctx=bctx)
@@ -274,7 +276,7 @@ def test_sdar_fill_equals_sdar_block_diffusion_generate(loaded, threshold, prefi
     bs = cfg.block_size
     prefix, suffix = tok.encode(prefix_text), tok.encode(SUFFIX)
     n = 3 * bs - len(prefix) % bs  # the slots end on a block boundary: the suffix is in later blocks, never seen
-    c = Canvas.build(prefix, suffix, n, cfg, _exact(threshold=threshold))
+    c = build_canvas(prefix, suffix, n, cfg, _exact(threshold=threshold))
     fill(model, c)
     want = sdar_block_diffusion_generate(model, prefix, n, cfg.mask_token_id, bs, bs, threshold, cfg.eos_token_id)
     assert _cut_at(c.slot_ids(), cfg.eos_token_id) == _cut_at(want, cfg.eos_token_id)
@@ -291,7 +293,7 @@ def test_fast_dllm_v2_fill_equals_its_block_and_sub_block_generate(loaded, thres
     prefix, suffix = tok.encode(prefix_text), tok.encode(SUFFIX)
     P = len(prefix)
     end = (P // bs + 3) * bs  # three blocks after the prompt's (partial) one
-    c = Canvas.build(prefix, suffix, end - P, cfg, _exact(threshold=threshold))
+    c = build_canvas(prefix, suffix, end - P, cfg, _exact(threshold=threshold))
     order = []
     while not c.done:
         before = c.masked.clone()
@@ -309,7 +311,7 @@ def test_fast_dllm_v2_prompt_on_a_block_boundary_starts_autoregressively(loaded)
     _, model, tok, cfg = loaded["fast-dllm-v2"]
     bs = cfg.block_size
     prefix = (tok.encode(PREFIX * 3))[: 2 * bs]  # exactly two blocks: the first slot is a block's first position
-    c = Canvas.build(prefix, tok.encode(SUFFIX), 2 * bs, cfg, _exact(threshold=0.0))
+    c = build_canvas(prefix, tok.encode(SUFFIX), 2 * bs, cfg, _exact(threshold=0.0))
     fill_step(model, [c])
     assert c.tokens_per_step == [1] and not bool(c.masked[0]) and bool(c.masked[1:].all())
     fill(model, c)
@@ -372,7 +374,7 @@ def dreamon(family_folders):
     exercised, not only their absence."""
     model, tok, cfg = load_checkpoint(family_folders["dreamon"])
     assert cfg.family == "dreamon" and cfg.expand_token_id == 151667 and cfg.logits_shift
-    c = Canvas.build(tok.encode(PREFIX), tok.encode(SUFFIX), 12, cfg, DecodeOptions())
+    c = build_canvas(tok.encode(PREFIX), tok.encode(SUFFIX), 12, cfg, DecodeOptions())
     with torch.no_grad():
         hn = model.norm(model.hidden(c.ids[None])[0, c.start - 1 : c.start + c.n - 1])  # (n, D) what the head sees
         u = hn.mean(0) / hn.mean(0).norm()
@@ -395,7 +397,7 @@ def test_dreamon_fill_equals_dreamon_sample(dreamon, monkeypatch, alg, confidenc
     steer(a)
     monkeypatch.setattr(dm, "START_SLOTS", start)
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
-    c = Canvas.build(prefix, suffix, max_new, cfg, DecodeOptions(confidence=confidence))  # the family pins the rest
+    c = build_canvas(prefix, suffix, max_new, cfg, DecodeOptions(confidence=confidence))  # the family pins the rest
     assert c.n == min(start, max_new) and int(c.ids[0]) == cfg.bos_token_id and int(c.ids[-1]) == cfg.eos_token_id
     r = fill(model, c)
     want, seen = dreamon_sample(model, [cfg.bos_token_id] + prefix, min(start, max_new), suffix + [cfg.eos_token_id],
@@ -417,7 +419,7 @@ def test_dreamon_decoding_grows_and_shrinks_the_middle(dreamon, monkeypatch):
                              cfg.expand_token_id, cfg.eos_token_id, "maskgit_plus")
     assert seen["expand"] >= 1 and seen["delete"] >= 1, seen
     sizes = []
-    c = Canvas.build(prefix, suffix, 20, cfg, DecodeOptions())
+    c = build_canvas(prefix, suffix, 20, cfg, DecodeOptions())
     while not c.done:
         fill_step(model, [c])
         sizes.append(c.n)
@@ -430,10 +432,10 @@ def test_dreamon_at_its_longest_never_expands_and_a_final_step_leaves_no_mask(dr
     model, tok, cfg, steer = dreamon
     steer(0.8)
     monkeypatch.setattr(dm, "START_SLOTS", 12)
-    c = Canvas.build(tok.encode(PREFIX), tok.encode(SUFFIX), 12, cfg, DecodeOptions())  # already at its longest
+    c = build_canvas(tok.encode(PREFIX), tok.encode(SUFFIX), 12, cfg, DecodeOptions())  # already at its longest
     fill(model, c)
     assert c.n <= 12 and cfg.expand_token_id not in c.slot_ids()
-    c = Canvas.build(tok.encode(PREFIX), tok.encode(SUFFIX), 20, cfg, DecodeOptions())
+    c = build_canvas(tok.encode(PREFIX), tok.encode(SUFFIX), 20, cfg, DecodeOptions())
     fill_step(model, [c], final=[True])  # a deadline: everything at once, expand banned
     assert c.done and not bool(c.masked.any()) and cfg.expand_token_id not in c.slot_ids()
 

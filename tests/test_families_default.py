@@ -11,8 +11,9 @@ import torch
 from safetensors import safe_open
 
 from engine.api import DecodeOptions
-from engine.weights.checkpoint import load_checkpoint
-from engine.decode.sampler import Canvas, fill
+from engine.weights.load import load_checkpoint
+from engine.decode.sampler import fill
+from engine.decode.forward import build_canvas
 from tests.engine_models import cpu_vendor, peaked_model
 
 DATA = Path(__file__).parent / "data" / "default_logits.safetensors"
@@ -104,5 +105,5 @@ def test_shipped_models_compute_what_they_did(name):
         suf = tok.encode("\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n")
         for key, o in (("default_fill_ids", DecodeOptions()),
                        ("default_fill_nocache_ids", DecodeOptions(cache=False, window=0, heal=False))):
-            r = fill(m, Canvas.build(pre, suf, 12, cfg, o))
+            r = fill(m, build_canvas(pre, suf, 12, cfg, o))
             assert r.ids == REF[key].long().tolist()[:-1]

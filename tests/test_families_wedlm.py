@@ -18,7 +18,8 @@ from engine.api import DecodeOptions, FillJob
 from engine.decode.cache import BatchContext
 from engine.families import wedlm
 from engine.families.loader import load_family
-from engine.decode.sampler import Canvas, fill
+from engine.decode.sampler import fill
+from engine.decode.forward import build_canvas
 from engine.decode.sampler import step as fill_step
 from tests.families_tiny import SPECS, Spec, _qwen, reference_logits, reference_model, seed_of, write_checkpoint
 
@@ -156,7 +157,7 @@ def test_wedlm_fill_equals_its_authors_streaming_loop(wq, rule, cache, prompt, n
     assert (cfg.family, cfg.canvas, cfg.mask_token_id, cfg.eos_token_id) == ("wedlm", "reorder", 151665, 151643)
     p = rule(**params)
     prefix = tok.encode(PROMPTS[prompt])
-    c = Canvas.build(prefix, [], n, cfg, _opts(cache=cache))
+    c = build_canvas(prefix, [], n, cfg, _opts(cache=cache))
     assert c.keep == n and c.n == n + p["window"] - 1  # the window runs past the fill, as the authors' does
     r = fill(model, c)
     want, per_step = wedlm_stream_generate(hf, prefix, n, cfg.mask_token_id, {cfg.eos_token_id}, **p)
@@ -172,7 +173,7 @@ def test_the_cases_exercise_parallel_and_out_of_order_commits(wq, rule):
     seen_parallel = seen_jump = False
     for prompt, n, params in CASES:
         rule(**params)
-        c = Canvas.build(tok.encode(PROMPTS[prompt]), [], n, cfg, _opts())
+        c = build_canvas(tok.encode(PROMPTS[prompt]), [], n, cfg, _opts())
         while not c.done:
             before = c.masked.clone()
             fill_step(model, [c])
@@ -207,7 +208,7 @@ def steered_eos(wq):
     that end-of-text wins some slots (12-12.25: it does, after a few tokens); restored afterwards."""
     _, model, tok, cfg, hf = wq
     eos = cfg.eos_token_id
-    c = Canvas.build(tok.encode(PROMPTS[0]), [], 12, cfg, _opts())
+    c = build_canvas(tok.encode(PROMPTS[0]), [], 12, cfg, _opts())
     with torch.no_grad():
         hn = model.norm(model.hidden(c.ids[None])[0, c.start :])  # (n, D) what the head sees
         u = hn.mean(0) / hn.mean(0).norm()
@@ -233,7 +234,7 @@ def test_end_of_text_ends_the_stream_as_the_authors_stop(wq, rule, steered_eos, 
     prefix = tok.encode(PROMPTS[0])
     want, per_step = wedlm_stream_generate(hf, prefix, 16, cfg.mask_token_id, {cfg.eos_token_id}, **p)
     assert want[-1] == cfg.eos_token_id and len(want) < 16  # the steering does make it stop early
-    c = Canvas.build(prefix, [], 16, cfg, _opts())
+    c = build_canvas(prefix, [], 16, cfg, _opts())
     r = fill(model, c)
     assert r.ids == want[:-1] and r.tokens_per_step == per_step and c.n_masked > 0
 
@@ -246,7 +247,7 @@ def test_infill_extension_equals_its_own_loop(wq, rule, cache, params):
     _, model, tok, cfg, hf = wq
     p = rule(**params)
     prefix, suffix = tok.encode(PROMPTS[0]), tok.encode(SUFFIX)
-    c = Canvas.build(prefix, suffix, 10, cfg, _opts(cache=cache))
+    c = build_canvas(prefix, suffix, 10, cfg, _opts(cache=cache))
     assert c.n == c.keep == 10
     r = fill(model, c)
     want, per_step = wedlm_stream_generate(hf, prefix, 10, cfg.mask_token_id, {cfg.eos_token_id}, suffix=suffix, **p)
@@ -261,14 +262,14 @@ def test_infill_extension_equals_its_own_loop(wq, rule, cache, params):
 def test_deadline_commits_every_mask_and_cancel_stops(wq):
     _, model, tok, cfg, _ = wq
     prefix = tok.encode(PROMPTS[0])
-    c = Canvas.build(prefix, [], 10, cfg, _opts())
+    c = build_canvas(prefix, [], 10, cfg, _opts())
     r = fill(model, c, deadline=time.monotonic() - 1)
     assert r.steps == 1 and r.deadline_hit and not bool(c.masked.any()) and len(r.ids) <= 10
     assert cfg.mask_token_id not in c.slot_ids()
-    c = Canvas.build(prefix, [], 10, cfg, _opts())
+    c = build_canvas(prefix, [], 10, cfg, _opts())
     r = fill(model, c, cancelled=lambda: c.steps >= 2)
     assert r.cancelled and r.steps == 2 and sum(r.tokens_per_step) == 10 + 15 - int(c.masked.sum())
-    c = Canvas.build(prefix, tok.encode(SUFFIX), 10, cfg, _opts())
+    c = build_canvas(prefix, tok.encode(SUFFIX), 10, cfg, _opts())
     fill_step(model, [c])
     fill_step(model, [c], final=[True])  # a deadline mid-fill: the rest at once, window lifted
     assert c.done and not bool(c.masked.any()) and c.tokens_per_step[-1] == 10 - c.tokens_per_step[0]
@@ -280,8 +281,8 @@ def test_batched_steps_equal_each_alone(wq, rule):
     _, model, tok, cfg, _ = wq
     rule(threshold=2.0)
     jobs = [(tok.encode(PROMPTS[0]), [], 12), (tok.encode(PROMPTS[1]), tok.encode(SUFFIX), 9)]
-    alone = [fill(model, Canvas.build(p, s, n, cfg, _opts())).ids for p, s, n in jobs]
-    cs = [Canvas.build(p, s, n, cfg, _opts()) for p, s, n in jobs]
+    alone = [fill(model, build_canvas(p, s, n, cfg, _opts())).ids for p, s, n in jobs]
+    cs = [build_canvas(p, s, n, cfg, _opts()) for p, s, n in jobs]
     bctx = BatchContext()
     while not all(c.done for c in cs):
         fill_step(model, [c for c in cs if not c.done], batch_ctx=bctx)
@@ -293,7 +294,7 @@ def test_cached_steps_keep_only_the_committed_run(wq, rule):
     other committed slot is forwarded again at each step (the authors' window)."""
     _, model, tok, cfg, _ = wq
     rule(threshold=2.0)
-    c = Canvas.build(tok.encode(PROMPTS[0]), [], 16, cfg, _opts())
+    c = build_canvas(tok.encode(PROMPTS[0]), [], 16, cfg, _opts())
     ctx = c.start
     while not c.done:
         fill_step(model, [c])

@@ -2,9 +2,9 @@
 engine's thread, runs out of memory, or the model file is broken. Each fault: a log line, the failing
 request gets an error or an empty answer, the next request is served.
 
-Engine faults are injected by patching `engine.decode.sampler.forward` (the one call every step makes); the
+Engine faults are injected by patching `engine.decode.forward.forward` (the one call every step makes); the
 server is driven in process (`DlmServer.fill_at`) with the real engine on a tiny checkpoint, or as a
-real process over stdio (`dlm-lsp serve`, or the scripted engine in tests/lsp_fake_engine.py).
+real process over stdio (`dlm-lsp serve`, or the scripted engine in dlm_lsp/measure/fuzz/scripted_engine.py).
 Limits are generous ("answered within 5 s"): they tell a hang from an answer, not fast from slow.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from engine.decode import sampler
+from engine.decode import forward as fwd
 from engine.api import EngineError, FillJob
 from engine.serve.service import EngineService
 from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, inline, lsp_server, open_doc, scripted
@@ -36,13 +36,13 @@ def folder(tmp_path_factory):
 
 
 class Fault:
-    """Replaces sampler.forward: `when(canvases)` picks the steps that fault, `act()` is the fault."""
+    """Replaces engine.decode.forward.forward: `when(canvases)` picks the steps that fault, `act()` is the fault."""
 
     def __init__(self, monkeypatch, act, when=lambda canvases: True, times: int | None = None):
-        self.real, self.act, self.when, self.left = sampler.forward, act, when, times
+        self.real, self.act, self.when, self.left = fwd.forward, act, when, times
         self.hits = 0
         self.release = threading.Event()  # lets a blocked step go at teardown
-        monkeypatch.setattr(sampler, "forward", self)
+        monkeypatch.setattr(fwd, "forward", self)
 
     def __call__(self, model, canvases, ctx=None):
         if self.when(canvases) and (self.left is None or self.left > 0):

@@ -83,7 +83,8 @@ def _child() -> None:
     """Runs every case through the interpreted kernel; prints one JSON object."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     from engine.api import DecodeOptions
-    from engine.decode.sampler import Canvas, fill
+    from engine.decode.sampler import fill
+    from engine.decode.forward import build_canvas
     from tests.engine_models import peaked_model
 
     out = {"cases": {}}
@@ -103,7 +104,7 @@ def _child() -> None:
     real = ks.slot_stats_triton
     ks.slot_stats_triton = lambda *a, **k: calls.append(1) or real(*a, **k)
     prefix, suffix = _e2e_io()
-    r = fill(model, Canvas.build(prefix, suffix, 5, model.cfg, DecodeOptions(threshold=0.5, cache=False)))
+    r = fill(model, build_canvas(prefix, suffix, 5, model.cfg, DecodeOptions(threshold=0.5, cache=False)))
     out["sampler"] = {"ids": r.ids, "kernel_calls": len(calls)}
     print("RESULT " + json.dumps(out))
 
@@ -141,7 +142,7 @@ def test_sampler_through_the_kernel_matches_the_oracle(interpreted):
     """The fast loop takes its argmax and confidences from kernels.slot_stats: with the kernel
     switched in, a fill still equals the fp64 oracle token for token."""
     from engine.api import DecodeOptions
-    from engine.decode.sampler import reference_fill
+    from engine.decode.reference import reference_fill
     from tests.engine_models import peaked_model
 
     res = interpreted["sampler"]

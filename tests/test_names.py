@@ -10,7 +10,8 @@ import torch
 
 from engine.bias import names
 
-from engine.decode import sampler
+from engine.decode import reference
+from engine.decode.canvas import check_options
 from engine.api import DecodeOptions, FillJob
 from engine.weights.checkpoint import serving_defaults
 from tests.tiny import tiny_service
@@ -87,7 +88,7 @@ def test_serving_json_may_set_names(tmp_path):
     (tmp_path / "serving.json").write_text(json.dumps({"decode": {"names": -1}}))
     assert "decode" not in serving_defaults(tmp_path)
     with pytest.raises(ValueError, match="names"):
-        sampler.check_options(DecodeOptions(names=-1.0))
+        check_options(DecodeOptions(names=-1.0))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def _oracle(service, job: FillJob):
         p_ids = p_ids[: -heal.k]
     bias = names.NameBias(names.vocab_for(tok), [names.NameSet(names.names_in(job.prefix, job.suffix, job.lookup)),
                                                  service.corpus_names], job.options.names, tok.decode(p_ids[-48:]), tok.decode)
-    return sampler.reference_fill(service.model, p_ids, s_ids, job.max_tokens + (1 if heal else 0), job.options,
+    return reference.reference_fill(service.model, p_ids, s_ids, job.max_tokens + (1 if heal else 0), job.options,
                                   heal=heal and heal.first, heal_then=heal and heal.then, names=bias)
 
 
@@ -206,11 +207,11 @@ def test_service_fill_with_brackets_equals_the_oracle(service):
                 bias = names.NameBias(names.vocab_for(tok), [known, service.corpus_names], nm, tok.decode(p_ids[-48:]),
                                       tok.decode, brackets=20.0,
                                       ends=(service.cfg.pad_token_id, service.cfg.eos_token_id) + tuple(stops))
-                want = sampler.reference_fill(service.model, p_ids, s_ids, 6 + (1 if h else 0), on, heal=h and h.first,
+                want = reference.reference_fill(service.model, p_ids, s_ids, 6 + (1 if h else 0), on, heal=h and h.first,
                                               heal_then=h and h.then, stop_ids=stops, names=bias)
                 assert got.token_ids == want, (heal, nm, prefix)
                 plain = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=base))
                 changed += got.token_ids != plain.token_ids
     assert changed  # the rule reached the canvas
     with pytest.raises(ValueError, match="brackets"):
-        sampler.check_options(DecodeOptions(brackets=-1.0))
+        check_options(DecodeOptions(brackets=-1.0))

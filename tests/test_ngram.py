@@ -12,7 +12,8 @@ import pytest
 
 from dlm_lsp.cli import main as cli
 from engine.bias import ngram
-from engine.decode import sampler
+from engine.decode import reference
+from engine.decode.canvas import check_options
 from engine.clients import wire
 from engine.api import DecodeOptions, EngineError, FillJob, with_model_defaults
 from engine.weights.checkpoint import serving_defaults
@@ -169,7 +170,7 @@ def test_service_fills_with_the_memory_equal_the_oracle_and_it_changes_fills(ser
         heal = served.tok.heal(p_ids) if on.heal else None
         if heal:
             p_ids = p_ids[: -heal.k]
-        want = sampler.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
+        want = reference.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
                                       heal=heal and heal.first, heal_then=heal and heal.then)
         assert got.token_ids == [t for t in want][: len(got.token_ids)] and len(got.token_ids) == len(want)
         off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
@@ -228,7 +229,7 @@ def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
         on = DecodeOptions(threshold=0.5, heal=False, ngram=6.0)
         got = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=on))
         p_ids, s_ids = svc.tok.encode_batch([prefix, suffix])
-        assert got.token_ids == sampler.reference_fill(svc.model, p_ids, s_ids, 6, on, ngram=svc.ngram)
+        assert got.token_ids == reference.reference_fill(svc.model, p_ids, s_ids, 6, on, ngram=svc.ngram)
         off = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=dataclasses.replace(on, ngram=0.0)))
         changed += got.token_ids != off.token_ids
     assert changed
@@ -237,7 +238,7 @@ def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
         own = DecodeOptions(threshold=0.5, heal=False, ngram=0.0, local_ngram=8.0)
         got = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=own, lookup=lookup))
         p_ids, s_ids = svc.tok.encode_batch([prefix, suffix])
-        assert got.token_ids == sampler.reference_fill(svc.model, p_ids, s_ids, 6, own, lookup=svc.tok.encode(lookup))
+        assert got.token_ids == reference.reference_fill(svc.model, p_ids, s_ids, 6, own, lookup=svc.tok.encode(lookup))
 
 
 # ---------------------------------------------------------------- the fill's own n-gram (LocalNgram)
@@ -283,7 +284,7 @@ def test_service_fills_with_the_local_ngram_equal_the_oracle_and_it_changes_fill
             heal = served.tok.heal(p_ids) if on.heal else None
             if heal:
                 p_ids = p_ids[: -heal.k]
-            want = sampler.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
+            want = reference.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
                                           heal=heal and heal.first, heal_then=heal and heal.then,
                                           lookup=served.tok.encode(look) if look else None)
             assert got.token_ids == want, (prefix, look)
@@ -304,7 +305,7 @@ def test_the_local_ngram_is_a_per_kind_model_setting(tmp_path):
         (tmp_path / "serving.json").write_text(bad)
         assert serving_defaults(tmp_path) == {}
     with pytest.raises(ValueError, match="local_ngram"):
-        sampler.check_options(DecodeOptions(local_ngram=-1.0))
+        check_options(DecodeOptions(local_ngram=-1.0))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -364,7 +365,7 @@ def test_service_fills_with_the_workspace_ngram_equal_the_oracle_and_it_changes_
             assert (job.workspace, job.document) == ("w", "w/self.py")
             fill = served.run_now(job)
             p_ids, s_ids = served.tok.encode_batch([prefix, suffix])
-            want = sampler.reference_fill(served.model, p_ids, s_ids, 8, on, workspace=others)
+            want = reference.reference_fill(served.model, p_ids, s_ids, 8, on, workspace=others)
             assert fill.token_ids == want, (local, prefix)
             off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
             changed += fill.token_ids != off.token_ids
@@ -388,4 +389,4 @@ def test_the_workspace_ngram_is_a_per_kind_model_setting(tmp_path):
     assert with_model_defaults(DecodeOptions(), tuned, "block").workspace_ngram == 0.0
     assert with_model_defaults(DecodeOptions(), {}).workspace_ngram == 0.0
     with pytest.raises(ValueError, match="workspace_ngram"):
-        sampler.check_options(DecodeOptions(workspace_ngram=-1.0))
+        check_options(DecodeOptions(workspace_ngram=-1.0))

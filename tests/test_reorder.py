@@ -11,11 +11,15 @@ import pytest
 import torch
 
 from engine.decode import reorder, sampler
+from engine.decode import forward as fwd
+from engine.train import reorder as reorder_objective
 from engine.api import DecodeOptions, FillJob
 from engine.decode.cache import BatchContext
 from engine.model.config import ConfigError, ModelConfig
 from engine.train.objective import SpecialIds
-from engine.decode.sampler import Canvas, fill, reference_fill
+from engine.decode.sampler import fill
+from engine.decode.reference import reference_fill
+from engine.decode.forward import build_canvas
 from tests.engine_models import peaked_model
 
 PAD = 249  # a token the peaked seed-0 model predicts often: padding and early ends happen on the oracle's path
@@ -73,7 +77,7 @@ def _logical(ex):
 def test_window_example_puts_unmasked_rows_first_at_their_positions():
     stream = list(range(10, 210))
     for seed in range(20):
-        ex = reorder.window_example(stream, 64, IDS, random.Random(seed))
+        ex = reorder_objective.window_example(stream, 64, IDS, random.Random(seed))
         assert sorted(ex.pos) == list(range(64))
         masked = [i == IDS.mask for i in ex.ids]
         k = masked.index(True)
@@ -97,7 +101,7 @@ def test_infill_example_layout(holes):
     text = "".join(CORPUS[:8]) * 3
     seen_revealed = seen_steps = 0
     for seed in range(30):
-        ex = reorder.infill_example(text, tok, 128, ids, random.Random(seed), holes=holes, ordered=0.5)
+        ex = reorder_objective.infill_example(text, tok, 128, ids, random.Random(seed), holes=holes, ordered=0.5)
         if ex is None:
             continue
         L = len(ex.ids)
@@ -114,7 +118,7 @@ def test_infill_example_layout(holes):
         assert revealed == list(range(len(clean), k))
         rp = ex.pos[len(clean) : k]  # in up to REVEAL_STEPS groups (decode steps), each in logical order
         descents = sum(b < a for a, b in zip(rp, rp[1:]))
-        assert descents < reorder.REVEAL_STEPS
+        assert descents < reorder_objective.REVEAL_STEPS
         seen_revealed += bool(revealed)
         seen_steps += descents > 0
         if holes == 1:  # [prefix][suffix]: the canvas's slots are one gap in the clean rows' positions
@@ -131,7 +135,7 @@ def test_infill_example_layout(holes):
 def test_auxiliary_next_token_targets_never_see_their_answer():
     ids, tgt = [5, 6, 2, 7, 8, 9, 2, 2, 10], [-1, -1, 11, -1, -1, -1, 12, 13, -1]
     groups = [0, 0, 2, 0, 1, 1, 2, 2, 0]
-    ex = reorder.layout(ids, tgt, [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0], groups, mask_id=2, ar_weight=0.6)
+    ex = reorder_objective.layout(ids, tgt, [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0], groups, mask_id=2, ar_weight=0.6)
     assert ex.pos == [0, 1, 3, 8, 4, 5, 2, 6, 7]
     phys = {p: r for r, p in enumerate(ex.pos)}
     ar = {ex.pos[r]: (t, w) for r, (i, t, w) in enumerate(zip(ex.ids, ex.targets, ex.weight)) if i != 2 and t >= 0}
@@ -140,14 +144,14 @@ def test_auxiliary_next_token_targets_never_see_their_answer():
     assert all(t == ids[p + 1] and phys[p + 1] > phys[p] for p, (t, _) in ar.items())
     assert abs(sum(w for _, w in ar.values()) - 0.6) < 1e-9
     assert [t for i, t in zip(ex.ids, ex.targets) if i == 2] == [11, 12, 13]  # the masks keep their own targets
-    off = reorder.layout(ids, tgt, [0.0] * 9, groups, mask_id=2)
+    off = reorder_objective.layout(ids, tgt, [0.0] * 9, groups, mask_id=2)
     assert all(t < 0 for i, t in zip(off.ids, off.targets) if i != 2)
 
 
 def test_collate_carries_logical_positions():
-    a = reorder.layout([5, 2, 6], [-1, 7, -1], [0, 1, 0], [0, 2, 0], 2)
-    b = reorder.layout([5, 2], [-1, 8], [0, 1], [0, 2], 2)
-    batch = reorder.collate_reorder([a, b], pad_id=0)
+    a = reorder_objective.layout([5, 2, 6], [-1, 7, -1], [0, 1, 0], [0, 2, 0], 2)
+    b = reorder_objective.layout([5, 2], [-1, 8], [0, 1], [0, 2], 2)
+    batch = reorder_objective.collate_reorder([a, b], pad_id=0)
     assert batch["pos"].tolist() == [[0, 2, 1], [0, 1, 0]]
     assert batch["ids"].tolist() == [[5, 6, 2], [5, 2, 0]] and batch["key_valid"][1].tolist() == [True, True, False]
 
@@ -179,7 +183,7 @@ def test_cached_decode_matches_oracle(models, sel, cache, window, pad_left):
         prefix, suffix = _io(seed)
         o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, window=window, pad_left=pad_left)
         want = reference_fill(model, prefix, suffix, n, o)
-        c = Canvas.build(prefix, suffix, n, model.cfg, o)
+        c = build_canvas(prefix, suffix, n, model.cfg, o)
         got = fill(model, c)
         assert isinstance(c, reorder.ReorderCanvas)
         assert got.ids == want, f"seed {seed}: cached {got.ids} != oracle {want} (steps {got.tokens_per_step})"
@@ -191,7 +195,7 @@ def test_semi_ar_blocks_and_margin_confidence_match_oracle(models):
         prefix, suffix = _io(seed)
         for o in (DecodeOptions(threshold=0.5, block=2, window=0, pad_left=False),
                   DecodeOptions(confidence="margin", threshold=0.3, pad_stop=0.3)):
-            assert fill(model, Canvas.build(prefix, suffix, 9, model.cfg, o)).ids == reference_fill(model, prefix, suffix, 9, o)
+            assert fill(model, build_canvas(prefix, suffix, 9, model.cfg, o)).ids == reference_fill(model, prefix, suffix, 9, o)
 
 
 def test_oracle_cases_commit_out_of_order_and_in_parallel(model):
@@ -201,7 +205,7 @@ def test_oracle_cases_commit_out_of_order_and_in_parallel(model):
     for seed, n in itertools.product(range(4), (7, 12)):
         prefix, suffix = _io(seed)
         for o in (DecodeOptions(threshold=0.5, pad_left=False, window=0), DecodeOptions(threshold=0.5, pad_stop=0.3)):
-            c = Canvas.build(prefix, suffix, n, model.cfg, o)
+            c = build_canvas(prefix, suffix, n, model.cfg, o)
             r = fill(model, c)
             parallel += max(r.tokens_per_step) > 1
             early += len(r.ids) < n
@@ -213,11 +217,11 @@ def test_committed_slots_kv_are_exact(model):
     """After some cached steps the canvas's cache equals the K/V of one full forward over the same
     reordered rows (context, then the committed slots in cache order)."""
     prefix, suffix = _io(5, n_prefix=20)
-    c = Canvas.build(prefix, suffix, 10, model.cfg, DecodeOptions(selection="topk", steps=5, pad_stop=2.0, pad_left=False))
+    c = build_canvas(prefix, suffix, 10, model.cfg, DecodeOptions(selection="topk", steps=5, pad_stop=2.0, pad_left=False))
     for _ in range(3):
         sampler.step(model, [c])
     with torch.inference_mode():
-        sampler.forward(model, [c])  # the last step's commits join the cache
+        fwd.forward(model, [c])  # the last step's commits join the cache
     ctx_ids, ctx_pos = c.context_rows()
     slots = torch.tensor(c.cache_order) + c.start
     ids, pos = torch.cat([ctx_ids, c.ids[slots]]), torch.cat([ctx_pos, slots])
@@ -237,7 +241,7 @@ def test_cached_steps_forward_only_new_commits_and_masks(model):
         seen.append(ids.shape[1])
         return orig(ids, *a, **kw)
 
-    c = Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(selection="topk", steps=4, pad_stop=2.0, window=0))
+    c = build_canvas(prefix, suffix, 8, model.cfg, DecodeOptions(selection="topk", steps=4, pad_stop=2.0, window=0))
     model.hidden = spy
     try:
         fill(model, c)
@@ -250,7 +254,7 @@ def test_cached_steps_forward_only_new_commits_and_masks(model):
 def test_empty_context_decodes_causally(model):
     """No prefix and no suffix: the cached steps have an empty context and must still be causal."""
     for o in (DecodeOptions(threshold=0.5, window=0), DecodeOptions(selection="topk", steps=3, pad_stop=2.0, window=2)):
-        assert fill(model, Canvas.build([], [], 6, model.cfg, o)).ids == reference_fill(model, [], [], 6, o)
+        assert fill(model, build_canvas([], [], 6, model.cfg, o)).ids == reference_fill(model, [], [], 6, o)
 
 
 # ---------------------------------------------------------------- the engine's semantics
@@ -258,15 +262,15 @@ def test_empty_context_decodes_causally(model):
 
 def test_deadline_commits_everything_and_cancel_stops(model):
     prefix, suffix = _io(7)
-    c = Canvas.build(prefix, suffix, 9, model.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    c = build_canvas(prefix, suffix, 9, model.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
     r = fill(model, c, deadline=time.monotonic() - 1)
     assert r.steps == 1 and r.deadline_hit and r.tokens_per_step == [9] and not bool(c.masked.any())
     assert r.ids == reference_fill(model, prefix, suffix, 9, DecodeOptions(steps=1, pad_stop=2.0))
-    c = Canvas.build(prefix, suffix, 9, model.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    c = build_canvas(prefix, suffix, 9, model.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
     r = fill(model, c, cancelled=lambda: c.steps >= 2)
     assert r.cancelled and r.steps == 2 and int(c.masked.sum()) == 7
     # a step budget: the last step commits every mask (the window is lifted for it)
-    r = fill(model, Canvas.build(prefix, suffix, 12, model.cfg, DecodeOptions(steps=2, threshold=0.99, window=3)))
+    r = fill(model, build_canvas(prefix, suffix, 12, model.cfg, DecodeOptions(steps=2, threshold=0.99, window=3)))
     assert r.steps <= 2 and sum(r.tokens_per_step) == 12
     assert 0 < r.confidence <= 1
 
@@ -281,7 +285,7 @@ def test_healing_restricts_slot_0(model):
         heal = sorted(set(heal) | set(then))
         o = DecodeOptions(threshold=0.5, window=window, cache=cache)
         want = reference_fill(model, prefix, suffix, 6, o, heal=heal, heal_then=then)
-        c = Canvas.build(prefix, suffix, 6, cfg, o, heal=heal, heal_then=then)
+        c = build_canvas(prefix, suffix, 6, cfg, o, heal=heal, heal_then=then)
         got = fill(model, c)
         assert got.ids == want and got.ids[0] in heal and not c.heal_open
         if got.ids[0] in then:
@@ -291,8 +295,8 @@ def test_healing_restricts_slot_0(model):
 def test_batched_steps_equal_each_alone(model):
     jobs = [(_io(60 + i, n_prefix=9 + 5 * i, n_suffix=2 * i), n) for i, n in enumerate((5, 8, 11))]
     for o in (DecodeOptions(threshold=0.5, window=3), DecodeOptions(selection="topk", pad_stop=2.0, pad_left=False)):
-        alone = [fill(model, Canvas.build(p, s, n, model.cfg, o)).ids for (p, s), n in jobs]
-        canvases = [Canvas.build(p, s, n, model.cfg, o) for (p, s), n in jobs]
+        alone = [fill(model, build_canvas(p, s, n, model.cfg, o)).ids for (p, s), n in jobs]
+        canvases = [build_canvas(p, s, n, model.cfg, o) for (p, s), n in jobs]
         ctx = BatchContext()
         while any(not c.done for c in canvases):
             sampler.step(model, [c for c in canvases if not c.done], batch_ctx=ctx)
@@ -312,10 +316,10 @@ def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
     o = DecodeOptions(threshold=0.5)
     reused = []
     for p in seqs:
-        c = Canvas.build(p, suffix, 8, model.cfg, o)
+        c = build_canvas(p, suffix, 8, model.cfg, o)
         c.session, c.session_key = sessions, "doc"
         got = fill(model, c)
-        assert got.ids == fill(model, Canvas.build(p, suffix, 8, model.cfg, o)).ids
+        assert got.ids == fill(model, build_canvas(p, suffix, 8, model.cfg, o)).ids
         assert got.ids == reference_fill(model, p, suffix, 8, o)
         reused.append(c.reused)
     # each keystroke reuses the unchanged prefix (the suffix moved: its positions follow the prefix)
@@ -324,14 +328,14 @@ def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
     doc = _io(42, n_prefix=200)[0]
     hits = 0
     for k in range(10):
-        c = Canvas.build(doc[: 150 + 3 * k], suffix, 8, model.cfg, o, context_tokens=128)
+        c = build_canvas(doc[: 150 + 3 * k], suffix, 8, model.cfg, o, context_tokens=128)
         c.session, c.session_key = sessions, "long"
         got = fill(model, c)
         assert got.ids == reference_fill(model, doc[: 150 + 3 * k], suffix, 8, o, context_tokens=128)
         assert c.start <= 128 - 8 - 12 and c.start > 128 - 8 - 12 - reorder.CUT_CHUNK
         hits += c.reused > 0
     assert hits >= 7
-    other = Canvas.build(suffix, prefix, 8, model.cfg, o)
+    other = build_canvas(suffix, prefix, 8, model.cfg, o)
     other.session, other.session_key = sessions, "other document"
     fill(model, other)
     assert other.reused == 0 and sessions.stats["hits"] == 7 + hits
@@ -341,7 +345,7 @@ def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
 
 
 def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
-    from engine.weights.checkpoint import load_checkpoint
+    from engine.weights.load import load_checkpoint
     from engine.serve.service import EngineService
     from engine.train.loop import TrainArgs, train
     from tests.tiny import CORPUS, make_tiny_checkpoint

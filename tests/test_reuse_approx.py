@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from engine.decode import reuse, sampler
+from engine.decode import forward as fwd
 from engine.api import DecodeOptions, EngineError, FillJob
 from engine.model.transformer import apply_rope
 from engine.decode.reuse import ReuseCache, best_run, rerotate, segments
-from engine.decode.sampler import Canvas
+from engine.decode.canvas import Canvas
+from engine.decode.forward import build_canvas
 from engine.serve.service import EngineService
 from tests.engine_models import peaked_checkpoint, peaked_model
 from tests.tiny import CORPUS
@@ -53,7 +55,7 @@ def _job(k: int, session: str | None, opts: DecodeOptions = ON, shift: int = 0) 
 
 
 def _keyed(model, prefix, suffix, opts, store, key="doc", context_tokens=512, n=8) -> Canvas:
-    c = Canvas.build(prefix, suffix, n, model.cfg, opts, context_tokens)
+    c = build_canvas(prefix, suffix, n, model.cfg, opts, context_tokens)
     c.reuse = (store, key)
     return c
 
@@ -88,13 +90,13 @@ def test_reuse_off_is_todays_fill_bit_for_bit(svc):
 
 
 def test_reuse_needs_full_attention_and_a_cached_context(model):
-    assert reuse.applies(Canvas.build(_ids(1, 20), [], 4, model.cfg, ON))
-    assert not reuse.applies(Canvas.build(_ids(1, 20), [], 4, model.cfg, OFF))
-    assert not reuse.applies(Canvas.build(_ids(1, 20), [], 4, model.cfg, dataclasses.replace(ON, cache=False)))
+    assert reuse.applies(build_canvas(_ids(1, 20), [], 4, model.cfg, ON))
+    assert not reuse.applies(build_canvas(_ids(1, 20), [], 4, model.cfg, OFF))
+    assert not reuse.applies(build_canvas(_ids(1, 20), [], 4, model.cfg, dataclasses.replace(ON, cache=False)))
     causal = peaked_model(causal=True)
-    assert not reuse.applies(Canvas.build(_ids(1, 20), [], 4, causal.cfg, ON))
+    assert not reuse.applies(build_canvas(_ids(1, 20), [], 4, causal.cfg, ON))
     with pytest.raises(ValueError, match="reuse_budget"):
-        Canvas.build(_ids(1, 20), [], 4, model.cfg, dataclasses.replace(ON, reuse_budget=-1))
+        build_canvas(_ids(1, 20), [], 4, model.cfg, dataclasses.replace(ON, reuse_budget=-1))
 
 
 def test_the_exact_reorder_path_is_unchanged_with_reuse_on(tmp_path):
@@ -115,8 +117,8 @@ def test_an_unchanged_request_after_a_full_forward_is_a_full_recompute(model):
     prefix, suffix = _ids(10, 60), _ids(11, 20)
     store = ReuseCache()
     first, again, plain = (_keyed(model, prefix, suffix, ON, store), _keyed(model, prefix, suffix, ON, store),
-                           Canvas.build(prefix, suffix, 8, model.cfg, ON))
-    h_first, h_again, h_plain = (sampler.forward(model, [c])[0] for c in (first, again, plain))
+                           build_canvas(prefix, suffix, 8, model.cfg, ON))
+    h_first, h_again, h_plain = (fwd.forward(model, [c])[0] for c in (first, again, plain))
     assert first.reused == 0 and again.reused == 80 and store.stats["reused"] == 1
     assert torch.equal(h_first[0], h_plain[0])  # a new session's first forward is today's full forward
     torch.testing.assert_close(h_again[0], h_plain[0], atol=1e-5, rtol=1e-5)  # the canvas against the cached context
@@ -125,7 +127,7 @@ def test_an_unchanged_request_after_a_full_forward_is_a_full_recompute(model):
     store2 = ReuseCache()
     sampler.fill(model, _keyed(model, prefix, suffix, ON, store2))
     c = _keyed(model, prefix, suffix, ON, store2)
-    assert sampler.fill(model, c).ids == sampler.fill(model, Canvas.build(prefix, suffix, 8, model.cfg, ON)).ids
+    assert sampler.fill(model, c).ids == sampler.fill(model, build_canvas(prefix, suffix, 8, model.cfg, ON)).ids
     assert c.reused == 80
 
 
@@ -180,11 +182,11 @@ def test_a_shifted_suffix_reuses_its_keys_rotated_to_the_new_positions(model, mo
 
     monkeypatch.setattr(reuse, "forward_first", spy)
     c0 = _keyed(model, prefix[:48], suffix, ON, store)
-    sampler.forward(model, [c0])
+    fwd.forward(model, [c0])
     c1 = _keyed(model, prefix, suffix, ON, store)
-    sampler.forward(model, [c1])
-    full = Canvas.build(prefix, suffix, 8, model.cfg, ON)
-    sampler.forward(model, [full])
+    fwd.forward(model, [c1])
+    full = build_canvas(prefix, suffix, 8, model.cfg, ON)
+    fwd.forward(model, [full])
     p = recorded[id(c1)]
     assert c1.reused == 48 + 30 and p.run_rows.tolist() == [48, 49] and p.changed == 2
     pos, _ = reuse.context_rows(c1)
@@ -267,7 +269,7 @@ def test_a_full_recompute_once_the_changed_tokens_pass_the_budget(model):
         stale.append(store.get("doc").stale)
         reused.append(c.reused > 0)
         if k == 7:  # the budget's full recompute is today's fill, row for row
-            plain = Canvas.build(prefix[: 40 + k], suffix, 8, model.cfg, opts)
+            plain = build_canvas(prefix[: 40 + k], suffix, 8, model.cfg, opts)
             assert got.ids == sampler.fill(model, plain).ids and c.rows_forwarded == plain.rows_forwarded
     assert stale == [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]
     assert reused == [False] + [True] * 6 + [False] + [True] * 4
@@ -281,7 +283,7 @@ def test_a_cursor_jump_another_text_or_another_model_recompute_in_full(model):
     def outcome(p, s, opts=ON):
         before = dict(store.stats)
         c = _keyed(model, p, s, opts, store)
-        sampler.forward(model, [c])
+        fwd.forward(model, [c])
         (why,) = [k for k in ReuseCache.OUTCOMES if store.stats[k] > before[k]]
         assert (c.reused > 0) == (why == "reused")
         return why
@@ -297,7 +299,7 @@ def test_a_cursor_jump_another_text_or_another_model_recompute_in_full(model):
     assert outcome(_ids(53, 80), _ids(54, 20), dataclasses.replace(ON, threshold=0.6, stop_newline=True)) == "reused"
     other = copy.deepcopy(model)  # another model under the same key: its K/V are not these
     before = dict(store.stats)
-    sampler.forward(other, [_keyed(other, _ids(53, 80), _ids(54, 20), ON, store)])
+    fwd.forward(other, [_keyed(other, _ids(53, 80), _ids(54, 20), ON, store)])
     assert store.stats["full_model"] == before["full_model"] + 1
     assert outcome(_ids(53, 80), _ids(54, 20)) == "full_model"  # and back
 
@@ -310,7 +312,7 @@ def test_a_sliding_window_shifts_the_prefix_and_counts_what_it_dropped(model):
     stale = []
     for k in range(4):
         c = _keyed(model, doc[: 120 + k], suffix, ON, store, context_tokens=96)
-        sampler.forward(model, [c])
+        fwd.forward(model, [c])
         assert c.start == 96 - 8 - 10  # the prefix is cut to its room: the window slides
         stale.append(store.get("doc").stale)
         assert (c.reused > 0) == (k > 0)
@@ -387,7 +389,7 @@ def test_deleting_more_than_the_jump_before_the_cursor_is_a_jump(model):
     store = ReuseCache()
     for p, want in ((prefix, "full_new"), (prefix[:85], "reused"), (prefix[:50], "full_jump")):
         before = dict(store.stats)
-        sampler.forward(model, [_keyed(model, p, suffix, dataclasses.replace(ON, reuse_budget=1000), store)])
+        fwd.forward(model, [_keyed(model, p, suffix, dataclasses.replace(ON, reuse_budget=1000), store)])
         assert store.stats[want] == before[want] + 1, want
 
 

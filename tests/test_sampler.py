@@ -12,8 +12,12 @@ import torch
 from engine.api import DecodeOptions
 from engine.model.config import ModelConfig
 from engine.decode import sampler
+from engine.decode import forward as fwd
 from engine.decode.cache import BatchContext
-from engine.decode.sampler import Canvas, fill, reference_fill, schedule, select_threshold, select_topk, trim_fill
+from engine.decode.canvas import schedule, trim_fill
+from engine.decode.sampler import fill, select_threshold, select_topk
+from engine.decode.reference import reference_fill
+from engine.decode.forward import build_canvas
 from tests.engine_models import MockModel, peaked_model
 
 # a token the peaked seed-0 models predict often: calling it padding puts padding and early stops on
@@ -72,23 +76,23 @@ def test_bad_options_are_refused_when_the_canvas_is_built():
     cfg = ModelConfig(vocab_size=50)
     for bad in (DecodeOptions(selection="best"), DecodeOptions(confidence="gut"), DecodeOptions(steps=0)):
         with pytest.raises(ValueError):
-            Canvas.build([5, 6], [], 4, cfg, bad)
+            build_canvas([5, 6], [], 4, cfg, bad)
     with pytest.raises(ValueError):
-        Canvas.build([5, 6], [], 0, cfg, DecodeOptions())
+        build_canvas([5, 6], [], 0, cfg, DecodeOptions())
 
 
 def test_context_is_cut_to_fit_and_keeps_the_prefix_end():
     cfg = ModelConfig(vocab_size=50, max_seq_len=64)
-    c = Canvas.build(list(range(4, 44)), list(range(4, 34)), 8, cfg, DecodeOptions(), context_tokens=32)
+    c = build_canvas(list(range(4, 44)), list(range(4, 34)), 8, cfg, DecodeOptions(), context_tokens=32)
     assert c.ids.shape[0] <= 32 and c.n == 8
     assert c.ids[: c.start].tolist()[-1] == 43  # the tokens next to the cursor survive
-    c = Canvas.build(list(range(4, 44)), [], 8, cfg, DecodeOptions(), context_tokens=4096)
+    c = build_canvas(list(range(4, 44)), [], 8, cfg, DecodeOptions(), context_tokens=4096)
     assert c.ids.shape[0] == 48  # clamped to the model's max_seq_len only when needed
 
 
 def test_shifted_model_with_empty_prefix_gets_bos():
     cfg = ModelConfig(vocab_size=50, logits_shift=True, bos_token_id=3)
-    c = Canvas.build([], [7, 8], 4, cfg, DecodeOptions())
+    c = build_canvas([], [7, 8], 4, cfg, DecodeOptions())
     assert c.ids[0].item() == 3 and c.start == 1
 
 
@@ -114,7 +118,7 @@ def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n, block, pad
         o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1,
                           block=block, pad_left=pad_left, window=0)
         want = reference_fill(model, prefix, suffix, n, o)
-        got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
+        got = fill(model, build_canvas(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
         assert sum(got.tokens_per_step) == n and not got.cancelled and not got.deadline_hit
 
@@ -127,7 +131,7 @@ def test_oracle_cases_exercise_padding_and_parallel_commits(models):
         prefix, suffix = _io(seed)
         for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False, pad_left=False, window=0),
                   DecodeOptions(threshold=0.5, cache=False, pad_left=False, window=0)):
-            r = fill(models[shift], Canvas.build(prefix, suffix, n, models[shift].cfg, o))
+            r = fill(models[shift], build_canvas(prefix, suffix, n, models[shift].cfg, o))
             dropped += len(r.ids) < n
             parallel += max(r.tokens_per_step) > 1
             early += r.steps < n and len(r.ids) < n
@@ -137,20 +141,20 @@ def test_oracle_cases_exercise_padding_and_parallel_commits(models):
 def test_steps_budget_with_threshold_selection(models):
     prefix, suffix = _io(5)
     o = DecodeOptions(threshold=0.999, steps=2, cache=False)
-    r = fill(models[False], Canvas.build(prefix, suffix, 7, models[False].cfg, o))
+    r = fill(models[False], build_canvas(prefix, suffix, 7, models[False].cfg, o))
     assert r.steps == 2 and r.ids == reference_fill(models[False], prefix, suffix, 7, o)
 
 
 def test_topk_default_schedule_commits_two_per_step(models):
     prefix, suffix = _io(6)
-    r = fill(models[False], Canvas.build(prefix, suffix, 8, models[False].cfg, DecodeOptions(selection="topk", cache=False)))
+    r = fill(models[False], build_canvas(prefix, suffix, 8, models[False].cfg, DecodeOptions(selection="topk", cache=False)))
     assert r.tokens_per_step == [2, 2, 2, 2] or r.steps < 4  # (padding may end it sooner)
 
 
 def test_temperature_sampling_is_reproducible_with_a_seed(models):
     prefix, suffix = _io(8)
     m = models[False]
-    runs = [fill(m, Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(temperature=1.0, seed=s, pad_stop=2.0))).ids
+    runs = [fill(m, build_canvas(prefix, suffix, 7, m.cfg, DecodeOptions(temperature=1.0, seed=s, pad_stop=2.0))).ids
             for s in (1, 1, 2, 3, 4)]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs[1:]}) > 1
@@ -186,8 +190,8 @@ def _with(o: DecodeOptions, **kw) -> DecodeOptions:
 def test_refresh_every_step_is_exactly_uncached(models, shift):
     prefix, suffix = _io(11, n_prefix=20)
     for o in (DecodeOptions(threshold=0.5), DecodeOptions(selection="topk", steps=9)):
-        plain = fill(models[shift], Canvas.build(prefix, suffix, 9, models[shift].cfg, _with(o, cache=False)))
-        refreshed = fill(models[shift], Canvas.build(prefix, suffix, 9, models[shift].cfg, _with(o, refresh_every=1)))
+        plain = fill(models[shift], build_canvas(prefix, suffix, 9, models[shift].cfg, _with(o, cache=False)))
+        refreshed = fill(models[shift], build_canvas(prefix, suffix, 9, models[shift].cfg, _with(o, refresh_every=1)))
         assert refreshed.ids == plain.ids and refreshed.tokens_per_step == plain.tokens_per_step
 
 
@@ -196,7 +200,7 @@ def test_cached_steps_run_only_the_canvas(models, shift):
     m = Counting(models[shift])
     prefix, suffix = _io(12, n_prefix=30, n_suffix=10)
     n = 9
-    c = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, freeze=False))
+    c = build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, freeze=False))
     r = fill(m, c)
     L = c.ids.shape[0]
     assert m.calls[0] == (1, L)
@@ -208,7 +212,7 @@ def test_frozen_slots_leave_the_cached_steps(models):
     m = Counting(models[False])
     prefix, suffix = _io(13, n_prefix=30, n_suffix=10)
     n = 9
-    c = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0))
+    c = build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0))
     fill(m, c)
     sizes = [call[1] for call in m.calls[1:]]
     # one slot committed per step; it still runs once with its token, then its K/V are cached
@@ -219,9 +223,9 @@ def test_frozen_slots_leave_the_cached_steps(models):
 def test_cached_fill_is_complete_and_close_to_uncached(models):
     prefix, suffix = _io(14, n_prefix=40, n_suffix=10)
     m = models[False]
-    exact = fill(m, Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(cache=False, pad_stop=2.0)))
+    exact = fill(m, build_canvas(prefix, suffix, 9, m.cfg, DecodeOptions(cache=False, pad_stop=2.0)))
     for freeze in (False, True):
-        c = Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(freeze=freeze, pad_stop=2.0))
+        c = build_canvas(prefix, suffix, 9, m.cfg, DecodeOptions(freeze=freeze, pad_stop=2.0))
         r = fill(m, c)
         assert not bool(c.masked.any()) and sum(r.tokens_per_step) == 9
         assert len(r.ids) == len(exact.ids)
@@ -231,7 +235,7 @@ def test_cached_fill_is_complete_and_close_to_uncached(models):
 def test_refresh_every_k_steps(models, every):
     m = Counting(models[False])
     prefix, suffix = _io(15, n_prefix=25)
-    c = Canvas.build(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0,
+    c = build_canvas(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0,
                                                             pad_left=False, window=0))
     r = fill(m, c)
     full = [i for i, call in enumerate(m.calls) if call[1] == c.ids.shape[0]]
@@ -246,7 +250,7 @@ def test_batched_full_forward_equals_single(models, shift):
 
     m = models[shift]
     o = DecodeOptions()
-    make = lambda: [Canvas.build(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o)  # noqa: E731
+    make = lambda: [build_canvas(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o)  # noqa: E731
                     for i, n in enumerate((4, 7, 2))]
     with torch.inference_mode():
         batched, singles = make(), make()
@@ -271,8 +275,8 @@ def test_batched_steps_equal_single_steps(models, shift):
 
 def _batched_equals_alone(m, jobs, options) -> None:
     for o in options:
-        alone = [fill(m, Canvas.build(p, s, n, m.cfg, o)).ids for (p, s), n in jobs]
-        canvases = [Canvas.build(p, s, n, m.cfg, o) for (p, s), n in jobs]
+        alone = [fill(m, build_canvas(p, s, n, m.cfg, o)).ids for (p, s), n in jobs]
+        canvases = [build_canvas(p, s, n, m.cfg, o) for (p, s), n in jobs]
         ctx = BatchContext()
         while any(not c.done for c in canvases):
             sampler.step(m, [c for c in canvases if not c.done], batch_ctx=ctx)
@@ -304,7 +308,7 @@ def _mock(n_real: int, real_logit: float, pad_logit: float, start: int, V: int =
 
 def test_surplus_slots_stop_early_as_padding():
     m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4)  # real p=0.98 > padding p=0.96 >= pad_stop
-    c = Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False))
+    c = build_canvas([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False))
     r = fill(m, c)
     assert r.ids == [10, 11, 12]
     assert r.tokens_per_step == [1, 1, 1, 7]  # the 7 padding slots went in one step
@@ -313,23 +317,23 @@ def test_surplus_slots_stop_early_as_padding():
 
 def test_unsure_padding_does_not_stop_early():
     m = _mock(3, real_logit=8.0, pad_logit=2.0, start=4)  # padding p=0.13 < pad_stop
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False,
+    r = fill(m, build_canvas([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False,
                                                                        pad_left=False, window=0)))
     assert r.ids == [10, 11, 12] and r.steps == 10
 
 
 def test_threshold_commits_every_confident_slot_at_once():
     m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4)
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(pad_left=False, window=0)))
+    r = fill(m, build_canvas([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(pad_left=False, window=0)))
     assert r.ids == [10, 11, 12] and r.tokens_per_step == [10]
     # padding from the left (the default): the text first, then padding at slot 3 ends the fill
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions()))
+    r = fill(m, build_canvas([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions()))
     assert r.ids == [10, 11, 12] and r.tokens_per_step == [3, 7]
 
 
 def test_end_of_text_inside_the_canvas_cuts_the_fill():
     m = _mock(3, real_logit=8.0, pad_logit=7.0, start=4, eos_at=3)
-    r = fill(m, Canvas.build([5, 6, 7, 8], [], 8, m.cfg, DecodeOptions(threshold=0.5)))
+    r = fill(m, build_canvas([5, 6, 7, 8], [], 8, m.cfg, DecodeOptions(threshold=0.5)))
     assert r.ids == [10, 11, 12]
 
 
@@ -339,17 +343,17 @@ def test_end_of_text_inside_the_canvas_cuts_the_fill():
 def test_cancel_stops_within_one_step(models):
     m = models[False]
     prefix, suffix = _io(30)
-    c = Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    c = build_canvas(prefix, suffix, 9, m.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
     r = fill(m, c, cancelled=lambda: c.steps >= 1)
     assert r.cancelled and r.steps == 1 and int(c.masked.sum()) == 8
-    r = fill(m, Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions()), cancelled=lambda: True)
+    r = fill(m, build_canvas(prefix, suffix, 9, m.cfg, DecodeOptions()), cancelled=lambda: True)
     assert r.cancelled and r.steps == 0 and r.ids == []
 
 
 def test_past_deadline_commits_everything_in_one_step(models):
     m = models[False]
     prefix, suffix = _io(31)
-    c = Canvas.build(prefix, suffix, 9, m.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
+    c = build_canvas(prefix, suffix, 9, m.cfg, DecodeOptions(selection="topk", steps=9, pad_stop=2.0))
     r = fill(m, c, deadline=time.monotonic() - 1)
     assert r.steps == 1 and r.deadline_hit and r.tokens_per_step == [9]
     assert m.cfg.mask_token_id not in c.slot_ids() and not bool(c.masked.any())
@@ -366,13 +370,13 @@ def test_deadline_bounds_a_slow_fill():
         return out
 
     m = MockModel(cfg, slow)
-    c = Canvas.build([5, 6], [], 30, cfg, DecodeOptions(selection="topk", steps=30, cache=False))
+    c = build_canvas([5, 6], [], 30, cfg, DecodeOptions(selection="topk", steps=30, cache=False))
     t0 = time.monotonic()
     r = fill(m, c, deadline=t0 + 0.15)
     took = time.monotonic() - t0
     assert r.deadline_hit and not bool(c.masked.any()) and 2 <= r.steps < 10
     assert took < 0.15 + 0.2  # at most about one step past the budget, even on a loaded machine
-    far = fill(m, Canvas.build([5, 6], [], 3, cfg, DecodeOptions(selection="topk", steps=3, cache=False)),
+    far = fill(m, build_canvas([5, 6], [], 3, cfg, DecodeOptions(selection="topk", steps=3, cache=False)),
                deadline=time.monotonic() + 60)
     assert not far.deadline_hit and far.steps == 3
 
@@ -381,10 +385,10 @@ def test_canvas_never_exceeds_the_training_window():
     """A model trained on 64-token windows gets canvases of at most 64 tokens, prefix cut first."""
     cfg = ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64, context_len=64)
     prefix, suffix = list(range(10, 210)), list(range(10, 110))
-    c = Canvas.build(prefix, suffix, 8, cfg, DecodeOptions(), context_tokens=512)
+    c = build_canvas(prefix, suffix, 8, cfg, DecodeOptions(), context_tokens=512)
     assert c.ids.shape[0] == 64
     assert c.ids[: c.start].tolist() == prefix[-c.start :]  # the prefix keeps its end
-    unclamped = Canvas.build(prefix, suffix, 8, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64),
+    unclamped = build_canvas(prefix, suffix, 8, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64),
                              DecodeOptions(), context_tokens=512)
     assert unclamped.ids.shape[0] > 64
 
@@ -401,8 +405,8 @@ def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
     # mock: 3 real tokens, then padding, padding more confident than text (the cascade's cause)
     model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
     prefix, suffix = [5, 6, 7], [8]
-    plain = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False, window=0)))
-    semi = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, block=2)))
+    plain = fill(model, build_canvas(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False, window=0)))
+    semi = fill(model, build_canvas(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, block=2)))
     assert semi.ids == reference_fill(model, prefix, suffix, 8, DecodeOptions(threshold=0.99, cache=False, block=2))
     assert len(semi.ids) == 3  # text in slots 0-2, then padding ends the fill
     assert semi.tokens_per_step[0] <= 2  # the first step may only touch the first block
@@ -415,7 +419,7 @@ def test_pad_left_commits_padding_only_at_the_leftmost_masked_slot():
     model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
     prefix, suffix = [5, 6, 7], [8]
     o = DecodeOptions(threshold=0.99, cache=False, pad_left=True)
-    r = fill(model, Canvas.build(prefix, suffix, 8, model.cfg, o))
+    r = fill(model, build_canvas(prefix, suffix, 8, model.cfg, o))
     assert r.ids == reference_fill(model, prefix, suffix, 8, o)
     assert len(r.ids) == 3 and r.tokens_per_step[0] == 1  # one text slot (no padding) in the first step
     assert r.tokens_per_step[-1] == 8 - 3  # the padding ends the fill in one step
@@ -424,9 +428,11 @@ def test_pad_left_commits_padding_only_at_the_leftmost_masked_slot():
 def test_end_at_padding_with_an_end_id_cuts_text_further_right():
     import torch
 
-    from engine.decode.sampler import _end_at_padding, trim_fill
+    from engine.decode.sampler import _end_at_padding
 
     # masked slots 0..4 predict: text, pad, text, pad, text; slots 1 and 2 are picked
+
+    from engine.decode.canvas import trim_fill
     pred = [11.0, 0.0, 12.0, 0.0, 13.0]
     pick, values = _end_at_padding([1, 2], pred, torch.tensor([11, 0, 12, 0, 13]), (0, 1), pad_id=0)
     assert pick == [1, 2, 3, 4] and values.tolist() == [11, 0, 0, 0, 0]  # slot 2's text becomes padding
@@ -441,14 +447,14 @@ def test_fill_confidence_is_the_geometric_mean_of_the_committed_text_probabiliti
     import math
 
     sure = fill(_mock(3, real_logit=8.0, pad_logit=7.0, start=4),
-                Canvas.build([5, 6, 7, 8], [], 10, _mock(3, 8.0, 7.0, 4).cfg, DecodeOptions(cache=False)))
+                build_canvas([5, 6, 7, 8], [], 10, _mock(3, 8.0, 7.0, 4).cfg, DecodeOptions(cache=False)))
     unsure = fill(_mock(3, real_logit=2.0, pad_logit=7.0, start=4),
-                  Canvas.build([5, 6, 7, 8], [], 10, _mock(3, 2.0, 7.0, 4).cfg, DecodeOptions(cache=False, pad_left=True)))
+                  build_canvas([5, 6, 7, 8], [], 10, _mock(3, 2.0, 7.0, 4).cfg, DecodeOptions(cache=False, pad_left=True)))
     p_sure = math.exp(8.0) / (math.exp(8.0) + 48)  # the token's softmax prob over 49 non-mask logits
     p_unsure = math.exp(2.0) / (math.exp(2.0) + 48)
     assert sure.ids == [10, 11, 12] and sure.confidence == pytest.approx(p_sure, rel=1e-5)
     assert unsure.ids == [10, 11, 12] and unsure.confidence == pytest.approx(p_unsure, rel=1e-5)
-    assert Canvas.build([5, 6, 7, 8], [], 4, _mock(0, 8.0, 7.0, 4).cfg, DecodeOptions()).fill_confidence() == 1.0
+    assert build_canvas([5, 6, 7, 8], [], 4, _mock(0, 8.0, 7.0, 4).cfg, DecodeOptions()).fill_confidence() == 1.0
 
 
 # ---------------------------------------------------------------- sliding window
@@ -471,7 +477,7 @@ def test_windowed_fast_loop_matches_oracle(models, sel, cache, shift, block, pad
         o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, block=block,
                           pad_left=pad_left, window=3)
         want = reference_fill(model, prefix, suffix, n, o)
-        got = fill(model, Canvas.build(prefix, suffix, n, model.cfg, o))
+        got = fill(model, build_canvas(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
         assert sum(got.tokens_per_step) == n
 
@@ -482,7 +488,7 @@ def test_window_limits_what_a_step_predicts_and_commits():
     model = _mock(n_real=3, real_logit=9.0, pad_logit=9.0, start=3)
     prefix, suffix = [5, 6, 7], [8]
     o = DecodeOptions(threshold=0.9, cache=False, pad_left=False, window=2)
-    r = fill(model, Canvas.build(prefix, suffix, 10, model.cfg, o))
+    r = fill(model, build_canvas(prefix, suffix, 10, model.cfg, o))
     assert r.ids == [10, 11, 12] == reference_fill(model, prefix, suffix, 10, o)
     assert r.tokens_per_step == [2, 8]  # slots 0-1; then slot 2, padding at 3 and the 6 slots after it
 
@@ -492,7 +498,7 @@ def test_windowed_cached_steps_run_only_the_window(models, shift):
     m = Counting(models[shift])
     prefix, suffix = _io(16, n_prefix=30, n_suffix=10)
     n, w = 9, 3
-    c = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0, pad_left=False,
+    c = build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0, pad_left=False,
                                                             window=w))
     r = fill(m, c)
     assert not bool(c.masked.any()) and sum(r.tokens_per_step) == n and r.steps == n
@@ -502,7 +508,7 @@ def test_windowed_cached_steps_run_only_the_window(models, shift):
     assert m.calls[0][1] == c.ids.shape[0] and max(sizes) <= (w + 1 if not shift else n - 1)
     assert sizes[0] == w + 1 + shift  # the window, the slot committed by the full step (and the one before them)
     # the same fill with the window but no cache (the window decides what is committed, not the cache)
-    exact = fill(models[shift], Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(
+    exact = fill(models[shift], build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(
         selection="topk", steps=n, pad_stop=2.0, pad_left=False, window=w, cache=False)))
     assert len(r.ids) == len(exact.ids)
 
@@ -510,17 +516,17 @@ def test_windowed_cached_steps_run_only_the_window(models, shift):
 def test_windowed_deadline_step_commits_every_mask():
     m = Counting(peaked_model(pad=0))  # padding it never predicts: no fill ends early here
     prefix, suffix = _io(17, n_prefix=30)
-    c = Canvas.build(prefix, suffix, 12, m.cfg, DecodeOptions(selection="topk", steps=12, pad_stop=2.0, pad_left=False,
+    c = build_canvas(prefix, suffix, 12, m.cfg, DecodeOptions(selection="topk", steps=12, pad_stop=2.0, pad_left=False,
                                                              window=2))
     sampler.step(m, [c])
     sampler.step(m, [c])
     assert m.calls[-1][1] <= 3  # windowed cached step
     sampler.step(m, [c], final=[True])
     assert m.calls[-1][1] >= 10 and not bool(c.masked.any())  # the final step ran and committed every mask
-    c2 = Canvas.build(prefix, suffix, 12, m.cfg, DecodeOptions(pad_left=False, window=2))
+    c2 = build_canvas(prefix, suffix, 12, m.cfg, DecodeOptions(pad_left=False, window=2))
     sampler.step(m, [c2])
     with torch.inference_mode():
-        h = sampler.forward(m, [c2])[0]  # a windowed forward, then asked to commit everything: refused
+        h = fwd.forward(m, [c2])[0]  # a windowed forward, then asked to commit everything: refused
     with pytest.raises(RuntimeError, match="announced"), torch.inference_mode():
         sampler.commit(m, c2, h, final=True)
 
@@ -580,7 +586,7 @@ def test_healed_fast_loop_matches_oracle(models, sel, cache, shift, window):
         o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, window=window)
         heal, then = _heal_chain(model, prefix, suffix, n, seed, o) if chain else (_heal_ids(seed + 1000, model.cfg), {})
         want = reference_fill(model, prefix, suffix, n, o, heal=heal, heal_then=then)
-        c = Canvas.build(prefix, suffix, n, model.cfg, o, heal=heal, heal_then=then)
+        c = build_canvas(prefix, suffix, n, model.cfg, o, heal=heal, heal_then=then)
         got = fill(model, c)
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
         assert got.ids and got.ids[0] in heal and not c.heal_open
@@ -597,7 +603,7 @@ def test_heal_chain_cases_take_pieces_and_slot_1_waits(models):
         prefix, suffix = _io(seed)
         o = DecodeOptions(selection="topk", steps=n, pad_stop=2.0, cache=False, window=0)
         heal, then = _heal_chain(m, prefix, suffix, n, seed, o)
-        c = Canvas.build(prefix, suffix, n, m.cfg, o, heal=heal, heal_then=then)
+        c = build_canvas(prefix, suffix, n, m.cfg, o, heal=heal, heal_then=then)
         order = []
         while not c.done:
             before = c.masked.clone()
@@ -605,7 +611,7 @@ def test_heal_chain_cases_take_pieces_and_slot_1_waits(models):
             order += [j for j in range(n) if before[j] and not c.masked[j]]
         pieces += c.ids[c.start].item() in then
         assert order.index(0) < order.index(1)
-        last = Canvas.build(prefix, suffix, n, m.cfg, DecodeOptions(steps=1, window=0), heal=heal, heal_then=then)
+        last = build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(steps=1, window=0), heal=heal, heal_then=then)
         r = fill(m, last)
         assert r.steps == 1 and r.ids[0] in heal and r.ids[0] not in then
     assert pieces >= 4
@@ -624,7 +630,7 @@ def test_healing_changes_fills_and_refuses_special_ids(models):
     cfg = models[False].cfg
     for bad in ([cfg.pad_token_id], [cfg.mask_token_id, 5], [cfg.vocab_size]):
         with pytest.raises(ValueError, match="heal"):
-            Canvas.build([5, 6], [], 4, cfg, DecodeOptions(), heal=bad)
+            build_canvas([5, 6], [], 4, cfg, DecodeOptions(), heal=bad)
 
 
 def test_healed_sampling_draws_slot_0_from_the_candidates(models):
@@ -632,7 +638,7 @@ def test_healed_sampling_draws_slot_0_from_the_candidates(models):
         prefix, suffix = _io(seed)
         heal = _heal_ids(seed + 2000, models[False].cfg)
         o = DecodeOptions(temperature=1.5, seed=seed)
-        r = fill(models[False], Canvas.build(prefix, suffix, 6, models[False].cfg, o, heal=heal))
+        r = fill(models[False], build_canvas(prefix, suffix, 6, models[False].cfg, o, heal=heal))
         assert r.ids[0] in heal
 
 
@@ -642,8 +648,8 @@ def test_batched_healed_canvases_equal_each_alone(models):
     jobs = [(_io(60 + i, n_prefix=9 + 5 * i, n_suffix=2 * i), n, _heal_ids(70 + i, m.cfg) if i != 1 else None)
             for i, n in enumerate((5, 8, 11))]
     for o in (DecodeOptions(threshold=0.5, window=3), DecodeOptions(selection="topk", pad_stop=2.0)):
-        alone = [fill(m, Canvas.build(p, s, n, m.cfg, o, heal=h)).ids for (p, s), n, h in jobs]
-        canvases = [Canvas.build(p, s, n, m.cfg, o, heal=h) for (p, s), n, h in jobs]
+        alone = [fill(m, build_canvas(p, s, n, m.cfg, o, heal=h)).ids for (p, s), n, h in jobs]
+        canvases = [build_canvas(p, s, n, m.cfg, o, heal=h) for (p, s), n, h in jobs]
         ctx = BatchContext()
         while any(not c.done for c in canvases):
             sampler.step(m, [c for c in canvases if not c.done], batch_ctx=ctx)
@@ -654,7 +660,7 @@ def test_batched_healed_canvases_equal_each_alone(models):
 
 
 def test_copy_tables_and_bias():
-    from engine.decode.sampler import copy_bias, copy_tables, left_runs
+    from engine.bias.copy import copy_bias, copy_tables, left_runs
 
     uni, succ = copy_tables([5, 6, 7, 5, 8, 1, 9], special=(1,))
     assert uni == [5, 6, 7, 8, 9] and succ == {(5,): [6, 8], (6,): [7], (7,): [5]}  # nothing across the special id
@@ -684,7 +690,7 @@ def _copy_tables_plainly(context: list[int], special: tuple, order: int) -> dict
 
 
 def test_lazy_successors_match_the_whole_table():
-    from engine.decode.sampler import copy_tables
+    from engine.bias.copy import copy_tables
 
     rng = np.random.default_rng(1)
     for _ in range(200):
@@ -719,9 +725,9 @@ def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, ca
         base = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, pad_left=True)
         boosted = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, pad_left=True,
                                 copy_bigram=3.0, copy_unigram=0.5, copy_order=order)
-        got = fill(model, Canvas.build(prefix, suffix, 7, model.cfg, boosted))
+        got = fill(model, build_canvas(prefix, suffix, 7, model.cfg, boosted))
         assert got.ids == reference_fill(model, prefix, suffix, 7, boosted), f"seed {seed}"
-        changed += got.ids != fill(model, Canvas.build(prefix, suffix, 7, model.cfg, base)).ids
+        changed += got.ids != fill(model, build_canvas(prefix, suffix, 7, model.cfg, base)).ids
     assert changed  # the boost is not a no-op on these inputs
 
 
@@ -737,7 +743,7 @@ def _far_successors_plainly(far: list[int], run: tuple) -> list[list[int]]:
 
 
 def test_far_side_of_the_copy_boost():
-    from engine.decode.sampler import copy_bias, copy_tables, far_ids, far_successors
+    from engine.bias.copy import copy_bias, copy_tables, far_ids, far_successors
 
     far = far_ids([9, 4, 5, 6, 1, 4, 5, 7, 3, 5, 8, 4, 5], special=(1, 3, None))
     assert far.tolist() == [9, 4, 5, 6, -1, 4, 5, 7, -1, 5, 8, 4, 5]  # specials can neither match nor follow
@@ -781,9 +787,9 @@ def test_copy_far_fast_loop_matches_oracle_and_changes_fills(window, cache):
         lookup, _ = _io(100 + seed, n_prefix=200, n_suffix=0)
         o = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=1.0, copy_order=2,
                           copy_far=3.0)
-        c = Canvas.build(prefix, suffix, 7, model.cfg, o)
+        c = build_canvas(prefix, suffix, 7, model.cfg, o)
         c.attach_far(lookup)
         got = fill(model, c)
         assert got.ids == reference_fill(model, prefix, suffix, 7, o, lookup=lookup), f"seed {seed}"
-        changed += got.ids != fill(model, Canvas.build(prefix, suffix, 7, model.cfg, o)).ids
+        changed += got.ids != fill(model, build_canvas(prefix, suffix, 7, model.cfg, o)).ids
     assert changed  # the far side is not a no-op on these inputs

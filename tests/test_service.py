@@ -7,6 +7,7 @@ import time
 import pytest
 
 from engine.decode import sampler
+from engine.decode import forward as fwd
 
 from engine.serve import service
 from engine.api import DecodeOptions, EngineError, FillJob
@@ -107,7 +108,7 @@ def test_bad_jobs_fail_alone_and_the_worker_survives(folder, alone, monkeypatch)
     cursed = FillJob(prefix="y = ", max_tokens=7, options=opts)  # commit raises for this one
     doomed = FillJob(prefix="z = ", max_tokens=9, options=opts)  # the batched forward raises while it is in
 
-    real_commit, real_forward = sampler.commit, sampler.forward
+    real_commit, real_forward = sampler.commit, fwd.forward
 
     def commit(model, c, rows, final):
         if c.n == 7:
@@ -120,7 +121,7 @@ def test_bad_jobs_fail_alone_and_the_worker_survives(folder, alone, monkeypatch)
         return real_forward(model, canvases, ctx)
 
     monkeypatch.setattr(sampler, "commit", commit)
-    monkeypatch.setattr(sampler, "forward", forward)
+    monkeypatch.setattr(fwd, "forward", forward)
     futs = [svc.submit(j) for j in [good[0], empty, cursed, good[1], nonsense, doomed, good[2]]]
     svc.start()
     try:
@@ -134,7 +135,7 @@ def test_bad_jobs_fail_alone_and_the_worker_survives(folder, alone, monkeypatch)
             futs[5].result(TIMEOUT)
         fills = [futs[i].result(TIMEOUT) for i in (0, 3, 6)]
         monkeypatch.setattr(sampler, "commit", real_commit)
-        monkeypatch.setattr(sampler, "forward", real_forward)
+        monkeypatch.setattr(fwd, "forward", real_forward)
         after = svc.submit(good[3]).result(TIMEOUT)  # the worker is still alive
     finally:
         svc.close()
@@ -187,7 +188,7 @@ def test_a_step_that_would_pass_the_deadline_is_the_last_with_every_slot_committ
 def test_a_job_whose_deadline_passed_in_the_queue_is_answered_empty_without_running(folder, monkeypatch):
     svc = EngineService(str(folder), device="cpu").start()
     forwards = []
-    real = sampler.forward
+    real = fwd.forward
 
     def forward(model, canvases, ctx=None):
         forwards.append(len(canvases))
@@ -195,7 +196,7 @@ def test_a_job_whose_deadline_passed_in_the_queue_is_answered_empty_without_runn
 
     try:
         assert svc.wait_ready(TIMEOUT)
-        monkeypatch.setattr(sampler, "forward", forward)
+        monkeypatch.setattr(fwd, "forward", forward)
         late = svc.submit(FillJob(prefix=TEXTS[0][0], max_tokens=8, deadline=time.monotonic() - 0.01)).result(TIMEOUT)
         assert late.expired and late.text == "" and late.steps == 0 and not forwards
         on_time = svc.submit(FillJob(prefix=TEXTS[0][0], max_tokens=8, deadline=time.monotonic() + 60)).result(TIMEOUT)
@@ -211,13 +212,13 @@ def test_the_worker_runs_with_the_thread_count_it_reports(folder, monkeypatch):
     from engine.serve import service
 
     seen = []
-    real = sampler.forward
+    real = fwd.forward
 
     def forward(model, canvases, ctx=None):
         seen.append(torch.get_num_threads())
         return real(model, canvases, ctx)
 
-    monkeypatch.setattr(sampler, "forward", forward)
+    monkeypatch.setattr(fwd, "forward", forward)
     monkeypatch.delenv("DLM_THREADS", raising=False)
     monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert service.cpu_threads() == 2  # three cores: one left for the server

@@ -7,7 +7,10 @@ import torch
 
 from engine.api import DecodeOptions, FillJob, with_model_defaults
 from engine.weights.checkpoint import serving_defaults
-from engine.decode.sampler import Canvas, check_options, fill, reference_fill
+from engine.decode.canvas import check_options
+from engine.decode.sampler import fill
+from engine.decode.reference import reference_fill
+from engine.decode.forward import build_canvas
 from tests.engine_models import peaked_model
 from tests.tiny import tiny_service
 
@@ -30,9 +33,9 @@ def test_the_fast_loop_stops_where_the_oracle_does_and_keeps_a_prefix_of_the_fil
     stopped = dataclasses.replace(opts, stop_below=0.5)
     shorter = 0
     for prefix, suffix in _holes():
-        got = fill(m, Canvas.build(prefix, suffix, 10, m.cfg, stopped))
+        got = fill(m, build_canvas(prefix, suffix, 10, m.cfg, stopped))
         assert got.ids == reference_fill(m, prefix, suffix, 10, stopped), (prefix, suffix)
-        plain = fill(m, Canvas.build(prefix, suffix, 10, m.cfg, opts))
+        plain = fill(m, build_canvas(prefix, suffix, 10, m.cfg, opts))
         # the steps before the stop are the plain fill's: what was committed left of the stop slot stays
         assert plain.ids[: len(got.ids)] == got.ids
         assert got.steps <= plain.steps
@@ -43,11 +46,11 @@ def test_the_fast_loop_stops_where_the_oracle_does_and_keeps_a_prefix_of_the_fil
 def test_a_final_step_and_the_off_value_never_stop():
     m = peaked_model(pad=249)
     for prefix, suffix in _holes(4):
-        plain = fill(m, Canvas.build(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9)))
-        off = fill(m, Canvas.build(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9, stop_below=0.0)))
+        plain = fill(m, build_canvas(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9)))
+        off = fill(m, build_canvas(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9, stop_below=0.0)))
         assert off.ids == plain.ids
-        one = fill(m, Canvas.build(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9, stop_below=0.99, steps=1)))
-        assert one.ids == fill(m, Canvas.build(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9, steps=1))).ids
+        one = fill(m, build_canvas(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9, stop_below=0.99, steps=1)))
+        assert one.ids == fill(m, build_canvas(prefix, suffix, 10, m.cfg, DecodeOptions(threshold=0.9, steps=1))).ids
 
 
 def test_bad_values_are_refused_and_serving_json_may_set_it(tmp_path):

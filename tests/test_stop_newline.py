@@ -6,9 +6,10 @@ import torch
 
 from dlm_lsp.fill.context import build_request, to_fill_job
 from dlm_lsp.fill.documents import Document
-from engine.decode import sampler
 from engine.api import DecodeOptions, FillJob
-from engine.decode.sampler import Canvas, fill, reference_fill
+from engine.decode.sampler import fill
+from engine.decode.reference import reference_fill
+from engine.decode.forward import build_canvas
 from tests.tiny import tiny_service
 
 
@@ -29,11 +30,11 @@ def test_stop_ids_end_the_fill_in_the_fast_loop_as_in_the_oracle(shift, opts):
     for seed in range(8):
         g = torch.Generator().manual_seed(seed)
         prefix, suffix = torch.randint(4, 249, (12,), generator=g).tolist(), torch.randint(4, 249, (5,), generator=g).tolist()
-        c = Canvas.build(prefix, suffix, 10, m.cfg, opts)
+        c = build_canvas(prefix, suffix, 10, m.cfg, opts)
         c.stop_ids = stops
         got = fill(m, c).ids
         assert got == reference_fill(m, prefix, suffix, 10, opts, stop_ids=list(stops)), f"seed {seed}"
-        plain = fill(m, Canvas.build(prefix, suffix, 10, m.cfg, opts)).ids
+        plain = fill(m, build_canvas(prefix, suffix, 10, m.cfg, opts)).ids
         changed += got != plain
         if opts.pad_left:  # the stop is committed as the end: no stop id in the fill, and the fill
             assert not set(got) & set(stops)  # is the plain one's text up to a stop at most as long

@@ -20,7 +20,7 @@ def tok() -> TextTokenizer:
 
 
 def _texts() -> list[str]:
-    files = sorted((ROOT / "engine").glob("*.py"))[:12] + sorted((ROOT / "dlm_lsp").glob("*.py"))[:6]
+    files = sorted((ROOT / "engine").rglob("*.py"))[:12] + sorted((ROOT / "dlm_lsp").rglob("*.py"))[:6]
     return [f.read_text(encoding="utf-8") for f in files]
 
 
@@ -106,7 +106,7 @@ def test_the_engine_tokenizes_a_session_as_it_would_afresh():
 
     svc = EngineService(str(ROOT / "models" / "default"), device="cpu", threads=1)
     svc.load()
-    text = (ROOT / "engine" / "reuse.py").read_text(encoding="utf-8")
+    text = (ROOT / "engine" / "decode" / "reuse.py").read_text(encoding="utf-8")
     cut = text.index("\n", len(text) // 2) + 1
     before, typed, after = text[:cut], "        for x in items:\n            y = x", text[cut:]
     for k in range(len(typed) + 1):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.train import corpus
-from engine.weights.checkpoint import load_checkpoint, read_state_dict
+from engine.weights.load import load_checkpoint, read_state_dict
 from engine.weights.shard import INDEX, plan_shards, save_sharded, shard_checkpoint
 from engine.train.loop import TrainArgs, train
 
@@ -149,8 +149,9 @@ def test_pack_corpus_keeps_the_split(tmp_path):
 def _tiny_built_corpus(folder: Path) -> None:
     """A built corpus (`dlm-lsp corpus` layout) of three of this project's sources and one held-out file."""
     (folder / "files" / "p" / "p").mkdir(parents=True)
-    for name in ("objective", "sampler", "model", "tokenizer"):
-        (folder / "files" / "p" / "p" / f"{name}.py").write_text((ROOT / "engine" / f"{name}.py").read_text())
+    sources = {"objective": "train/objective", "sampler": "decode/sampler", "model": "model/transformer", "tokenizer": "tokenizer"}
+    for name, source in sources.items():
+        (folder / "files" / "p" / "p" / f"{name}.py").write_text((ROOT / "engine" / f"{source}.py").read_text())
     (folder / "corpus.json").write_text(json.dumps({"train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
                                                     "heldout": [], "heldout_packages": ["p:p/tokenizer.py"]}))
 
@@ -287,9 +288,9 @@ def test_until_hours_stops_at_a_point_of_the_budget_and_keeps_the_schedule(tmp_p
 def test_train_on_a_built_corpus_uses_its_sides(tmp_path):
     folder = tmp_path / "corpus"
     (folder / "files" / "p" / "p").mkdir(parents=True)
-    src = (ROOT / "engine" / "objective.py").read_text()
+    src = (ROOT / "engine" / "train" / "objective.py").read_text()
     (folder / "files" / "p" / "p" / "a.py").write_text(src)
-    (folder / "files" / "p" / "p" / "b.py").write_text((ROOT / "engine" / "sampler.py").read_text())
+    (folder / "files" / "p" / "p" / "b.py").write_text((ROOT / "engine" / "decode" / "sampler.py").read_text())
     (folder / "corpus.json").write_text(json.dumps({"train": ["p:p/a.py"], "heldout": [], "heldout_packages": ["p:p/b.py"]}))
     out = tmp_path / "run"
     train(TrainArgs(out=str(out), corpus=str(folder), max_steps=2, **TINY))
@@ -387,12 +388,14 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
     # and the engine fills with it (the logit shift read from config.json): the cached fast path
     # equals the oracle token for token
     from engine.api import DecodeOptions
-    from engine.decode.sampler import Canvas, fill, reference_fill
 
+    from engine.decode.sampler import fill
+    from engine.decode.reference import reference_fill
+    from engine.decode.forward import build_canvas
     model.eval()
     prefix, suffix = tok.encode("def f(x):\n    return"), tok.encode("\n\ndef g():\n    pass\n")
     for opts in (DecodeOptions(heal=False), DecodeOptions(heal=False, threshold=0.0, window=0, pad_left=False)):
-        got = fill(model, Canvas.build(prefix, suffix, 6, mcfg, opts)).ids
+        got = fill(model, build_canvas(prefix, suffix, 6, mcfg, opts)).ids
         assert got == reference_fill(model, prefix, suffix, 6, opts)
 
 

@@ -105,7 +105,7 @@ def _tiny_checkpoint(folder: Path) -> Path:
 
 def _ar_model(args, cfg):
     """(causal model, trained?) - the twin from disk, or random weights of the diffusion model's shape."""
-    from engine.weights.checkpoint import load_checkpoint
+    from engine.weights.load import load_checkpoint
     from engine.model.transformer import Transformer
 
     # the committed twin belongs to the default model (same tokenizer); another model gets a random twin
@@ -152,12 +152,12 @@ def _diffusion(svc, holes, n: int, opts: DecodeOptions, context: int, reps: int)
 
 def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: DecodeOptions) -> dict:
     from engine.decode.autoregressive import fim_prompt, greedy_decode
-    from engine.decode.sampler import Canvas
 
+    from engine.decode.forward import build_canvas
     ms, prefill, per_token = [], [], []
     for _, prefix, suffix in holes:
         p_ids, s_ids = tok.encode_batch([prefix, suffix])
-        c = Canvas.build(p_ids, s_ids, n, svc.cfg, opts, context)  # the very context the diffusion fill sees
+        c = build_canvas(p_ids, s_ids, n, svc.cfg, opts, context)  # the very context the diffusion fill sees
         ids = c.ids.tolist()
         prompt = fim_prompt(ids[: c.start], ids[c.start + n :], tok)
         for _ in range(reps):

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from engine.api import DecodeOptions, FillJob
+from engine.decode.forward import build_canvas
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -81,7 +82,6 @@ def _summary(fills: list, ms: list[float]) -> dict:
 
 def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_path: str | None) -> int:
     """Types the keystrokes, measures both ways, prints the table and writes --json."""
-    from engine.decode import sampler
 
     cfg, n = svc.cfg, int(str(args.sizes).split(",")[0])
     keys = min(args.keys, 8) if args.quick else args.keys
@@ -90,7 +90,7 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
     exact, available = kind == "exact", kind is not None
     reuse_opts = dataclasses.replace(opts, reuse=True) if kind == "approximate" else opts
     p_ids, s_ids = svc.tok.encode_batch([before, after])
-    canvas_tokens = sampler.Canvas.build(p_ids, s_ids, n, cfg, dataclasses.replace(opts, heal=False),
+    canvas_tokens = build_canvas(p_ids, s_ids, n, cfg, dataclasses.replace(opts, heal=False),
                                          args.context).ids.shape[0]
 
     def job(k: int, session: str | None) -> FillJob:

@@ -14,14 +14,36 @@ The table is `ngram.safetensors` in the model's folder (`dlm-lsp ngram` builds i
 `ctx` (N,) the contexts' 64-bit hashes, sorted; `next` (N, top) token ids, -1 where a context has
 fewer; `prob` (N, top) float16. Its metadata names the orders and the sha256 of the tokenizer.json
 it was counted with: a table whose tokenizer is not the model's is refused. Read with safetensors
-after the header is checked (engine.weights.checkpoint.check_safetensors): nothing is unpickled.
+after the header is checked (engine.model.weight_files.check_safetensors): nothing is unpickled.
+
+The weight is per hole kind (serving.json "decode" "ngram", and "ngram_kinds" per FillJob.kind); it
+is added in `commit` after the copy boost (the order: engine/decode/sampler.py) and in the oracle
+alike. A job that asks for `ngram` itself from a model without a table fails with an error saying
+how to build one; the model's own setting without its table is off, so a model folder copied
+without its table still serves.
+
+Two more memories apply the same rule (the longest stored context ending a slot's committed left
+run; its most frequent next ids gain weight x P) to the project's own text:
+- `LocalNgram` (DecodeOptions.local_ngram), the fill's own n-gram, counted per fill over the job's
+  texts: its lookup (the workspace snippets, the document beyond the windows) and its context
+  (prefix and suffix as cut), no context crossing a part, a special id or the hole. Contexts of 3-6
+  ids followed at least twice there; their 2 most frequent next ids. Built when the canvas attaches
+  its far text (Canvas.attach_far), a few thousand ids hashed per position, so a lookup is one
+  vector comparison rather than a table built per keystroke. It weighs a project's habits by how
+  often they recur, where the copy boost gives every id that ever followed the run the same gain.
+- `WorkspaceNgram` (DecodeOptions.workspace_ngram): the same over every file of a workspace less
+  the filled one, used only where the fill's own n-gram has no context (Canvas.add_local). The
+  engine keeps one per workspace name (EngineService.workspace_files: tokenized and counted on the
+  caller's thread, never the worker's; at most WORKSPACE_MAX_TOKENS, 1 M); a refresh counts a new
+  snapshot that is swapped in whole, so fills never see a half-counted one. A job names the memory
+  and its document (FillJob.workspace, FillJob.document), whose own pairs `view(exclude)` subtracts.
+Both weights are per hole kind like `ngram` ("local_ngram_kinds", "workspace_ngram_kinds").
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -318,7 +340,7 @@ class WorkspaceView:
 def load_table(folder) -> NgramTable | None:
     """The model folder's table (NGRAM_FILE), None when it has none; NgramError when the file is bad
     or was counted with another tokenizer."""
-    from engine.weights.checkpoint import CheckpointError, check_safetensors
+    from engine.model.weight_files import CheckpointError, check_safetensors
 
     path = Path(folder) / NGRAM_FILE
     if not path.exists():
@@ -402,68 +424,3 @@ def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int,
     nxt[row[gid[sel]], rank[sel]] = pn[sel]
     prob[row[gid[sel]], rank[sel]] = pc[sel] / tot[gid[sel]]
     return ph[starts][has], nxt, prob
-
-
-def corpus_tokens(corpus: str, model: str, max_files: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """The train side of a `dlm-lsp corpus` folder as one id array (-1 after each file), each
-    position's package number, and the number of packages (the stdlib counts as one)."""
-    from engine.train.corpus import built_files
-    from engine.tokenizer import TextTokenizer
-
-    tok = TextTokenizer.load(model)
-    texts, pkg, labels = [], [], {}
-    for f in built_files(corpus)["train"][:max_files]:
-        t = f.read()
-        if t:
-            texts.append(t)
-            pkg.append(labels.setdefault(f.key.split(":", 1)[0], len(labels)))
-    if not texts:
-        raise NgramError(f"{corpus}: no training files")
-    ids, pks = [], []
-    for i in range(0, len(texts), 256):
-        for j, row in enumerate(tok.encode_batch(texts[i : i + 256])):
-            ids.append(np.asarray(row + [-1], dtype=np.int64))
-            pks.append(np.full(len(row) + 1, pkg[i + j], dtype=np.int64))
-    return np.concatenate(ids), np.concatenate(pks), len(labels)
-
-
-def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, top: int = 2,
-                min_packages: int = 2, max_files: int | None = None) -> NgramTable:
-    """Counts the train side of a `dlm-lsp corpus` folder with `model`'s tokenizer."""
-    t0 = time.time()
-    a, pk, packages = corpus_tokens(corpus, model, max_files)
-    log.info("%d packages, %.1f M tokens, %.0f s", packages, a.size / 1e6, time.time() - t0)
-    parts = []
-    for k in orders:
-        parts.append(count_order(a, pk, k, min_count, top, min_packages))
-        log.info("order %d: %d contexts, %.0f s", k, parts[-1][0].size, time.time() - t0)
-    ctx = np.concatenate([p[0] for p in parts])
-    ctx, first = np.unique(ctx, return_index=True)  # sorted; a hash two orders share (2^-64) keeps one
-    nxt = np.concatenate([p[1] for p in parts])[first]
-    prob = np.concatenate([p[2] for p in parts])[first]
-    return NgramTable(ctx, nxt, prob, tuple(orders))
-
-
-def add_ngram_args(p) -> None:
-    p.add_argument("--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is counted)")
-    p.add_argument("--model", default="default", help="the model whose tokenizer counts it (and whose folder gets the table)")
-    p.add_argument("--out", default=None, help=f"where to write it (default: MODEL/{NGRAM_FILE})")
-    p.add_argument("--orders", default="4,5,6", help="context lengths in tokens")
-    p.add_argument("--min-count", type=int, default=3, help="contexts seen fewer times are left out")
-    p.add_argument("--top", type=int, default=2, help="next tokens kept per context")
-    p.add_argument("--min-packages", type=int, default=2, help="a next token is kept only if this many packages write it")
-    p.add_argument("--max-files", type=int, default=None, help="count only the first N training files (smoke runs)")
-
-
-def run_ngram(args) -> int:
-    from engine.weights.checkpoint import resolve_model_path
-
-    folder = resolve_model_path(args.model)
-    orders = tuple(int(x) for x in args.orders.split(","))
-    table = build_table(args.corpus, str(folder), orders, args.min_count, args.top, args.min_packages, args.max_files)
-    out = Path(args.out) if args.out else folder / NGRAM_FILE
-    about = {"corpus": Path(args.corpus).name, "min_count": args.min_count, "top": args.top,
-             "min_packages": args.min_packages, "contexts": len(table)}
-    table.save(out, tokenizer_digest(folder), about)
-    print(f"{out}: {len(table)} contexts, orders {orders}, {out.stat().st_size / 1e6:.1f} MB")
-    return 0

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # the sampler imports this module; the type only matters to readers
-    from engine.decode.sampler import Canvas
+    from engine.decode.canvas import Canvas
 
 Rows = tuple[torch.Tensor, torch.Tensor]  # hidden states (R, D) and their absolute positions (R,)
 

@@ -61,7 +61,7 @@ import torch
 from engine.decode.cache import Rows, forward_full
 
 if TYPE_CHECKING:
-    from engine.decode.sampler import Canvas
+    from engine.decode.canvas import Canvas
 
 JUMP_TOKENS = 32  # a change this far (in tokens) from the cursor, or more changed there, is a cursor jump
 MAX_SHIFT = 64  # diagonals searched for a part's unchanged run (a slide or a re-tokenized head up to this)

@@ -13,6 +13,24 @@ jobs in flight fail with an error saying so and the next submit() starts a new w
 runs longer than `stall_s` (a step that never ends) a watchdog fails the jobs of that step, leaves
 the stuck thread behind and starts a new worker over the same model; after `max_stalls` stuck
 workers the service goes to the 'error' state and fails every job at once instead.
+
+Torch CPU threads: the `threads` option, else DLM_THREADS, else cpu_threads() (the cores in this
+process's affinity mask less one, at most 8; so 1 on a 2-core machine, where two OpenMP threads
+beside the server's own turned 10-30 ms steps into 1-8 s ones). The count is set on the worker
+thread itself, because OpenMP's count is per thread.
+
+Warm-up: on a GPU the worker first runs fills of its own, of WARM_UP_SLOTS (16, 5 and 1) slots,
+before it takes a job: the first fills of a process pay CUDA's start and a kernel compilation per
+new shape (seconds), which a user's first keystrokes should not pay. On the CPU the first fill costs
+only some tens of ms more than the next (scripts/first_fill.py), so it is off there unless
+`warm_up=True`. It counts in the stats' `warmup_fills` / `warmup_ms`, not in the job counters; a
+warm-up that fails is logged and the worker serves on.
+
+The workspace memory: `workspace_files(space, {key: text or None})` puts a workspace's files into
+the WorkspaceNgram named `space` (engine/bias/ngram.py), tokenized and counted on the caller's
+thread, so the worker never waits for a count; files past its token cap are refused and reported.
+A job names the memory (FillJob.workspace) and its document (FillJob.document), which the fill's
+view leaves out.
 """
 from __future__ import annotations
 
@@ -31,9 +49,13 @@ import torch
 from engine.bias import names, ngram
 
 from engine.decode import reuse, sampler
+from engine.decode import forward as fwd
+from engine.decode.canvas import Canvas
+from engine.decode.forward import build_canvas
 from engine.api import DecodeOptions, EngineError, Fill, FillJob, with_model_defaults
 from engine.decode.cache import BatchContext
-from engine.weights.checkpoint import load_checkpoint, resolve_model_path, serving_defaults
+from engine.weights.checkpoint import resolve_model_path, serving_defaults
+from engine.weights.load import load_checkpoint
 from engine.decode.reorder import ReorderCanvas, SessionCache
 
 log = logging.getLogger("dlm.engine")
@@ -96,7 +118,7 @@ def pick_device(device: str) -> torch.device:
 @dataclass
 class _Active:
     job: FillJob
-    canvas: sampler.Canvas
+    canvas: Canvas
     future: Future
     started: float
     heal_text: str = ""  # token healing: the prefix's tail the fill re-types (cut from its text)
@@ -230,7 +252,7 @@ class EngineService:
             prefix = self.tok.encode("import os\n\n\ndef warm_up(path):\n    with open(path) as f:\n        return ")
             suffix = self.tok.encode("\n\n\nprint(warm_up(os.devnull))\n")
             for n in WARM_UP_SLOTS:  # slot counts of different shapes: each may compile its own kernel variant
-                sampler.fill(self.model, sampler.Canvas.build(prefix, suffix, n, self.cfg, DecodeOptions(), 512, self.device))
+                sampler.fill(self.model, build_canvas(prefix, suffix, n, self.cfg, DecodeOptions(), 512, self.device))
                 with self._stats_lock:
                     self.stats["warmup_fills"] += 1
         except Exception:  # noqa: BLE001 - a warm-up must not keep the engine from serving
@@ -398,7 +420,7 @@ class EngineService:
                     raise EngineError(f"ngram {job.options.ngram}: this model has no n-gram table "
                                       f"({ngram.NGRAM_FILE}; `dlm-lsp ngram` builds one)")
                 opts = dataclasses.replace(opts, ngram=0.0)  # the model's setting, its table missing: off
-            canvas = sampler.Canvas.build(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
+            canvas = build_canvas(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
                                           job.context_tokens, self.device, heal=heal and heal.first,
                                           heal_then=heal and heal.then)
             if opts.stop_newline and self.cfg.expand_token_id is None and self.cfg.family != "wedlm":
@@ -506,7 +528,7 @@ class EngineService:
         the culprit fails."""
         canvases = [a.canvas for a in live]
         try:
-            return sampler.forward(self.model, canvases, ctx)
+            return fwd.forward(self.model, canvases, ctx)
         except Exception as e:  # noqa: BLE001
             if len(live) == 1:
                 return [e]
@@ -514,7 +536,7 @@ class EngineService:
         out: list[torch.Tensor | BaseException] = []
         for c in canvases:
             try:
-                out.append(sampler.forward(self.model, [c], None)[0])
+                out.append(fwd.forward(self.model, [c], None)[0])
             except Exception as e:  # noqa: BLE001
                 out.append(e)
         return out

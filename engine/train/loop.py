@@ -29,8 +29,9 @@ import torch.nn.functional as F
 
 from engine.train import corpus
 
-from engine.decode import reorder
-from engine.weights.checkpoint import load_checkpoint, save_checkpoint
+from engine.train import reorder
+from engine.weights.checkpoint import save_checkpoint
+from engine.weights.load import load_checkpoint
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.train.objective import SpecialIds, collate, infill_example, mdlm_example, multi_infill_example

@@ -132,7 +132,7 @@ def infill_example(
     return Example(inp, tgt, 1.0 / (t * n))
 
 
-def _canvas(m_ids: list[int], ids: SpecialIds, rng: random.Random, ordered: float, max_slots: int):
+def server_canvas(m_ids: list[int], ids: SpecialIds, rng: random.Random, ordered: float, max_slots: int):
     """(inputs, targets, weight) of one canvas for a middle: slots, end padding and masks as above."""
     m = len(m_ids)
     if rng.random() < 0.6:
@@ -191,7 +191,7 @@ def multi_infill_example(
         m_ids = piece[:max_slots]
         if not m_ids:
             continue
-        c_inp, c_tgt, w = _canvas(m_ids, ids, rng, ordered, max_slots)
+        c_inp, c_tgt, w = server_canvas(m_ids, ids, rng, ordered, max_slots)
         if len(inp) + len(c_inp) > seq_len:
             break
         inp += c_inp

@@ -1,13 +1,14 @@
 """Captures engine outputs for tests/test_families_default.py (run once, before an architecture change,
 with the code of the commit it records: `python tests/data/default_logits_capture.py`)."""
-import hashlib, json, subprocess, sys
+import hashlib, subprocess, sys
 from pathlib import Path
 import torch
 from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from engine.weights.checkpoint import load_checkpoint
+from engine.weights.load import load_checkpoint
 from engine.api import DecodeOptions
-from engine.decode.sampler import Canvas, fill
+from engine.decode.sampler import fill
+from engine.decode.forward import build_canvas
 from tests.engine_models import cpu_vendor, peaked_model
 
 torch.set_num_threads(1)
@@ -42,10 +43,10 @@ with torch.no_grad():
             o = DecodeOptions()
             pre = tok.encode("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        ")
             suf = tok.encode("\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n")
-            r = fill(m, Canvas.build(pre, suf, 12, cfg, o))
+            r = fill(m, build_canvas(pre, suf, 12, cfg, o))
             out["default_fill_ids"] = torch.tensor(r.ids + [-1], dtype=torch.float32)
             o2 = DecodeOptions(cache=False, window=0, heal=False)
-            r2 = fill(m, Canvas.build(pre, suf, 12, cfg, o2))
+            r2 = fill(m, build_canvas(pre, suf, 12, cfg, o2))
             out["default_fill_nocache_ids"] = torch.tensor(r2.ids + [-1], dtype=torch.float32)
 rev = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 meta.update(commit=rev, cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
