@@ -32,6 +32,8 @@ from pygls.io_ import StdoutWriter
 from pygls.protocol import JsonRPCNotification, JsonRPCRequestMessage, LanguageServerProtocol
 from pygls.protocol.json_rpc import RPCRequest
 
+from dlm_lsp.fill.documents import ContentChange
+
 log = logging.getLogger("dlm.protocol")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a longer Content-Length is skipped (stated in docs/lsp-extensions.md)
@@ -328,6 +330,67 @@ class DlmProtocol(LanguageServerProtocol):
     def _check_handler_result(self, future) -> None:
         if not future.cancelled() and (exc := future.exception()) is not None:
             log.warning("notification handler failed: %s", exc, exc_info=exc)
+
+
+# ---------------------------------------------------------------------- text sync params
+
+
+def require_sync_types(converter) -> None:
+    """Makes a cattrs converter refuse text-sync params of the wrong JSON types instead of coercing
+    them (it turns {"text": null} into the text "None", 5 into "5", a version "1" into 1): such a
+    didOpen / didChange is malformed and ignored whole (logged by the protocol layer)."""
+
+    def is_int(v) -> bool:
+        return type(v) is int  # not bool, not "1"
+
+    def position(p) -> bool:
+        return isinstance(p, dict) and is_int(p.get("line")) and is_int(p.get("character"))
+
+    def change(o) -> str | None:
+        if not isinstance(o, dict) or not isinstance(o.get("text"), str):
+            return "text is not a string"
+        rng = o.get("range", {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}})
+        if not (isinstance(rng, dict) and position(rng.get("start")) and position(rng.get("end"))):
+            return "range is not two positions of integers"
+        return None
+
+    def item(o) -> str | None:
+        ok = isinstance(o, dict) and all(isinstance(o.get(k), str) for k in ("uri", "languageId", "text"))
+        return None if ok and is_int(o.get("version")) else "uri, languageId, version or text of the wrong type"
+
+    def versioned(o) -> str | None:
+        ok = isinstance(o, dict) and isinstance(o.get("uri"), str) and is_int(o.get("version"))
+        return None if ok else "uri or version of the wrong type"
+
+    checks = ((types.TextDocumentContentChangePartial, change), (types.TextDocumentContentChangeWholeDocument, change),
+              (types.TextDocumentItem, item), (types.VersionedTextDocumentIdentifier, versioned))
+    for cls, check in checks:
+        def hook(obj, t, base=converter.get_structure_hook(cls), check=check, name=cls.__name__):
+            problem = check(obj)
+            if problem:
+                raise TypeError(f"{name}: {problem}")
+            return base(obj, t)
+
+        converter.register_structure_hook(cls, hook)
+
+
+def content_changes(changes):
+    """didChange's content changes (lsprotocol's TextDocumentContentChange* objects, typed by the
+    hooks of `require_sync_types`) as the document store's plain documents.ContentChange. A change of
+    the wrong shape keeps its wrong fields, so the store ignores the notification whole."""
+    if not isinstance(changes, (list, tuple)):
+        return changes
+    return [_content_change(ch) for ch in changes]
+
+
+def _content_change(ch) -> ContentChange:
+    rng = getattr(ch, "range", None)
+    text = getattr(ch, "text", None)
+    if rng is None:
+        return ContentChange(text)
+    start, end = getattr(rng, "start", None), getattr(rng, "end", None)
+    return ContentChange(text, (getattr(start, "line", None), getattr(start, "character", None)),
+                         (getattr(end, "line", None), getattr(end, "character", None)))
 
 
 # ---------------------------------------------------------------------- stdio loop

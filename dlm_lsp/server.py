@@ -17,6 +17,12 @@ Extensions (documented for editors in docs/lsp-extensions.md):
                 engine ran through the model and context rows it reused from the document's last request
   request       dlm/documentText {"textDocument": {"uri"}} -> {"uri", "version", "text"} or null: the
                 server's copy of a document, for fuzzers comparing it with the client's
+
+Documents: the server keeps one copy of each (dlm_lsp/fill/documents.py) and pygls's workspace
+keeps none. pygls's built-in didOpen/didChange/didClose handlers are removed, not just shadowed:
+they ran before ours, kept a second copy of every document, and while updating it clamped the
+params' positions in place against str.splitlines() lines (which also break at \\f, \\x85,
+\\u2028...), so our handlers would then have applied edits at moved positions.
 """
 from __future__ import annotations
 
@@ -29,11 +35,11 @@ from urllib.parse import unquote
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from dlm_lsp.fill import gate as calibrate, context, postprocess
-from dlm_lsp.fill.documents import DocumentStore, require_sync_types, uri_key
+from dlm_lsp.fill import gate, context, postprocess
+from dlm_lsp.fill.documents import DocumentStore, uri_key
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.fill.positions import UTF16, units_len
-from dlm_lsp.protocol import DlmProtocol, run_stdio
+from dlm_lsp.protocol import DlmProtocol, content_changes, require_sync_types, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
 from dlm_lsp.fill.retrieval import SNIPPET_CHARS
 from dlm_lsp.fill.workspace import WorkspaceIndex, root_paths
@@ -384,7 +390,7 @@ class DlmServer(LanguageServer):
         the gate then compares the engine's raw confidence."""
         raw = self.engine_info.get("calibrator")
         if raw is not getattr(self, "_calibrator_raw", None):
-            self._calibrator_raw, self._calibrator = raw, calibrate.Calibrator.from_json(raw)
+            self._calibrator_raw, self._calibrator = raw, gate.Calibrator.from_json(raw)
         return getattr(self, "_calibrator", None)
 
     def fill_gate(self) -> float:
@@ -477,7 +483,8 @@ def make_server(engine_factory=None) -> DlmServer:
         """Applies edits (the tree re-parses when next used) and cancels the document's now-stale
         job (unless the edit only typed along it)."""
         uri = params.text_document.uri
-        doc = ls.documents.change(uri, params.text_document.version, params.content_changes, ls.encoding)
+        doc = ls.documents.change(uri, params.text_document.version, content_changes(params.content_changes),
+                                  ls.encoding)
         key = ls.documents.key(uri)
         inflight = ls.scheduler.inflight(key)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)

@@ -2,7 +2,7 @@
 to files and to other processes as JSON lines to the file named by $DLM_AUDIT_LOG.
 
     python tests/lsp_audited.py -m dlm_lsp serve        a module, as `python -m`
-    python tests/lsp_audited.py tests/lsp_fake_server.py a script
+    python tests/lsp_audited.py dlm_lsp/measure/fuzz/fake_server.py a script
     python tests/lsp_audited.py -c CODE                  code (the tests' own control cases)
 
 Recorded: every socket.* event (creation with its family, connect, bind, getaddrinfo, sendto...),

@@ -9,12 +9,12 @@ from pathlib import Path
 from dlm_lsp.measure.replay import LspClient
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE_SERVER = [sys.executable, str(REPO / "tests" / "lsp_fake_server.py")]
+FAKE_SERVER = [sys.executable, str(REPO / "dlm_lsp" / "measure" / "fuzz" / "fake_server.py")]
 REAL_SERVER = [sys.executable, "-m", "dlm_lsp", "serve"]
 
 
 def scripted(**kw) -> str:
-    """The `model` option that selects the scripted engine's behaviour (tests/lsp_fake_engine.py)."""
+    """The `model` option that selects the scripted engine's behaviour (dlm_lsp/measure/fuzz/scripted_engine.py)."""
     return "scripted:" + ",".join(f"{k}={urllib.parse.quote(str(v), safe='')}" for k, v in kw.items())
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlm_lsp.measure import fuzz  # noqa: E402
+from dlm_lsp.measure.fuzz import reference as fuzz  # noqa: E402
 
 MAX_BODY = 64 * 2**20
 DEFECT = sys.argv[sys.argv.index("--defect") + 1] if "--defect" in sys.argv else None

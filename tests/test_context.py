@@ -2,7 +2,7 @@
 import pytest
 
 from dlm_lsp.fill.context import build_request, count_closed, lex_state
-from dlm_lsp.fill.documents import Document, DocumentStore, make_parser
+from dlm_lsp.fill.documents import ContentChange, Document, DocumentStore, make_parser
 from dlm_lsp.options import InitializationOptions, parse_options
 from dlm_lsp.fill.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, index_to_column, units_len
 
@@ -215,20 +215,7 @@ def test_edited_line_index_equals_a_rescan():
 # ----------------------------------------------------------------------------- documents
 
 def _change(line, ch, eline, ech, text):
-    class Pos:
-        def __init__(self, l, c):
-            self.line, self.character = l, c
-
-    class Rng:
-        def __init__(self):
-            self.start, self.end = Pos(line, ch), Pos(eline, ech)
-
-    class Change:
-        pass
-
-    c = Change()
-    c.range, c.text = Rng(), text
-    return c
+    return ContentChange(text, (line, ch), (eline, ech))
 
 
 def test_incremental_edits_match_a_fresh_parse():
@@ -252,12 +239,7 @@ def test_incremental_edits_match_a_fresh_parse():
 def test_full_change_replaces_text():
     store = DocumentStore()
     store.open("u", "go", 1, "package a\n")
-
-    class Full:
-        range = None
-        text = "package b\n"
-
-    doc = store.change("u", 2, [Full()])
+    doc = store.change("u", 2, [ContentChange("package b\n")])
     assert doc.text == "package b\n" and "package_clause" in str(doc.tree.root_node)
 
 

@@ -174,7 +174,7 @@ def test_without_xdg_runtime_dir_the_fallback_is_a_private_folder_in_tmp(monkeyp
 
 
 def test_socket_is_0600_and_a_peer_of_another_uid_is_refused(runtime, monkeypatch):
-    from tests.lsp_fake_engine import ScriptedEngine
+    from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
 
     name = "scripted:steps=2,step_ms=1"
     d = engine_daemon.EngineDaemon(name, "cpu", idle_s=60,

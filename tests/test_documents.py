@@ -16,7 +16,7 @@ import time
 import pytest
 
 from dlm_lsp.fill import context, documents
-from dlm_lsp.fill.documents import Document, DocumentStore, make_parser, parse_source, uri_key
+from dlm_lsp.fill.documents import ContentChange, Document, DocumentStore, make_parser, parse_source, uri_key
 from dlm_lsp.fill.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, line_starts, units_len
 from tests.lsp_helpers import FAKE_SERVER, inline, insert, lsp_server, open_doc, scripted
 
@@ -68,24 +68,6 @@ class RefDoc:
             start, end = end, start
         a, b = self.offset_at(*start), self.offset_at(*end)
         self.u[a:b] = units(text)
-
-
-class Change:
-    """A content change as pygls hands it over (range None: the full text)."""
-
-    def __init__(self, text, start=None, end=None):
-        self.text = text
-        self.range = None if start is None else _Range(start, end)
-
-
-class _Pos:
-    def __init__(self, line, character):
-        self.line, self.character = line, character
-
-
-class _Range:
-    def __init__(self, start, end):
-        self.start, self.end = _Pos(*start), _Pos(*end)
 
 
 def edited(text: str, start, end, new: str, lang: str = "plaintext", encoding: str = UTF16) -> str:
@@ -191,14 +173,34 @@ def test_lone_halves_that_meet_become_one_character():
 def test_changes_of_the_wrong_types_are_ignored_whole():
     store = DocumentStore()
     store.open("file:///t.py", "python", 1, "abc")
-    for bad in ([Change("x", (0, 0), (0, 0)), Change(None)], [Change("q", ("1", 0), (0, 0))],
-                [Change(3)], "text", None):
+    for bad in ([ContentChange("x", (0, 0), (0, 0)), ContentChange(None)], [ContentChange("q", ("1", 0), (0, 0))],
+                [ContentChange(3)], "text", None):
         assert store.change("file:///t.py", 2, bad).text == "abc"
         assert store.get("file:///t.py").version == 1
-    assert store.change("file:///t.py", None, [Change("x")]).text == "abc"
+    assert store.change("file:///t.py", None, [ContentChange("x")]).text == "abc"
     assert store.open("file:///bad.py", None, "1", 5) is None and "file:///bad.py" not in store
     assert store.open("file:///ok.py", None, 1, "x").language_id == "plaintext"
     assert store.change(None, 2, []) is None and store.get(None) is None
+
+
+def test_the_protocol_layer_hands_changes_over_as_plain_data():
+    from types import SimpleNamespace as ns
+
+    from lsprotocol import types
+
+    from dlm_lsp.protocol import content_changes
+
+    pos = types.Position
+    partial = types.TextDocumentContentChangePartial(types.Range(pos(1, 2), pos(3, 4)), "x")
+    whole = types.TextDocumentContentChangeWholeDocument("all")
+    assert content_changes([partial, whole]) == [ContentChange("x", (1, 2), (3, 4)), ContentChange("all")]
+    assert content_changes([]) == [] and content_changes(None) is None
+    store = DocumentStore()
+    store.open("file:///t.py", "python", 1, "abc")
+    bad = ns(text="q", range=ns(start=ns(line="1", character=0), end=ns(line=0, character=0)))  # cattrs lets none in
+    assert store.change("file:///t.py", 2, content_changes([bad])).version == 1
+    assert store.change("file:///t.py", 2, content_changes([types.TextDocumentContentChangePartial(
+        types.Range(pos(0, 1), pos(0, 2)), "Z")])).text == "aZc"
 
 
 def test_lone_surrogates_open_and_edit_exactly():
@@ -222,12 +224,12 @@ def test_reversed_ranges_are_swapped():
 def test_full_text_changes_and_versions():
     store = DocumentStore()
     store.open("file:///t.go", "go", 1, "package a\n")
-    doc = store.change("file:///t.go", 2, [Change("x", (0, 0), (0, 0)), Change("package b\n"),
-                                           Change("// c\n", (1, 0), (1, 0))])
+    doc = store.change("file:///t.go", 2, [ContentChange("x", (0, 0), (0, 0)), ContentChange("package b\n"),
+                                           ContentChange("// c\n", (1, 0), (1, 0))])
     assert doc.text == "package b\n// c\n" and doc.version == 2
     assert "package_clause" in str(doc.tree.root_node) and same_tree(doc)
     assert store.change("file:///t.go", 3, []).version == 3
-    assert store.change("file:///other.go", 4, [Change("x")]) is None
+    assert store.change("file:///other.go", 4, [ContentChange("x")]) is None
     store.close("file:///t.go")
     assert store.get("file:///t.go") is None and len(store) == 0
 
@@ -342,7 +344,7 @@ def test_reserved_escapes_stay_distinct():
 def test_the_store_finds_a_document_by_any_spelling():
     store = DocumentStore()
     store.open("file:///a/%41.py", "python", 1, "abc\n")
-    doc = store.change("file:///a/A.py", 2, [Change("X", (0, 10), (0, 10))])
+    doc = store.change("file:///a/A.py", 2, [ContentChange("X", (0, 10), (0, 10))])
     assert doc is store.get("file:///a/%41.py") and doc.text == "abcX\n" and doc.version == 2
     assert doc.uri == "file:///a/%41.py" and "file:///a/A.py" in store
     store.close("file:///a/A.py")
@@ -408,7 +410,7 @@ def test_a_keystroke_on_a_2mb_document_is_cheap():
     col = len(doc.index().line_text(row))
     t0 = time.perf_counter()
     for k in range(20):
-        store.change("file:///big.py", k + 2, [Change("z", (row, col + k), (row, col + k))])
+        store.change("file:///big.py", k + 2, [ContentChange("z", (row, col + k), (row, col + k))])
         req = context.build_request(doc, doc.index().offset(row, col + k + 1))
     took = time.perf_counter() - t0
     assert doc.tree is None and req.line_before.endswith("z" * 20)

@@ -8,11 +8,14 @@ import time
 
 import pytest
 
-from dlm_lsp.measure.fuzz import (ANY_VERSION, CHECKS, RefText, Fuzzer, add_fuzz_args, apply_change, check_answer,
-                          edit_outcomes, norm, resolve, run_fuzz)
+from dlm_lsp.measure.fuzz import add_fuzz_args, run_fuzz
+from dlm_lsp.measure.fuzz.checks import CHECKS, check_answer
+from dlm_lsp.measure.fuzz.fuzzer import Fuzzer
+from dlm_lsp.measure.fuzz.reference import ANY_VERSION, RefText, apply_change, edit_outcomes, norm, resolve
 from tests.lsp_helpers import REPO, scripted
 
 REFERENCE = [sys.executable, str(REPO / "tests" / "lsp_reference_server.py")]
+SEEDS = [REPO / "tests" / "data"]  # typed besides examples/: the runs below as they were seeded before fuzz left tests/
 SCRIPTED = scripted(steps=1, step_ms=1, text="value)")
 
 
@@ -129,7 +132,7 @@ def summary(rep) -> str:
 
 
 async def test_no_false_alarms_on_a_correct_server():
-    rep = await Fuzzer(400, seed=3, server_cmd=REFERENCE, max_doc_bytes=20_000, timeout=5).run()
+    rep = await Fuzzer(400, seed=3, server_cmd=REFERENCE, max_doc_bytes=20_000, timeout=5, corpus_dirs=SEEDS).run()
     assert rep["ok"], summary(rep)
     assert rep["document_text"] and rep["answered"] > 1000
     assert all(v["steps"] > 0 for v in rep["classes"].values())
@@ -149,7 +152,7 @@ async def test_no_false_alarms_on_a_correct_server():
 ])
 async def test_catches_each_defect(defect, classes, n, check):
     rep = await Fuzzer(n, seed=1, server_cmd=REFERENCE + ["--defect", defect], classes=classes,
-                       max_doc_bytes=20_000, timeout=1.5).run()
+                       max_doc_bytes=20_000, timeout=1.5, corpus_dirs=SEEDS).run()
     assert not rep["ok"] and rep[check] > 0, counts(rep)
     f = next(f for f in rep["failures"] if f["check"] == check)
     assert f["messages"] and f["detail"]  # a repro: the messages that led there
@@ -157,7 +160,7 @@ async def test_catches_each_defect(defect, classes, n, check):
 
 async def test_failures_shrink_to_a_minimal_repro():
     rep = await Fuzzer(6, seed=1, server_cmd=REFERENCE + ["--defect", "lf_only"], classes=["line_breaks"],
-                       max_doc_bytes=20_000, timeout=2, shrink=True).run()
+                       max_doc_bytes=20_000, timeout=2, shrink=True, corpus_dirs=SEEDS).run()
     shrunk = [f for f in rep["failures"] if isinstance(f.get("minimal"), list)]
     assert shrunk, summary(rep)
     for f in shrunk:
@@ -170,11 +173,14 @@ def test_cli_writes_the_report_and_fails_on_a_defect(tmp_path, capsys):
     add_fuzz_args(p)
     out = tmp_path / "fuzz.json"
     cmd = " ".join(REFERENCE + ["--defect", "range_shift"])
-    assert run_fuzz(p.parse_args(["--n", "5", "--classes", "valid_session", "--server-cmd", cmd, "--json", str(out)])) == 1
+    common = ["--n", "5", "--classes", "valid_session", "--corpus", str(SEEDS[0])]
+    assert run_fuzz(p.parse_args([*common, "--server-cmd", cmd, "--json", str(out)])) == 1
     rep = json.loads(out.read_text())
     assert rep["bad_ranges"] > 0 and rep["failures"][0]["messages"]
     assert "FAIL bad_ranges" in capsys.readouterr().out
-    assert run_fuzz(p.parse_args(["--n", "5", "--classes", "valid_session", "--server-cmd", " ".join(REFERENCE)])) == 0
+    assert run_fuzz(p.parse_args([*common, "--server-cmd", " ".join(REFERENCE)])) == 0
+    assert run_fuzz(p.parse_args(["--classes", "valid_session,nope"])) == 2  # refused before any server starts
+    assert "unknown classes ['nope']" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- the real server
@@ -182,7 +188,7 @@ def test_cli_writes_the_report_and_fails_on_a_defect(tmp_path, capsys):
 async def test_fuzz_the_real_server():
     """300 seeded steps against `dlm-lsp serve`'s code with the scripted engine, small documents."""
     t0 = time.monotonic()
-    rep = await Fuzzer(300, seed=0, model=SCRIPTED, max_doc_bytes=50_000, timeout=5).run()
+    rep = await Fuzzer(300, seed=0, model=SCRIPTED, max_doc_bytes=50_000, timeout=5, corpus_dirs=SEEDS).run()
     assert rep["document_text"], "the server does not answer dlm/documentText"
     assert rep["ok"], summary(rep)
     assert rep["ranges_checked"] > 100  # fills came back, so the range checks ran

@@ -1,6 +1,6 @@
 """`dlm-lsp http` (dlm_lsp/http/app.py, dlm_lsp/http/fim.py): the real app under uvicorn on a
 loopback port, driven over real sockets with httpx and raw sockets. The scripted engine
-(tests/lsp_fake_engine.py) gives exact timing: cancel on disconnect, deadlines, a stuck engine.
+(dlm_lsp/measure/fuzz/scripted_engine.py) gives exact timing: cancel on disconnect, deadlines, a stuck engine.
 `dlm-lsp http` as a process on a tiny checkpoint (the real engine) is tested in
 tests/test_http_engine.py, where the language server uses it as its engine."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dlm_lsp.http.fim import ApiError, FimPipeline, Limits, parse_body
 from dlm_lsp.http.app import FimServer, is_loopback
 from engine.api import Fill
 from tests.http_helpers import ThreadServer
-from tests.lsp_fake_engine import ScriptedEngine
+from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "def add(a, b):\n    return "

@@ -111,7 +111,7 @@ def test_replay_command_with_the_default_model(tmp_path):
 
 async def test_replay_reports_tokens_forwarded_per_keystroke(tmp_path):
     # the scripted engine's first job of the document forwards 200 rows, every later one 30 and reuses
-    # 170 (tests/lsp_fake_engine.py); "zz" is never typed, so every keystroke reaches the engine
+    # 170 (dlm_lsp/measure/fuzz/scripted_engine.py); "zz" is never typed, so every keystroke reaches the engine
     src = tmp_path / "x.py"
     src.write_text("abcdefghijkl\n")
     for reused in (170, 0):

@@ -1,6 +1,6 @@
 """The server as a real process over stdio.
 
-Most tests run tests/lsp_fake_server.py - the real server with a scripted engine whose step time,
+Most tests run dlm_lsp/measure/fuzz/fake_server.py - the real server with a scripted engine whose step time,
 step count and text are exact, so scheduling (latest-wins, cancel, stale versions, typing-through)
 can be asserted. The last tests run `python -m dlm_lsp serve` with the default model.
 """
@@ -437,7 +437,7 @@ async def test_result_for_an_older_version_is_dropped_in_process():
     from lsprotocol import types
 
     from dlm_lsp.server import DlmServer
-    from tests.lsp_fake_engine import ScriptedEngine
+    from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
 
     server = DlmServer(ScriptedEngine)
     server.loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ import logging
 import re
 import string
 import time
+from dataclasses import dataclass
 
 from tree_sitter import Language, Parser, Point, Tree
 
@@ -170,16 +171,26 @@ def _is_low(ch: str) -> bool:
     return "\udc00" <= ch <= "\udfff"
 
 
+@dataclass(frozen=True)
+class ContentChange:
+    """One content change of a didChange as plain data: the new `text`, and the LSP (line, character)
+    positions `start` and `end` of the range it replaces, both None when it replaces the whole text
+    (the protocol layer turns the wire's changes into these: protocol.content_changes)."""
+
+    text: str
+    start: tuple[int, int] | None = None
+    end: tuple[int, int] | None = None
+
+
 def valid_change(ch) -> bool:
-    """True for a content change of the right types: text a str, range absent or two positions
-    of integers."""
+    """True for a content change of the right types: text a str, start and end both None or both
+    (line, character) pairs of integers."""
     if not isinstance(getattr(ch, "text", None), str):
         return False
-    rng = getattr(ch, "range", None)
-    if rng is None:
+    start, end = getattr(ch, "start", None), getattr(ch, "end", None)
+    if start is None and end is None:
         return True
-    pos = (getattr(rng, "start", None), getattr(rng, "end", None))
-    return all(type(getattr(p, k, None)) is int for p in pos for k in ("line", "character"))
+    return all(isinstance(p, tuple) and len(p) == 2 and all(type(v) is int for v in p) for p in (start, end))
 
 
 def _point(idx: LineIndex, offset: int) -> Point:
@@ -325,46 +336,6 @@ def longest_line(idx: LineIndex, first: int, last: int) -> int:
     return max(inner, end - starts[last])
 
 
-def require_sync_types(converter) -> None:
-    """Makes a cattrs converter refuse text-sync params of the wrong JSON types instead of coercing
-    them (it turns {"text": null} into the text "None", 5 into "5", a version "1" into 1): such a
-    didOpen / didChange is malformed and ignored whole (logged by the protocol layer)."""
-    from lsprotocol import types
-
-    def is_int(v) -> bool:
-        return type(v) is int  # not bool, not "1"
-
-    def position(p) -> bool:
-        return isinstance(p, dict) and is_int(p.get("line")) and is_int(p.get("character"))
-
-    def change(o) -> str | None:
-        if not isinstance(o, dict) or not isinstance(o.get("text"), str):
-            return "text is not a string"
-        rng = o.get("range", {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}})
-        if not (isinstance(rng, dict) and position(rng.get("start")) and position(rng.get("end"))):
-            return "range is not two positions of integers"
-        return None
-
-    def item(o) -> str | None:
-        ok = isinstance(o, dict) and all(isinstance(o.get(k), str) for k in ("uri", "languageId", "text"))
-        return None if ok and is_int(o.get("version")) else "uri, languageId, version or text of the wrong type"
-
-    def versioned(o) -> str | None:
-        ok = isinstance(o, dict) and isinstance(o.get("uri"), str) and is_int(o.get("version"))
-        return None if ok else "uri or version of the wrong type"
-
-    checks = ((types.TextDocumentContentChangePartial, change), (types.TextDocumentContentChangeWholeDocument, change),
-              (types.TextDocumentItem, item), (types.VersionedTextDocumentIdentifier, versioned))
-    for cls, check in checks:
-        def hook(obj, t, base=converter.get_structure_hook(cls), check=check, name=cls.__name__):
-            problem = check(obj)
-            if problem:
-                raise TypeError(f"{name}: {problem}")
-            return base(obj, t)
-
-        converter.register_structure_hook(cls, hook)
-
-
 class DocumentStore:
     """Open documents by URI (normalized by `uri_key`; a document keeps the URI it was opened with)."""
 
@@ -416,8 +387,8 @@ class DocumentStore:
             self._touched.pop(uri_key(uri), None)
 
     def change(self, uri: str, version: int, changes, encoding: str = UTF16) -> Document | None:
-        """Applies LSP content changes (objects with `text` and an optional `range`) in order. A
-        notification with a change of the wrong types is ignored whole, version included."""
+        """Applies content changes (ContentChange) in order. A notification with a change of the wrong
+        types is ignored whole, version included."""
         doc = self.get(uri) if isinstance(uri, str) else None
         if doc is None:
             log.warning("didChange for a document that is not open: %.200r", uri)
@@ -427,12 +398,10 @@ class DocumentStore:
             log.warning("didChange with a wrong type ignored (%s, version %.20r): %.200r", uri, version, changes)
             return doc
         for ch in changes:
-            rng = getattr(ch, "range", None)
-            if rng is None:
+            if ch.start is None:
                 doc.apply_change(None, None, ch.text)
             else:
-                doc.apply_change((rng.start.line, rng.start.character), (rng.end.line, rng.end.character),
-                                 ch.text, encoding)
+                doc.apply_change(ch.start, ch.end, ch.text, encoding)
         if version is not None and version <= doc.version:
             log.debug("%s: version %s after %s", uri, version, doc.version)
         doc.version = version

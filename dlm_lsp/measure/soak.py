@@ -28,7 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlm_lsp.measure.fuzz import REPO, FuzzClient, server_command, server_exceptions, utf16_len
+from dlm_lsp.measure.fuzz.checks import server_exceptions
+from dlm_lsp.measure.fuzz.client import REPO, FuzzClient, server_command
+from dlm_lsp.measure.fuzz.reference import utf16_len
 from dlm_lsp.measure.replay import LspError, _percentile
 
 CANCELLED = -32800

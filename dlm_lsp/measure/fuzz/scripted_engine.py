@@ -1,4 +1,5 @@
-"""A scripted stand-in for engine.serve.service.EngineService, for server tests that need exact timing.
+"""A scripted stand-in for engine.serve.service.EngineService: the engine of a `scripted:...` model
+(fake_server.py, for `dlm-lsp fuzz` and `dlm-lsp soak`) and of server tests that need exact timing.
 
 The server passes its `model` option to the engine factory, so a test picks the behaviour with
 `"model": "scripted:steps=20,step_ms=50,text=hello%20world"`:
