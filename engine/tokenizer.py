@@ -1,4 +1,22 @@
-"""Byte-level BPE tokenizer (tokenizer.json via `tokenizers`) with the special ids the engine needs."""
+"""Byte-level BPE tokenizer (tokenizer.json via `tokenizers`) with the special ids the engine needs.
+
+Beyond encode and decode, two things a cursor asks of it:
+- Token healing (`heal`). The cursor cuts text where training text was rarely cut, so the prefix
+  ends in tokens the model seldom saw there (`impo|` is `imp` `o` where text had `import`; the
+  indentation `\\n        ` where text had `\\n       ` + ` self`). `heal` chooses the prefix tail a
+  fill re-types: the last k (<= 3) tokens, k the longest whose text a vocabulary token extends, with
+  the ids slot 0 may take (those that extend the tail's text, or a shorter piece of it) and, for a
+  piece, the ids slot 1 may then take (`Healing`). engine/decode/canvas.py enforces it; the fill's
+  text leaves the re-typed tail out.
+- Re-tokenizing only what changed (`encode_edit`). A keystroke changes one line of a prefix of
+  thousands of tokens. `encode_edit` keeps the earlier ids up to the last indent character (or
+  blank line's break) before the first change, a place where the GPT-2 byte-level pre-tokenizer
+  always ends a piece, and tokenizes from there on: the same ids as tokenizing the whole text
+  (tests/test_tokenizer_edit.py). The service (`EngineService._encode`) uses it for the prefix and
+  suffix of every job with a session key (FillJob.session, the server's document), so a keystroke
+  tokenizes its line, not the file. `encode_lines` does the like for far text: it tokenizes by
+  pieces and keeps each piece's ids across keystrokes.
+"""
 from __future__ import annotations
 
 import bisect

@@ -12,7 +12,24 @@ The prefix and suffix are windows around the cursor cut at statement boundaries 
 budget (tokens ~ chars / 3.5), and the prefix always starts with the file's imports and the
 headers of the definitions that enclose the cursor, even when their text lies outside the window.
 Python, JavaScript/TypeScript, Go and Rust use their tree-sitter grammars; other languages use
-indentation only.
+indentation only. Where a syntax error above the cursor leaves no statement of the tree starting
+in the window, as mid-edit it often does (the lines above become one ERROR node), the cut falls
+back to textual statement starts, the imports to their lines and the headers to indentation, so
+the lines above the cursor are never lost.
+
+Far text (`FillRequest.far`): the document beyond both windows (FAR_BEFORE, 16k characters, before
+the prefix; FAR_AFTER, 8k, after the suffix) and, before it, the cross-file context the server
+passes in (DlmServer.cross_file): up to 12k characters of snippets of the workspace's other files
+most like the lines around the cursor (dlm_lsp/fill/retrieval.py), else the starts of the other
+open documents of the language, most recently edited first (`neighbour_text`: 24k characters shared
+out). `to_fill_job` sends it as FillJob.lookup for rest-of-line holes only (FAR_KINDS: on block
+and middle holes it made fills longer and fewer of them accepted): text the engine's copy boost
+searches and whose identifiers the name bias knows, never tokens it forwards.
+
+`to_fill_job` also turns on DecodeOptions.stop_newline for single-line holes, so their fills end at
+the line break instead of decoding lines the post-processor would cut: line and middle holes, and
+argument holes whose bracket opened on the cursor's line or whose argument is being typed on it. An
+argument list continued from a line that is blank so far gets a block of up to 64 slots instead.
 """
 from __future__ import annotations
 

@@ -19,6 +19,13 @@ A small model's fill can contain anything, so every rule here makes it safer, ne
      after the cursor, is cut to its longest clean prefix (by whole lines, then by characters) or
      dropped
 Everything is a pure function of its arguments; the syntax check is passed in as a callable.
+
+The syntax check (rule 5, `SyntaxCheck`) runs at every fill, so it must not cost more in a long
+file: it parses, with and without the fill, only the outermost statement around the cursor of at
+most 12 kB (`check_region`: any nested statement in Python, top-level items elsewhere, on whole
+lines). A fill holding a multi-line string or comment delimiter must leave those paired in that
+region, or the rest of the file would lex differently from what the region shows. A cursor inside
+a larger statement re-parses the whole file instead, incrementally from the document's tree.
 """
 from __future__ import annotations
 

@@ -11,6 +11,13 @@ a whole known name. A name already off every known one (a new variable) is left 
 numbers, strings and comments. At the healed slot (token healing re-types the partial word at the
 cursor) the name starts inside the slot's own token, so that token's whole identifier is checked.
 
+A job's names are gathered when it is admitted (`known_names`), at every keystroke, from texts that
+barely change between keystrokes: the other open files and the document away from the cursor are
+the same text each time. So each text is scanned in runs of CHUNK_LINES (64) whole lines, each
+run's names cached by its text (no identifier spans a line break), and a keystroke pays the regex
+only for the run it changed; jobs with the same names share one sorted `NameSet`, so typing inside
+a name the file already has builds nothing new.
+
 Only ASCII identifiers are tracked; a token with other letters is never penalized.
 """
 from __future__ import annotations

@@ -1,4 +1,25 @@
-"""Model configuration, read from a checkpoint folder's config.json."""
+"""Model configuration, read from a checkpoint folder's config.json.
+
+`ModelConfig` is what the one decoder (engine/model/transformer.py) needs to know about a checkpoint,
+so that no family's choice is a constant in code:
+  shapes        grouped-query attention (`n_kv_heads`; None: as many as `n_heads`) and a per-head
+                width `head_size` where it is not dim // n_heads (Qwen3's `head_dim`)
+  biases        on the q/k/v projections (Qwen2), the attention output, the MLP
+  QK-norm       per-head RMSNorm of queries and keys
+  RoPE          `rope_theta` and linear scaling (`rope_linear_factor`: positions divided by it)
+  topology      `attention`: bidirectional (diffusion), causal (the AR twin, WeDLM) or block-causal
+                with `block_size` (SDAR, Fast-dLLM v2; `sub_block_size` for the latter's sub-blocks),
+                blocks by absolute position; `canvas` "reorder" is recipe (c)'s causal reordered layout
+  logit shift   `logits_shift`: the logit at i-1 predicts token i (Dream-style models, the default
+                among them: recipe (b) adapts an autoregressive model and keeps its shift); without
+                it the logit at a masked slot predicts that slot
+  context_len   the longest sequence the model was trained on; fills are cut to it
+  special ids   mask, pad, end-of-text, beginning-of-text and DreamOn's expand (a predicted expand
+                becomes two masks), each from the checkpoint's files: the same id means different
+                tokens in different families.
+`validate()` refuses, naming the value, what the decoder cannot run (a topology without its block
+size, a reordered canvas on a non-causal or shifted model, an id outside the vocabulary).
+"""
 from __future__ import annotations
 
 import dataclasses
