@@ -17,9 +17,9 @@ from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.gate import Calibrator
 from dlm_lsp.fill.documents import Document, language_id_for_path
 from dlm_lsp.options import InitializationOptions
+from engine.paths import EXAMPLES_DIR
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO_FILE = REPO / "examples" / "tide_log.py"
+DEMO_FILE = EXAMPLES_DIR / "tide_log.py"
 
 # Holes for the demo: (text that ends right at the cursor, the original text cut out there).
 DEMO_HOLES = [

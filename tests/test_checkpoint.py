@@ -192,7 +192,7 @@ def test_an_index_cannot_name_shards_outside_its_folder(tiny, tmp_path):
 
 def test_the_header_check_accepts_every_shipped_weights_file():
     from engine.model.weight_files import check_safetensors
-    from engine.weights.checkpoint import REPO_ROOT
+    from engine.paths import REPO_ROOT
 
     files = sorted((REPO_ROOT / "models").glob("*/model.safetensors"))
     assert files
@@ -209,7 +209,7 @@ def test_model_families_weights_import_each_other_only_downwards():
     import ast
     from pathlib import Path
 
-    from engine.weights.checkpoint import REPO_ROOT
+    from engine.paths import REPO_ROOT
 
     layers = ("engine.model", "engine.families", "engine.weights")
     mods = {(pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"): p

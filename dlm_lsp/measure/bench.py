@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from engine.api import DecodeOptions, FillJob
+from engine.paths import DEFAULT_AR_DIR
 
-DEFAULT_AR_DIR = Path(__file__).resolve().parents[2] / "models" / "default-ar"
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:

@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 
 from dlm_lsp.measure.fuzz.checks import server_exceptions
-from dlm_lsp.measure.fuzz.client import REPO, FuzzClient, server_command
+from dlm_lsp.measure.fuzz.client import FuzzClient, server_command
 from dlm_lsp.measure.fuzz.reference import utf16_len
 from dlm_lsp.measure.replay import LspError, _percentile
+from engine.paths import EXAMPLES_DIR, REPO_ROOT
 
 CANCELLED = -32800
 
@@ -86,7 +87,7 @@ def engine_daemons() -> list[int]:
 
 def default_sources(most: int = 8, max_bytes: int = 40_000) -> list[Path]:
     """The files to type: examples/, then the first held-out stdlib files (never trained on)."""
-    files = sorted((REPO / "examples").glob("*.py"))
+    files = sorted(EXAMPLES_DIR.glob("*.py"))
     try:
         from engine.train.corpus import collect, is_heldout
 
@@ -124,7 +125,7 @@ class Soak:
 
     async def run(self) -> dict:
         log = open(self.log_path, "w+b") if self.log_path else tempfile.TemporaryFile()
-        client = FuzzClient(self.cmd, cwd=str(REPO), stderr=log, env={**os.environ, "DLM_ENGINE": self.engine})
+        client = FuzzClient(self.cmd, cwd=str(REPO_ROOT), stderr=log, env={**os.environ, "DLM_ENGINE": self.engine})
         await client.start()
         try:
             await client.initialize(self.options)

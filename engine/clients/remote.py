@@ -26,6 +26,7 @@ from concurrent.futures import Future, InvalidStateError
 
 from engine.clients import wire
 from engine.api import EngineError, Fill, FillJob
+from engine.paths import REPO_ROOT
 
 log = logging.getLogger("dlm.remote")
 
@@ -244,7 +245,7 @@ class RemoteEngine:
             logfd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfd, stderr=logfd, pass_fds=(fd,),
-                                        start_new_session=True, cwd=str(wire.REPO_ROOT))
+                                        start_new_session=True, cwd=str(REPO_ROOT))
             except OSError as e:
                 raise EngineError(f"could not start the shared engine ({e})") from None
             finally:

@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 from engine.api import DecodeOptions, EngineError, Fill, FillJob
+from engine.paths import DEFAULT_MODEL_DIR
 
 MAX_FRAME = 64 * 1024 * 1024
 PROTOCOL_VERSION = 1
 _HEADER = struct.Struct(">I")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- where
@@ -80,7 +80,7 @@ def resolved_model(model: str | None) -> str:
     """The model as the key sees it, without loading anything: the default model's folder, a local
     folder's real path, or the name as given (a Hugging Face repo id)."""
     if model is None or str(model) in ("", "default"):
-        return str((REPO_ROOT / "models" / "default").resolve())
+        return str(DEFAULT_MODEL_DIR.resolve())
     p = Path(model).expanduser()
     return str(p.resolve()) if p.is_dir() else str(model)
 

@@ -17,10 +17,9 @@ from safetensors.torch import save_file
 
 from engine.model.transformer import Transformer
 from engine.model.weight_files import CheckpointError
+from engine.paths import DEFAULT_MODEL_DIR
 from engine.tokenizer import TextTokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "default"
 
 
 def resolve_model_path(name: str | os.PathLike | None) -> Path:

@@ -10,7 +10,6 @@ from pathlib import Path
 from dlm_lsp.measure.fuzz.checks import _brief
 from dlm_lsp.measure.replay import LspClient
 
-REPO = Path(__file__).resolve().parents[3]
 FAKE_SERVER = Path(__file__).resolve().with_name("fake_server.py")  # the real server with the scripted engine
 DOC_TEXT = "dlm/documentText"
 PING = "fuzz/ping"

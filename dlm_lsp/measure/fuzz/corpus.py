@@ -5,7 +5,7 @@ import bisect
 import collections
 from pathlib import Path
 
-from dlm_lsp.measure.fuzz.client import REPO
+from engine.paths import EXAMPLES_DIR
 
 
 def load_corpus(extra_dirs=()) -> str:
@@ -13,7 +13,7 @@ def load_corpus(extra_dirs=()) -> str:
     tests/data) and a few stdlib modules."""
     import textwrap as _tw
 
-    parts = [p.read_text(encoding="utf-8") for p in sorted((REPO / "examples").glob("*.py"))]
+    parts = [p.read_text(encoding="utf-8") for p in sorted(EXAMPLES_DIR.glob("*.py"))]
     for d in extra_dirs:
         parts += [p.read_text(encoding="utf-8") for p in sorted(Path(d).glob("*.py"))]
     for mod in (_tw, bisect, collections):

@@ -6,10 +6,11 @@ import asyncio
 import tempfile
 
 from dlm_lsp.measure.fuzz.checks import _brief, _expect_code
-from dlm_lsp.measure.fuzz.client import DOC_TEXT, REPO, FuzzClient, _inline_params
+from dlm_lsp.measure.fuzz.client import DOC_TEXT, FuzzClient, _inline_params
 from dlm_lsp.measure.fuzz.reference import _is_int
 from dlm_lsp.measure.fuzz.state import URIS
 from dlm_lsp.measure.replay import LspError
+from engine.paths import REPO_ROOT
 
 
 class LifetimeMixin:
@@ -20,7 +21,7 @@ class LifetimeMixin:
         self.launches += 1
         if self.log is None:  # the server's stderr, read back for its tracebacks
             self.log = open(self.log_path, "w+b") if self.log_path else tempfile.TemporaryFile()
-        self.client = FuzzClient(self.cmd, cwd=str(REPO), stderr=self.log)
+        self.client = FuzzClient(self.cmd, cwd=str(REPO_ROOT), stderr=self.log)
         await self.client.start()
         self.docs.clear()
         self.outstanding.clear()

@@ -7,9 +7,10 @@ import json
 import time
 
 from dlm_lsp.measure.fuzz.checks import _brief, check_answer
-from dlm_lsp.measure.fuzz.client import DOC_TEXT, REPO, FuzzClient
+from dlm_lsp.measure.fuzz.client import DOC_TEXT, FuzzClient
 from dlm_lsp.measure.fuzz.reference import RefText, edit_outcomes, norm, resolve
 from dlm_lsp.measure.replay import LspError
+from engine.paths import REPO_ROOT
 
 
 class ShrinkMixin:
@@ -22,7 +23,7 @@ class ShrinkMixin:
                 and (f["_full"][0] or {}).get("method") == "textDocument/didOpen"]
         if not todo:
             return
-        self.client = FuzzClient(self.cmd, cwd=str(REPO), stderr=self.log)
+        self.client = FuzzClient(self.cmd, cwd=str(REPO_ROOT), stderr=self.log)
         await self.client.start()
         try:
             await self.client.initialize(self.options)
