@@ -25,6 +25,8 @@ COMMANDS = {
     "eval": ("dlm_lsp.measure.evaluate", "add_eval_args", "run_eval", "evaluate fills on held-out holes"),
     "calibrate": ("dlm_lsp.measure.calibrate", "add_calibrate_args", "run_calibrate",
                   "fit the calibrated confidence gate (P(accepted)) on dlm-lsp eval --samples files"),
+    "paired": ("dlm_lsp.measure.paired", "add_paired_args", "run_paired",
+               "compare two eval --samples runs on the same holes, hole by hole (kept chars, exact fills won / lost)"),
     "corpus": ("engine.train.corpus_build", "add_corpus_args", "run_corpus",
                "build the training corpus (stdlib + the pinned package manifest, fetched with pip)"),
     "ngram": ("engine.train.ngram_count", "add_ngram_args", "run_ngram",

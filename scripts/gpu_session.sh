@@ -8,12 +8,13 @@
 #      comparison), both on the packed built corpus with the default's tokenizer, recipe as
 #      scripts/gpu_train.sh (bf16 autocast, batch 128 x 512, warm-up / constant / cool-down), 4 holes
 #      per infill window as the long run: A = the default's shape (dim 192, 5 layers, 3.97 M) and
-#      B = dim 224, 6 layers (5.75 M; 1.4x the default's CPU fill cost, idle, scripts/size_latency.py; dim 256 x 6
-#      costs 1.7x, which would put the default's p95 of ~180 ms past the 300 ms budget).
+#      B = dim 224, 6 layers (5.75 M; 1.4x the default's CPU fill cost, idle,
+#      docs/research/scripts/size_latency.py; dim 256 x 6 costs 1.7x, which would put the default's p95
+#      of ~180 ms past the 300 ms budget).
 # Each run's best (EMA) checkpoint comes back as shards + rest.tar under $OUT/a and $OUT/b.
 #
 # Here, first (runs/ is ignored, so it is carried):
-#   .venv/bin/python scripts/pack_corpus.py --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
+#   .venv/bin/python -m engine.train.pack --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
 #   cp models/default/tokenizer.json runs/gpu_pack/
 # There (device run, carry ["runs/gpu_pack"]):   OUT=$OUT bash scripts/gpu_session.sh
 # A rehearsal on the CPU (the plumbing, not the numbers): PACK=<a small pack> OUT=/tmp/x EXTRA="--device cpu

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU recipe: `dlm-lsp train` on CUDA (bf16 autocast, engine/train/loop.py) with a larger batch, at most
-# ~8 minutes in all, on the corpus packed by scripts/pack_corpus.py; then the checkpoints are split
+# ~8 minutes in all, on the corpus packed by engine/train/pack.py; then the checkpoints are split
 # into safetensors shards of at most SHARD_MB MiB (engine/weights/shard.py), the size that comes back from
 # the device machine.
 #
-#   python scripts/pack_corpus.py                 # here: runs/corpus/train.tar.xz (~5 MiB)
-#   python scripts/pack_corpus.py --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
+#   python -m engine.train.pack                   # here: runs/corpus/train.tar.xz (~5 MiB)
+#   python -m engine.train.pack --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
 #                                                 # or the built corpus of `dlm-lsp corpus` (~35 MiB), trained
 #                                                 # with --corpus on its own three sides
 #   scripts/gpu_train.sh [RUN_DIR] [dlm-lsp train flags, overriding the defaults below]
@@ -31,14 +31,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # forked afterwards must not use the Rust thread pool (forced on, their first encode_batch deadlocks)
 
 if [ ! -f "$CORPUS" ]; then
-    echo "no packed corpus at $CORPUS; run: python scripts/pack_corpus.py" >&2
+    echo "no packed corpus at $CORPUS; run: python -m engine.train.pack" >&2
     exit 2
 fi
 rm -rf "$RUN/corpus"
 mkdir -p "$RUN/corpus"
 "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" "$CORPUS" "$RUN/corpus"  # no xz binary needed
 SOURCES=()
-if [ -f "$RUN/corpus/corpus.json" ]; then  # a packed built corpus (pack_corpus.py --built): its own split
+if [ -f "$RUN/corpus/corpus.json" ]; then  # a packed built corpus (engine.train.pack --built): its own split
     SOURCES=(--corpus "$RUN/corpus")
 else
     for d in "$RUN"/corpus/*/; do SOURCES+=(--source "${d%/}"); done

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Re-measures everything the closing notes quote, into docs/measurements/ (run with nothing else on
-# the CPU; about 27 minutes on the 2-core CPU). The commands are the ones docs/measurements/README.md lists.
+# Re-measures everything the closing notes quote, into docs/research/measurements/ (run with nothing
+# else on the CPU; about 27 minutes on the 2-core CPU). The commands are the ones
+# docs/research/measurements/README.md lists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-M=docs/measurements
+M=docs/research/measurements
 B=.venv/bin/dlm-lsp
 mkdir -p $M
 run() { echo "+ $*" >&2; "$@"; }

@@ -1,24 +1,16 @@
-"""scripts/paired_eval.py: two eval --samples runs on the same holes, compared hole by hole; and the
-samples' own "exact" / "kept_chars" fields, which must agree with the eval's scored tables."""
+"""dlm_lsp/measure/paired.py (`dlm-lsp paired`): two eval --samples runs on the same holes, compared hole
+by hole; and the samples' own "exact" / "kept_chars" fields, which must agree with the eval's scored tables."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from dlm_lsp.measure import paired as pe
 from dlm_lsp.measure.holes import KINDS
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path(__file__).parent / "data" / "eval_sample.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("paired_eval", ROOT / "scripts" / "paired_eval.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +38,6 @@ def test_the_samples_fields_agree_with_the_scored_tables(oracle_run):
 
 def test_a_pair_is_compared_hole_by_hole_and_pooled_per_kind(oracle_run):
     tmp, _, rows = oracle_run
-    pe = _script()
     a = tmp / "a.jsonl"
     worse = [dict(r) for r in rows]
     hit = [i for i, r in enumerate(worse) if r["kind"] == "line" and r["exact"] and r["kept_chars"]][:3]
@@ -68,11 +59,16 @@ def test_a_pair_is_compared_hole_by_hole_and_pooled_per_kind(oracle_run):
     out = tmp / "cmp.json"
     assert pe.main([f"{a}:{b}", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["by_kind"]["line"]["lost"] == 3
+    # the same command as `dlm-lsp paired`
+    from dlm_lsp.cli import main
+
+    out2 = tmp / "cmp2.json"
+    assert main(["paired", f"{a}:{b}", "--json", str(out2)]) == 0
+    assert json.loads(out2.read_text()) == json.loads(out.read_text())
 
 
 def test_samples_without_the_fields_fall_back_and_other_holes_are_refused(oracle_run):
     tmp, _, rows = oracle_run
-    pe = _script()
     old = [{k: v for k, v in r.items() if k not in ("exact", "kept_chars")} for r in rows]
     p = tmp / "old.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in old))

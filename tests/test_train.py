@@ -118,20 +118,11 @@ def test_sharding_round_trips_and_respects_the_limit(tmp_path):
     assert all(torch.equal(back[k], sd[k]) for k in sd)
 
 
-def _pack_corpus():
-    """scripts/pack_corpus.py as a module (scripts/ is not a package)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import pack_corpus
-    finally:
-        sys.path.pop(0)
-    return pack_corpus
-
-
 def test_pack_corpus_keeps_the_split(tmp_path):
-    pack_corpus = _pack_corpus()
+    from engine.train import pack
+
     out = tmp_path / "c.tar.xz"
-    m = pack_corpus.pack(out, [], max_files=10)
+    m = pack.pack(out, [], max_files=10)
     assert out.stat().st_size < 40 * 2**20
     keys = {e["key"] for e in m["train"]} | {e["key"] for e in m["heldout"]}
     with tarfile.open(out) as tar:
@@ -158,13 +149,14 @@ def _tiny_built_corpus(folder: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["sources", "built"])
 def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path, kind):
-    pack_corpus = _pack_corpus()
+    from engine.train import pack
+
     packed = tmp_path / "corpus.tar.xz"
     if kind == "sources":
-        pack_corpus.pack(packed, [], max_files=10)
-    else:  # pack_corpus.py --built: gpu_train.sh trains it with --corpus, on its own sides
+        pack.pack(packed, [], max_files=10)
+    else:  # engine/train/pack.py --built: gpu_train.sh trains it with --corpus, on its own sides
         _tiny_built_corpus(tmp_path / "built")
-        pack_corpus.pack_built(packed, tmp_path / "built")
+        pack.pack_built(packed, tmp_path / "built")
     run_dir, export = tmp_path / "gpu", tmp_path / "out"
     # two batch workers forked after the corpus was encoded in parallel, on multi-hole windows (whose
     # examples call encode_batch): the Rust thread pool must be off in them, even when asked for
@@ -207,8 +199,9 @@ def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path, kind):
 
 
 def test_pack_built_keeps_the_sides_and_relabels_this_stdlib(tmp_path):
-    """pack_corpus.py --built: the archive is a built corpus; stdlib files travel as files of their own."""
-    pack_corpus = _pack_corpus()
+    """engine.train.pack --built: the archive is a built corpus; stdlib files travel as files of their own."""
+    from engine.train import pack
+
     folder = tmp_path / "built"
     (folder / "files" / "p" / "p").mkdir(parents=True)
     (folder / "files" / "p" / "p" / "a.py").write_text("def a():\n    return 1\n")
@@ -218,7 +211,7 @@ def test_pack_built_keeps_the_sides_and_relabels_this_stdlib(tmp_path):
         "python": "3.x", "train": ["p:p/a.py", "stdlib:json/decoder.py", "p:p/bad.py"], "heldout": ["stdlib:json/encoder.py"],
         "heldout_packages": ["p:p/b.py"]}))
     out = tmp_path / "c.tar.xz"
-    m = pack_corpus.pack_built(out, folder)
+    m = pack.pack_built(out, folder)
     assert (m["train"], m["heldout"], m["heldout_packages"]) == (2, 1, 1)
     with tarfile.open(out) as tar:
         tar.extractall(tmp_path / "x", filter="data")
@@ -229,7 +222,7 @@ def test_pack_built_keeps_the_sides_and_relabels_this_stdlib(tmp_path):
     assert sides["train"][1].read() == stdlib.read() and sides["heldout_packages"][0].read() == "B = 2\n"
     assert json.loads((tmp_path / "x" / "corpus.json").read_text())["python"] == "3.x"  # the rest of the summary kept
     with pytest.raises(SystemExit, match="over the"):
-        pack_corpus.pack_built(tmp_path / "d.tar.xz", folder, limit_mb=1e-6)
+        pack.pack_built(tmp_path / "d.tar.xz", folder, limit_mb=1e-6)
     assert not (tmp_path / "d.tar.xz").exists()
 
 

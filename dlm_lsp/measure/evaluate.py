@@ -255,7 +255,7 @@ class Filler:
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
     snippets = None  # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
     # --retrieve package: jobs name their package's workspace memory (workspace_memories); a function
-    # of the hole names the memory itself (scripts/workspace_order_eval.py)
+    # of the hole names the memory itself (docs/research/scripts/workspace_order_eval.py)
     workspace = False
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
     calibrator = None  # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
@@ -613,7 +613,7 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
                     # what `dlm-lsp calibrate` fits: would the user keep the ungated fill
                     "accepted": _accepted(h, ungated, s.ungated_replace_len) if _shown(ungated) else None,
                     # the shown fill as scored (score(): exact; accepted_chars), for paired comparisons
-                    # of two runs on the same holes (scripts/paired_eval.py)
+                    # of two runs on the same holes (dlm_lsp/measure/paired.py)
                     "exact": exact_match(s.shown, h.middle + h.suffix[: s.replace_len]),
                     "kept_chars": len(s.shown.rstrip()) if _shown(s.shown) and _accepted(h, s.shown, s.replace_len) else 0,
                 }) + "\n")

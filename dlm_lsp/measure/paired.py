@@ -2,7 +2,8 @@
 user keeps per hole (the tables' "kept chars": the accepted shown fill's length, else 0) as a paired
 mean difference with its standard error, and the exact fills each run got that the other did not.
 
-    .venv/bin/python scripts/paired_eval.py A.jsonl:B.jsonl [A2.jsonl:B2.jsonl ...] [--json OUT]
+    dlm-lsp paired A.jsonl:B.jsonl [A2.jsonl:B2.jsonl ...] [--json OUT]
+    python -m dlm_lsp.measure.paired A.jsonl:B.jsonl ...     # the same command
 
 Each argument is one pair (A first); pairs are pooled per hole kind. The holes of a pair must be
 the same (key, line, column and kind, in order; the same --seed, --per-kind, --kinds, --heldout).
@@ -17,9 +18,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dlm_lsp.measure.evaluate import exact_match  # noqa: E402
+from dlm_lsp.measure.evaluate import exact_match
 
 
 def _kept(s: dict) -> int:
@@ -64,21 +63,26 @@ def compare(pairs: list[tuple[str, str]]) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("pairs", nargs="+", help="A.jsonl:B.jsonl (eval --samples files of the same holes)")
+def _pair(arg: str) -> tuple[str, str]:
+    """One command-line pair, "A.jsonl:B.jsonl" (split at its last colon)."""
+    a, sep, b = arg.rpartition(":")
+    if not sep or not a or not b:
+        raise argparse.ArgumentTypeError(f"{arg!r}: expected A.jsonl:B.jsonl")
+    return a, b
+
+
+def add_paired_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pairs", nargs="+", type=_pair, metavar="A.jsonl:B.jsonl",
+                   help="two eval --samples files of the same holes (A first); several pairs are pooled per kind")
     p.add_argument("--json", help="write the comparison here")
-    args = p.parse_args(argv)
-    pairs = []
-    for arg in args.pairs:
-        a, sep, b = arg.rpartition(":")
-        if not sep or not a or not b:
-            p.error(f"{arg!r}: expected A.jsonl:B.jsonl")
-        pairs.append((a, b))
+
+
+def run_paired(args: argparse.Namespace) -> int:
+    pairs = list(args.pairs)
     try:
         res = compare(pairs)
     except (OSError, ValueError, KeyError) as e:
-        print(f"paired_eval: {e}", file=sys.stderr)
+        print(f"paired: {e}", file=sys.stderr)
         return 2
     for kind, r in res.items():
         print(f"{kind:6s} {r['holes']:5d} holes  kept chars {r['kept_a']:.3f} -> {r['kept_b']:.3f} "
@@ -87,6 +91,12 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"pairs": [list(x) for x in pairs], "by_kind": res}, indent=1) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dlm_lsp.measure.paired", description=__doc__.split("\n\n")[0])
+    add_paired_args(p)
+    return run_paired(p.parse_args(argv))
 
 
 if __name__ == "__main__":

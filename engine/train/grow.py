@@ -13,7 +13,7 @@ tokenizer, the training state (hours, step: the plan goes on), and, when the sou
 optimizer file grown the same way: raw weights, and AdamW's moments for the blocks that existed
 (renumbered); the new blocks have none, so `load_optimizer` leaves them to a fresh AdamW state.
 
-    python scripts/grow_model.py runs/v2b-long/last runs/grow8/start --after 1,2,3
+    python docs/research/scripts/grow_model.py runs/v2b-long/last runs/grow8/start --after 1,2,3
 """
 from __future__ import annotations
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Packs the training corpus into one compressed file for the GPU recipe (scripts/gpu_train.sh).
 
 The device machine runs another Python (another stdlib), so it trains on a copy of this machine's
@@ -7,14 +6,14 @@ files. Members are stored under "<label>/<path>" ("stdlib/json/decoder.py"); unp
 train / held-out split. The held-out files travel too: the trainer's split rule keeps them out of
 training and uses them for the validation loss only. MANIFEST.json lists both sides.
 
-    python scripts/pack_corpus.py [--out runs/corpus/train.tar.xz] [--source DIR ...] [--max-files N]
+    python -m engine.train.pack [--out runs/corpus/train.tar.xz] [--source DIR ...] [--max-files N]
 
 With --built runs/corpus (a folder of `dlm-lsp corpus`), the archive is itself a built corpus: its
 corpus.json keeps the three sides (train, heldout, heldout_packages) as they were split here, and
 every file lies under files/<label>/<path>; this interpreter's stdlib files are stored as label
 "stdlib-here" (the other side's stdlib is another version). Unpacked, it is trained with `--corpus`.
 
-    python scripts/pack_corpus.py --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
+    python -m engine.train.pack --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
 """
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engine.train import corpus  # noqa: E402
+from engine.train import corpus
 
 LIMIT_MB = 40  # what travels to the device machine must stay small
 
@@ -120,7 +117,7 @@ def pack_built(out: Path, folder: Path, max_files: int | None = None, limit_mb: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.train.pack", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/corpus/train.tar.xz", help="archive to write (.tar.xz)")
     p.add_argument("--source", action="append", default=[], help="extra folder of .py files (repeatable)")
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")

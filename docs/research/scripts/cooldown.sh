@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
+# Research probe, kept as it ran at commit b1626c9; not maintained: it may not run against today's layout.
 # A cooldown branch of a warmup-stable-decay run (docs/MODEL.md, "Long training"): resume a checkpoint
 # taken at the peak LR (its optimizer state kept, so no re-warm-up) and decay the LR linearly to 10%
 # over the next DECAY CPU-hours, into its own folder. The run it branches from goes on untouched, so a
 # usable model is had at any point of the long plan without waiting for its own decay.
 #
-#     FROM=models/bakeoff/v2b-long NAME=v2b-cool DECAY=0.75 bash scripts/cooldown.sh
+#     FROM=models/bakeoff/v2b-long NAME=v2b-cool DECAY=0.75 bash docs/research/scripts/cooldown.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 FROM=${FROM:-models/bakeoff/v2b-long}
 NAME=${NAME:-v2b-cool}
 DECAY=${DECAY:-0.75}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
+# Research probe, kept as it ran at commit 483d2d0; not maintained: it may not run against today's layout.
 # Candidate (e) at equal compute (docs/MODEL.md, "Session 15"): two branches of the long run from one
 # checkpoint, side by side, one thread each, on the long run's own plan (24 CPU-hours, still at its
 # peak LR), for the same HOURS of CPU time: the control trains as the long run does; the student also
 # draws KD_SHARE of its masked-diffusion windows from the teacher's targets (`dlm-lsp distill-targets`)
 # with their soft targets weighted KD_WEIGHT. Held-out loss and the eval's holes judge them.
 #
-#     FROM=runs/start/e-from HOURS=0.75 bash scripts/distill_arms.sh
+#     FROM=runs/start/e-from HOURS=0.75 bash docs/research/scripts/distill_arms.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 FROM=${FROM:?a checkpoint folder of the long run (with optimizer.safetensors)}
 HOURS=${HOURS:-0.75}
 TARGETS=${TARGETS:-runs/teacher}

@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit 5d2dac2; not maintained: it may not run against today's layout.
 """Resident memory of N editor windows on the shared engine vs one window with its own engine.
 
 Starts N `dlm-lsp serve` processes with the shared engine (a private XDG_RUNTIME_DIR, so the
@@ -5,7 +6,7 @@ user's own daemon is neither used nor disturbed) and one with `--engine inproc`,
 fill, and prints the RSS of every process (VmRSS from /proc) and the ratio
 (daemon + N thin serves) / (one in-process serve). JSON with --json.
 
-    .venv/bin/python scripts/engine_memory.py --windows 3 [--model PATH] [--json mem.json]
+    .venv/bin/python docs/research/scripts/engine_memory.py --windows 3 [--model PATH] [--json mem.json]
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from dlm_lsp.measure.replay import LspClient  # noqa: E402

@@ -1,10 +1,11 @@
+# Research probe, kept as it ran at commit 53dcfeb; not maintained: it may not run against today's layout.
 """What the first fill of a fresh process costs on the CPU against the next ones (the reason the
 engine's warm-up is off on the CPU by default: engine/serve/service.py, EngineService.warm_up).
 
 The default model, one thread, six fills of 16 slots at different places of engine/decode/sampler.py; run it
 idle, a few times (each run is a fresh process):
 
-    .venv/bin/python scripts/first_fill.py
+    .venv/bin/python docs/research/scripts/first_fill.py
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

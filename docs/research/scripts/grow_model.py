@@ -1,7 +1,8 @@
+# Research probe, kept as it ran at commit 6116ca2; not maintained: it may not run against today's layout.
 """Depth growth of a checkpoint (engine/train/grow.py): new blocks that add nothing until trained, so that
 `dlm-lsp train --resume DST` continues the run, bigger, on the same plan.
 
-    .venv/bin/python scripts/grow_model.py runs/v2b-long/last runs/grow8/start --after 1,2,3
+    .venv/bin/python docs/research/scripts/grow_model.py runs/v2b-long/last runs/grow8/start --after 1,2,3
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from engine.train.grow import grow_checkpoint  # noqa: E402
 

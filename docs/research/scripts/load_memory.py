@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit e53f7b7; not maintained: it may not run against today's layout.
 """Peak host memory of loading a family checkpoint, against one copy of its weights.
 
 Writes a random bf16 checkpoint of Qwen2.5-Coder-0.5B shapes in the Open-dCoder layout (hidden 896,
@@ -5,7 +6,7 @@ Writes a random bf16 checkpoint of Qwen2.5-Coder-0.5B shapes in the Open-dCoder 
 then loads it through `engine.weights.load.load_checkpoint` (fp32 on CPU) in a fresh process and
 reads VmHWM / RssAnon from /proc/self/status. Prints one JSON object (and writes it with --json).
 
-    python scripts/load_memory.py [--dir /tmp/q05] [--json docs/measurements/load_memory.json]
+    python docs/research/scripts/load_memory.py [--dir /tmp/q05] [--json docs/measurements/load_memory.json]
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 WRITE = r'''
 import json, sys

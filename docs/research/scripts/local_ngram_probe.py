@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit 6cb4e16; not maintained: it may not run against today's layout.
 """The probe that measured the fill's own n-gram before it was built (docs/MODEL.md, "Session 21";
 docs/measurements/s21/probe_*.json). It patches the sampler: at attach_far a table is counted
 (engine.bias.ngram.count_order) over the lookup's ids and, with FARNG_NEAR=1, the canvas's own ids, and
@@ -5,7 +6,7 @@ added beside the corpus memory with weight FARNG_W (orders FARNG_ORDERS, min cou
 for jobs with a lookup. The built lever is DecodeOptions.local_ngram (engine/ngram.LocalNgram); this
 stays as the record of the probe. Every other argument goes to `dlm-lsp`:
 
-    FARNG_W=4 FARNG_NEAR=1 .venv/bin/python scripts/local_ngram_probe.py eval --corpus runs/corpus \
+    FARNG_W=4 FARNG_NEAR=1 .venv/bin/python docs/research/scripts/local_ngram_probe.py eval --corpus runs/corpus \
         --heldout all --threads 1 --neighbours 3 --retrieve package --min-confidence 0 --kinds line \
         --per-kind 1000 --decode '{"local_ngram": 0}' --json F
 """

@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit 7c9dba8; not maintained: it may not run against today's layout.
 """Writes a random-weight checkpoint of a real model's shapes in that family's real file layout.
 
 For timing and memory only (the weights are noise): config.json with the family's keys, a
@@ -6,9 +7,9 @@ them: tests/families_tiny.tokenizer_json), tokenizer_config.json naming the mask
 real checkpoint does, and safetensors under the family's tensor names (bf16, as published), sharded
 with a model.safetensors.index.json when asked.
 
-    python scripts/make_random_checkpoint.py open-dcoder-0.5b runs/random/open-dcoder-0.5b
-    python scripts/make_random_checkpoint.py dream-7b runs/random/dream-7b --shards 4
-    python scripts/make_random_checkpoint.py dream-tiny /tmp/dream-tiny
+    python docs/research/scripts/make_random_checkpoint.py open-dcoder-0.5b runs/random/open-dcoder-0.5b
+    python docs/research/scripts/make_random_checkpoint.py dream-7b runs/random/dream-7b --shards 4
+    python docs/research/scripts/make_random_checkpoint.py dream-tiny /tmp/dream-tiny
 
 Write it under runs/ (ignored by git): a 0.5B checkpoint is ~1 GB, a 7B one ~15 GB.
 """
@@ -19,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 QWEN2_KEYS = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None,

@@ -1,8 +1,9 @@
+# Research probe, kept as it ran at commit 9f08cf2; not maintained: it may not run against today's layout.
 """The two measurements docs/MODEL.md quotes for recipe (c) (engine/decode/reorder.py), one thread each:
 
-    .venv/bin/python scripts/reorder_measure.py train   # CPU time per training step: (a) vs (c), +- the AR loss
-    .venv/bin/python scripts/reorder_measure.py reuse   # per-keystroke context reuse vs full recompute
-    .venv/bin/python scripts/reorder_measure.py checkpoint runs/random/reorder-4m  # for bench --incremental
+    .venv/bin/python docs/research/scripts/reorder_measure.py train   # CPU time per training step: (a) vs (c), +- the AR loss
+    .venv/bin/python docs/research/scripts/reorder_measure.py reuse   # per-keystroke context reuse vs full recompute
+    .venv/bin/python docs/research/scripts/reorder_measure.py checkpoint runs/random/reorder-4m  # for bench --incremental
 
 `train` times train.loss_on + backward + AdamW on 10 batches (8 x 512, the 4 M shape, 150 stdlib files,
 the shipped tokenizer) by process CPU time, so a shared machine inflates it less than wall time.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from engine.api import DecodeOptions  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402

@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit 5ce2b37; not maintained: it may not run against today's layout.
 """The serving figures of docs/serving.md, into one JSON file:
 
 1. HTTP overhead: the same fill (same prompt + suffix, deterministic, no deadline hit) N times,
@@ -8,7 +9,7 @@
 2. `dlm-lsp loadtest` with --clients C for --seconds S against `dlm-lsp ray-serve` with 1 and with 2
    replicas (one core each).
 
-Usage: .venv/bin/python scripts/serving_bench.py --json docs/measurements/serving.json
+Usage: .venv/bin/python docs/research/scripts/serving_bench.py --json docs/measurements/serving.json
        [--model M] [--n 60] [--clients 8] [--seconds 20] [--only overhead|ray]
 Run with nothing else of yours on the CPU; say in the notes what else shared it.
 """
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from dlm_lsp.measure import loadtest  # noqa: E402

@@ -1,10 +1,11 @@
+# Research probe, kept as it ran at commit f9245ec; not maintained: it may not run against today's layout.
 """What a model size costs a fill on this CPU: random weights of each shape, one thread, the same
 canvas (480 tokens of prefix, 30 of suffix, 16 slots, 8 steps, the default decoding otherwise).
 
 Only the ratio between shapes means anything (random weights commit in a fixed 8 steps here, a
 trained model takes as many as its confidence needs); run it idle (stop other jobs first: `kill -STOP`).
 
-    .venv/bin/python scripts/size_latency.py [--shape 192x5x576 --shape 224x6x672 ...] [--reps 6]
+    .venv/bin/python docs/research/scripts/size_latency.py [--shape 192x5x576 --shape 224x6x672 ...] [--reps 6]
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch  # noqa: E402
 

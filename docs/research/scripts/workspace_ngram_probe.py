@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit 6cb4e16; not maintained: it may not run against today's layout.
 """Probe: the fill's own n-gram over the whole workspace (every other file of the hole's package, not
 only the 12k characters of retrieved snippets). Measured before anything is built (docs/MODEL.md,
 "Session 22"). It patches the eval and the sampler: every evaluated file is tokenized once; per
@@ -8,7 +9,7 @@ ending its left run that is followed >= WSNG_MIN times, its 2 most frequent next
 beside the shipped local n-gram (WSNG_ONLY_MISS=1: only where the local n-gram has no context).
 Every other argument goes to `dlm-lsp` (an `eval` with --corpus and --retrieve package):
 
-    WSNG_W=4 .venv/bin/python scripts/workspace_ngram_probe.py eval --corpus runs/corpus \
+    WSNG_W=4 .venv/bin/python docs/research/scripts/workspace_ngram_probe.py eval --corpus runs/corpus \
         --heldout all --threads 1 --neighbours 3 --retrieve package --min-confidence 0 --kinds line \
         --per-kind 1000 --json F
 """

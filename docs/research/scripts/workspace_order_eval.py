@@ -1,3 +1,4 @@
+# Research probe, kept as it ran at commit 6abd82e; not maintained: it may not run against today's layout.
 """Which files a big workspace's memory holds: the first in walk order, or the nearest to the
 document being filled (dlm_lsp.fill.workspace: `focus`, WorkspaceIndex.files). Measured on a workspace
 whose source is past the engine's workspace memory (MEMORY_CHARS): by default the `torch` package
@@ -10,9 +11,9 @@ with the memory of the walk's first files (as the server filled it before the fo
 memory a walk focused on the hole's file takes. A memory holds the files nearest first while their
 bytes fit MEMORY_CHARS, as WorkspaceIndex.scan sends them; the hole's own file is left out of its
 counts, as the server's jobs leave out the filled document. Writes each run's samples
-(PREFIX.<run>.jsonl, for scripts/paired_eval.py) and a JSON summary:
+(PREFIX.<run>.jsonl, for `dlm-lsp paired`) and a JSON summary:
 
-    .venv/bin/python scripts/workspace_order_eval.py --folders 20 --per-kind 400 --threads 1 \
+    .venv/bin/python docs/research/scripts/workspace_order_eval.py --folders 20 --per-kind 400 --threads 1 \
         --samples-prefix runs/wsorder --json docs/measurements/s25/workspace_order.json
 """
 from __future__ import annotations
@@ -24,13 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from dlm_lsp.measure import evaluate as E  # noqa: E402
 from dlm_lsp.fill import workspace as W  # noqa: E402
 from dlm_lsp.measure.holes import cut_holes  # noqa: E402
-from paired_eval import compare  # noqa: E402
+from dlm_lsp.measure.paired import compare  # noqa: E402
 
 
 def memory(files: list[tuple[Path, str]]) -> list[Path]:

@@ -1,7 +1,8 @@
+# Research probe, kept as it ran at commit 1e9e59c; not maintained: it may not run against today's layout.
 """The workspace index's cost on a folder (docs/MODEL.md, "Session 20"): one walk's time and memory,
 then cross_file at random cursors of one of its files.
 
-    .venv/bin/python scripts/workspace_probe.py /usr/lib/python3.11 json/decoder.py
+    .venv/bin/python docs/research/scripts/workspace_probe.py /usr/lib/python3.11 json/decoder.py
 """
 from __future__ import annotations
 
