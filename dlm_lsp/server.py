@@ -294,6 +294,8 @@ class DlmServer(LanguageServer):
             raise
 
     async def _fill(self, uri: str, position: types.Position, holder: dict):
+        """One request from arrival to answer: the document open and served, a scheduler ticket (in
+        `holder`, for fill_at's cancel), then _fill_steps; counts the outcome once, whatever ends it."""
         arrival = time.monotonic()
         doc = self.documents.get(uri)
         key = self.documents.key(uri)  # one job queue and typing-through memory for all spellings of a URI
@@ -302,70 +304,13 @@ class DlmServer(LanguageServer):
             return None
         if not self.options.serves(doc.language_id):
             return None
-        idx = doc.index(self.encoding)
-        offset = idx.offset(position.line, position.character)
-        inflight = self.scheduler.inflight(key)
-        spare = inflight if inflight is not None and inflight.typed_along(doc.text, offset) else None
-        ticket = self.scheduler.begin(key, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
+        offset = doc.index(self.encoding).offset(position.line, position.character)
+        ticket, spare = self._begin_ticket(key, doc, offset, arrival)
         holder["ticket"] = ticket
         outcome = "empty"
         try:
-            hit = self.typing.rest(key, doc.text, offset)
-            if hit is None and spare is not None:
-                # the user is typing along a job in flight: its fill, once kept, may serve this cursor
-                await self.scheduler.wait_for(ticket, spare)
-                hit = self.typing.rest(key, doc.text, offset)
-            if hit is not None:
-                self.stats.typed_through += 1
-                outcome = "answered"
-                return self._range_result(doc, offset, *hit)
-            await self.scheduler.debounce(ticket, self.options.debounce_ms)
-            if not await self._wait_ready(ticket):
-                return None
-            if self.documents.get(uri) is not doc or doc.version != ticket.version:
-                outcome = "stale"
-                return None
-            t0 = time.perf_counter()
-            near = self.cross_file(uri, doc, offset)
-            req = context.build_request(doc, offset, self.options.max_fill_tokens, neighbours=near)
-            job = context.to_fill_job(req, ticket.deadline)
-            job.session = key  # the engine reuses this document's last context K/V where that is exact
-            if self.workspace_index is not None and self.workspace_index.on_files is not None:
-                job.workspace, job.document = WORKSPACE_SPACE, uri_key(uri)  # its memory, less this file
-            tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place
-            context_ms = (time.perf_counter() - t0) * 1000
-            fill = await self.scheduler.run(ticket, job)
-            stale = self.documents.get(uri) is not doc or doc.version != ticket.version
-            if stale and not (self.documents.get(uri) is doc and ticket.typed_along(doc.text)):
-                self.scheduler.mark_wasted(ticket)
-                outcome = "stale"
-                return None
-            check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
-                     if tree is not None and self.options.postprocess else None)
-            fin = postprocess.finish(req, fill.text, check, filters=self.options.postprocess,
-                                     confidence=fill.confidence, min_confidence=self.fill_gate(),
-                                     calibrator=self.fill_calibrator())
-            latency = (time.monotonic() - arrival) * 1000
-            self.stats.last_latency_ms = round(latency, 1)
-            log.debug(
-                "fill %s:%d:%d %s: context %.1f ms, queue %.1f ms, engine %.1f ms, %d steps, %d tokens, "
-                "postprocess %.1f ms, total %.1f ms%s%s%s", uri.rsplit("/", 1)[-1], position.line, position.character,
-                req.hole_kind, context_ms, fill.queue_ms, fill.compute_ms, fill.steps, fill.tokens,
-                fin.postprocess_ms, latency, " (deadline hit)" if fill.deadline_hit else "",
-                f" dropped: {fin.dropped}" if fin.dropped else "", " (typed along: kept)" if stale else "")
-            self.send_status()
-            if fill.cancelled:
-                outcome = "cancelled"
-                return None
-            self.typing.remember(key, ticket.text, offset, fin.text, fin.replace_len)
-            if stale:  # its version is gone; the fill stays for the request typing along it
-                self.stats.typed_along += 1
-                outcome = "stale"
-                return None
-            if not fin.text:
-                return None
-            outcome = "answered"
-            return self._range_result(doc, offset, fin.text, fin.replace_len)
+            outcome, result = await self._fill_steps(uri, position, doc, ticket, spare)
+            return result
         except Late:  # the engine had nothing by the deadline + grace (counted in stats.late)
             return None
         except Superseded:
@@ -379,11 +324,121 @@ class DlmServer(LanguageServer):
             log.warning("fill failed for %s at %s: %s", uri, position, e, exc_info=not _is_engine_error(e))
             return None
         finally:
-            self.scheduler.end(ticket)
-            if ticket.client_cancelled:
-                outcome = "cancelled"  # the client got RequestCancelled, whatever became of the work
-            with self.stats._lock:
-                setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            self._count_outcome(ticket, outcome)
+
+    async def _fill_steps(self, uri: str, position: types.Position, doc, ticket, spare):
+        """(outcome, (text, range) or None): typing-through answer; else the engine's turn (debounce,
+        engine ready); the request from the cursor; the engine with the ticket's deadline; stale
+        results dropped; post-processing; stats; the editor's item."""
+        key, offset = ticket.uri, ticket.offset  # as _fill gave them to the scheduler
+        hit = await self._typed_through(key, doc, offset, ticket, spare)
+        if hit is not None:
+            self.stats.typed_through += 1
+            return "answered", self._range_result(doc, offset, *hit)
+        if not await self._engine_turn(ticket):
+            return "empty", None
+        if not self._is_current(uri, doc, ticket):
+            return "stale", None
+        req, job, tree, context_ms = self._build_job(uri, key, doc, offset, ticket)
+        fill = await self.scheduler.run(ticket, job)
+        standing = self._standing(uri, doc, ticket)
+        if standing == "gone":
+            return "stale", None
+        fin = self._postprocess(req, fill, ticket, tree, doc, offset)
+        stale = standing == "typed along"
+        self._report_fill(uri, position, req, fill, fin, context_ms, ticket.arrival, stale)
+        return self._deliver(key, doc, offset, ticket, fill, fin, stale)
+
+    def _begin_ticket(self, key: str, doc, offset: int, arrival: float):
+        """(ticket, spare): the request's scheduler ticket, and the document's job in flight that this
+        cursor types along (spared, not cancelled, by the new ticket), or None."""
+        inflight = self.scheduler.inflight(key)
+        spare = inflight if inflight is not None and inflight.typed_along(doc.text, offset) else None
+        ticket = self.scheduler.begin(key, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
+        return ticket, spare
+
+    async def _typed_through(self, key: str, doc, offset: int, ticket, spare):
+        """The rest of a kept fill the user is typing through, (text, replace_len), or None."""
+        hit = self.typing.rest(key, doc.text, offset)
+        if hit is None and spare is not None:
+            # the user is typing along a job in flight: its fill, once kept, may serve this cursor
+            await self.scheduler.wait_for(ticket, spare)
+            hit = self.typing.rest(key, doc.text, offset)
+        return hit
+
+    async def _engine_turn(self, ticket) -> bool:
+        """Waits out the debounce, then a loading engine; False when the engine cannot fill in time."""
+        await self.scheduler.debounce(ticket, self.options.debounce_ms)
+        return await self._wait_ready(ticket)
+
+    def _is_current(self, uri: str, doc, ticket) -> bool:
+        """True while the document is still at the version the ticket was made for."""
+        return self.documents.get(uri) is doc and doc.version == ticket.version
+
+    def _build_job(self, uri: str, key: str, doc, offset: int, ticket):
+        """(req, job, tree, context_ms): the FillRequest from the cursor (with cross-file far text),
+        its FillJob under the ticket's deadline, the syntax tree as of now, the time it took."""
+        t0 = time.perf_counter()
+        near = self.cross_file(uri, doc, offset)
+        req = context.build_request(doc, offset, self.options.max_fill_tokens, neighbours=near)
+        job = context.to_fill_job(req, ticket.deadline)
+        job.session = key  # the engine reuses this document's last context K/V where that is exact
+        if self.workspace_index is not None and self.workspace_index.on_files is not None:
+            job.workspace, job.document = WORKSPACE_SPACE, uri_key(uri)  # its memory, less this file
+        tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place
+        return req, job, tree, (time.perf_counter() - t0) * 1000
+
+    def _standing(self, uri: str, doc, ticket) -> str:
+        """A finished fill's standing: "current" (its version is the document's), "typed along" (the
+        user typed along it: kept for typing-through, not shown) or "gone" (dropped, its steps wasted)."""
+        if self._is_current(uri, doc, ticket):
+            return "current"
+        if self.documents.get(uri) is doc and ticket.typed_along(doc.text):
+            return "typed along"
+        self.scheduler.mark_wasted(ticket)
+        return "gone"
+
+    def _postprocess(self, req, fill, ticket, tree, doc, offset: int):
+        """The engine's text made the editor's fill (postprocess.finish: filters, syntax check, gate)."""
+        check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
+                 if tree is not None and self.options.postprocess else None)
+        return postprocess.finish(req, fill.text, check, filters=self.options.postprocess,
+                                  confidence=fill.confidence, min_confidence=self.fill_gate(),
+                                  calibrator=self.fill_calibrator())
+
+    def _report_fill(self, uri: str, position: types.Position, req, fill, fin, context_ms: float, arrival: float,
+                     stale: bool) -> None:
+        """Records the fill's latency, logs its timings and sends dlm/status."""
+        latency = (time.monotonic() - arrival) * 1000
+        self.stats.last_latency_ms = round(latency, 1)
+        log.debug(
+            "fill %s:%d:%d %s: context %.1f ms, queue %.1f ms, engine %.1f ms, %d steps, %d tokens, "
+            "postprocess %.1f ms, total %.1f ms%s%s%s", uri.rsplit("/", 1)[-1], position.line, position.character,
+            req.hole_kind, context_ms, fill.queue_ms, fill.compute_ms, fill.steps, fill.tokens,
+            fin.postprocess_ms, latency, " (deadline hit)" if fill.deadline_hit else "",
+            f" dropped: {fin.dropped}" if fin.dropped else "", " (typed along: kept)" if stale else "")
+        self.send_status()
+
+    def _deliver(self, key: str, doc, offset: int, ticket, fill, fin, stale: bool):
+        """(outcome, (text, range) or None): keeps the fill for typing-through and answers with it when
+        it is for the current version and not empty."""
+        if fill.cancelled:
+            return "cancelled", None
+        self.typing.remember(key, ticket.text, offset, fin.text, fin.replace_len)
+        if stale:  # its version is gone; the fill stays for the request typing along it
+            self.stats.typed_along += 1
+            return "stale", None
+        if not fin.text:
+            return "empty", None
+        return "answered", self._range_result(doc, offset, fin.text, fin.replace_len)
+
+    def _count_outcome(self, ticket, outcome: str) -> None:
+        """Ends the ticket and counts the request once, under its outcome."""
+        self.scheduler.end(ticket)
+        if ticket.client_cancelled:
+            outcome = "cancelled"  # the client got RequestCancelled, whatever became of the work
+        with self.stats._lock:
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 
     def fill_calibrator(self):
         """The model's calibrated gate (serving.json "calibrator", reported by the engine), or None:
@@ -438,6 +493,16 @@ def make_server(engine_factory=None) -> DlmServer:
     """Builds the server with every handler registered. `engine_factory(model, device, on_state)`
     replaces the real engine (tests use a scripted one)."""
     server = DlmServer(engine_factory)
+    _register_lifecycle(server)
+    _register_document_sync(server)
+    _register_completion(server)
+    _register_configuration(server)
+    _register_dlm_requests(server)
+    return server
+
+
+def _register_lifecycle(server: DlmServer) -> None:
+    """initialize, initialized, the workspace's folders as the client changes them, and shutdown."""
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: DlmServer, params: types.InitializeParams):
@@ -471,12 +536,16 @@ def make_server(engine_factory=None) -> DlmServer:
         if ls.workspace_index is not None:
             ls.workspace_index.close()
 
+
+def _register_document_sync(server: DlmServer) -> None:
+    """didOpen, didChange, didClose on the server's one copy of each document (pygls's own removed)."""
+
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams):
         """Tracks a newly opened document (the server's one copy of it: dlm_lsp/fill/documents.py)."""
         d = params.text_document
         ls.documents.open(d.uri, d.language_id, d.version, d.text)
-        tell_no_tree(ls)
+        _tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams):
@@ -489,7 +558,7 @@ def make_server(engine_factory=None) -> DlmServer:
         inflight = ls.scheduler.inflight(key)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
         ls.scheduler.cancel_document(key, spare=inflight if typing_along else None)
-        tell_no_tree(ls)
+        _tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams):
@@ -502,12 +571,6 @@ def make_server(engine_factory=None) -> DlmServer:
         if ls.workspace_index is not None and isinstance(uri, str):
             ls.workspace_index.closed(uri)
 
-    def tell_no_tree(ls: DlmServer) -> None:
-        """Tells the user, once per session, that a document is too big for a syntax tree."""
-        message = ls.documents.no_tree_notice()
-        if message:
-            ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=message))
-
     # pygls's built-in handlers of these keep a second copy of each document in its workspace and,
     # updating it, clamp the params' positions in place against str.splitlines() lines (which break
     # at \f, \x85, \u2028...): the handlers above would then apply moved edits. The server keeps
@@ -515,6 +578,17 @@ def make_server(engine_factory=None) -> DlmServer:
     for method in (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_DID_CLOSE):
         server.protocol.fm.builtin_features.pop(method, None)
     require_sync_types(server.protocol._converter)  # {"text": null} must not become the text "None"
+
+
+def _tell_no_tree(ls: DlmServer) -> None:
+    """Tells the user, once per session, that a document is too big for a syntax tree."""
+    message = ls.documents.no_tree_notice()
+    if message:
+        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=message))
+
+
+def _register_completion(server: DlmServer) -> None:
+    """inlineCompletion, and completion for editors without it: both answered by DlmServer.fill_at."""
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
@@ -531,15 +605,22 @@ def make_server(engine_factory=None) -> DlmServer:
         got = await ls.fill_at(params.text_document.uri, params.position)
         if got is None:
             return types.CompletionList(is_incomplete=True, items=[])
-        text, rng = got
-        label = text.strip().split("\n", 1)[0][:60] or text[:60]
-        item = types.CompletionItem(
-            label=label, kind=types.CompletionItemKind.Snippet, detail="dlm-lsp fill",
-            documentation=types.MarkupContent(kind=types.MarkupKind.PlainText, value=text),
-            text_edit=types.TextEdit(range=rng, new_text=text), filter_text=label,
-            insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
-        )
-        return types.CompletionList(is_incomplete=True, items=[item])
+        return types.CompletionList(is_incomplete=True, items=[_completion_item(*got)])
+
+
+def _completion_item(text: str, rng: types.Range) -> types.CompletionItem:
+    """A fill as one completion item, labelled by its first non-blank line."""
+    label = text.strip().split("\n", 1)[0][:60] or text[:60]
+    return types.CompletionItem(
+        label=label, kind=types.CompletionItemKind.Snippet, detail="dlm-lsp fill",
+        documentation=types.MarkupContent(kind=types.MarkupKind.PlainText, value=text),
+        text_edit=types.TextEdit(range=rng, new_text=text), filter_text=label,
+        insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
+    )
+
+
+def _register_configuration(server: DlmServer) -> None:
+    """workspace/didChangeConfiguration: the `dlm` settings section applied."""
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: DlmServer, params: types.DidChangeConfigurationParams):
@@ -554,6 +635,10 @@ def make_server(engine_factory=None) -> DlmServer:
                 log.debug("workspace/configuration failed: %s", e)
         if section is not None:
             ls.apply_options(section)
+
+
+def _register_dlm_requests(server: DlmServer) -> None:
+    """The custom requests dlm/documentText and dlm/stats (docs/lsp-extensions.md)."""
 
     @server.feature(DOCUMENT_TEXT)
     def document_text(ls: DlmServer, params=None):
@@ -577,8 +662,6 @@ def make_server(engine_factory=None) -> DlmServer:
                     "device": str(ls.engine_info.get("device")), "threads": ls.engine_info.get("threads"),
                     "message": ls.engine_info.get("message")})
         return out
-
-    return server
 
 
 def _supports_configuration(ls: DlmServer) -> bool:
