@@ -11,8 +11,8 @@ step) so the service can put several jobs into one pass, then each canvas commit
 engine/decode/reference.py holds the naive oracle the loop is tested against, token for token.
 
 The biases on a slot's logits (engine/bias/) need its whole row, so with any of them on (or with
-sampling) `commit` computes the predicted slots' full logit rows instead of the fused slot
-statistics, and applies, in this order:
+sampling) `commit` computes the predicted slots' full logit rows (`biased_logits`) instead of the
+fused slot statistics, and applies, in this order:
   1. identifier-aware decoding and the bracket rule (engine/bias/names.py), at the leftmost masked
      slot only: its left side is all committed text, so the identifier or bracket under way is
      known; none once a committed slot before it ended the fill, none on DreamOn's resizing canvas
@@ -40,12 +40,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decode import forward as fwd
 from engine.decode.cache import BatchContext, Rows
 from engine.decode.canvas import Canvas
-from engine.decode import forward as fwd
 from engine.families import dreamon, wedlm
 from engine.families.blocks import block_eligible
 from kernels import slot_stats
+
 
 def confidence_from_stats(max_prob, top2_prob, entropy, kind: str) -> torch.Tensor:
     """Confidence per slot from softmax statistics: max prob, top1 - top2 margin, or -entropy."""
@@ -103,99 +104,146 @@ def heal_logits(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
     """Predicts the masked slots of one canvas from the hidden states of a forward and commits some
-    (all when `final`). Returns how many slots were committed; sets c.done when nothing is left."""
-    cfg, o = c.cfg, c.opts
-    h_rows, pos = rows  # (R, D), (R,) ascending positions
+    (all when `final`). Returns how many slots were committed; sets c.done when nothing is left.
+
+    The slots and their rows (`predicted_slots`), their predictions with every bias (`slot_predictions`),
+    the choice on the host (`select_slots`, then `pad_after_end`), the writes (`write_commits`, `end_step`)."""
     if final and not c.final_step and c.window_now():
         raise RuntimeError("a final step must be announced (Canvas.final_step) before its forward")
+    slot_idx, outside, h = predicted_slots(c, rows, final)
+    max_p, pred, top2_p, ent = slot_predictions(model, c, slot_idx, h, final)
+    conf = confidence_from_stats(max_p, top2_p, ent, c.opts.confidence)
+    # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
+    conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
+    slot_l = slot_idx.tolist()
+    # a line break the healed slots re-type lies before the cursor: no stop while the heal is open
+    ends = (c.cfg.pad_token_id, c.cfg.eos_token_id) + (() if c.heal_open else c.stop_ids)
+    pick, stop = select_slots(c, conf_l, maxp_l, pred_l, slot_l, ends, final)
+    if stop:  # unsure at the leftmost masked slot: the fill ends there
+        pred_l[0] = c.cfg.eos_token_id
+        pred = pred.clone()
+        pred[0] = c.cfg.eos_token_id
+    pick, values, n_tail = pad_after_end(c, pick, pred, pred_l, ends, outside)
+    chosen = write_commits(c, slot_idx, pick, values, maxp_l, pred_l, slot_l, final)
+    end_step(c, chosen, len(pick) + n_tail)
+    return len(pick)
+
+
+def predicted_slots(c: Canvas, rows: Rows, final: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The masked slots this step predicts (M,), those right of its window (or None), and the slots' hidden states (M, D)."""
+    h_rows, pos = rows  # (R, D), (R,) ascending positions
     w = c.window_now(final)
     slot_idx = c.masked_slots()  # (M,)
     outside = slot_idx[w:] if w else None  # masked slots this step does not predict
     if w:
         slot_idx = slot_idx[:w]
     # the hidden state at position p predicts slot p (shifted: slot p+1): find each masked slot's row
-    want = slot_idx + (c.start - (1 if cfg.logits_shift else 0))  # (M,) positions
-    h = h_rows[torch.searchsorted(pos, want)]  # (M, D)
+    want = slot_idx + (c.start - (1 if c.cfg.logits_shift else 0))  # (M,) positions
+    return slot_idx, outside, h_rows[torch.searchsorted(pos, want)]  # (M, D)
+
+
+def slot_predictions(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool):
+    """Per predicted slot: its token's probability, its token, the second best's probability and the
+    entropy (None where the confidence does not read it), every bias and restriction applied."""
+    cfg, o = c.cfg, c.opts
     if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None or c.local is not None \
             or c.workspace is not None:  # full rows
-        logits = model.logits(h).float()  # (M, V)
-        if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
-            row = name_row(c, int(slot_idx[0]), final)
-            if row is not None:
-                logits[0] += row.to(logits.device, logits.dtype)
-        if c.copy is not None:
-            def restrict(r: int, row: torch.Tensor) -> torch.Tensor:  # what the row's pick must obey (chaining)
-                row = row.clone()
-                row[cfg.mask_token_id] = float("-inf")
-                return heal_logits(row, c.heal_ids(final or c.last_step_due())) if r == 0 and c.heal_open else row
-            chained = c.middle is None and cfg.family != "wedlm"
-            logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
-        if c.ngram is not None or c.local is not None or c.workspace is not None:
-            left = c.memory_runs(slot_idx)  # the committed left runs (not chained), read once for every memory
-            if c.ngram is not None:  # the corpus n-gram memory
-                c.add_ngram(logits, slot_idx, left)
-            if c.local is not None or c.workspace is not None:  # the fill's own n-gram (the workspace's where it has none)
-                c.add_local(logits, slot_idx, left)
-        if o.temperature > 0:
-            logits = logits / o.temperature
-        logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
-        if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
-            logits[:, cfg.expand_token_id] = float("-inf")
-        if c.heal_open:  # the healed slot (the first row) only among its candidates
-            logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
-        probs = logits.softmax(-1)
-        top2 = probs.topk(2, dim=-1)
-        if o.temperature > 0:
-            pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
-            max_p = probs.gather(1, pred[:, None]).flatten()
-        elif bool((top2.values[:, 0] > top2.values[:, 1]).all()):  # a unique top: argmax's answer, one pass fewer
-            pred, max_p = top2.indices[:, 0], top2.values[:, 0]
-        else:  # a tie at the top: argmax's first index, as ever
-            pred = probs.argmax(-1)
-            max_p = probs.gather(1, pred[:, None]).flatten()
-        top2_p = top2.values[:, 1]
-        # the entropy only where the confidence is made of it (two passes over the rows otherwise)
-        ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1) if o.confidence == "neg_entropy" else None
-    elif c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
-        max_p, pred, top2_p, ent = dreamon.stats_without_expand(model, h, cfg)
-    else:
-        max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
-        if c.heal_open:  # the healed slot (the first row): the distribution renormalized over its candidates
-            logp = heal_logits(model.logits(h[:1]).float()[0], c.heal_ids(final or c.last_step_due())).log_softmax(-1)
-            top = logp.topk(2)
-            p = logp.exp()
-            max_p, pred, top2_p, ent = (max_p.clone(), pred.clone(), top2_p.clone(), ent.clone())
-            max_p[0], pred[0], top2_p[0] = p[top.indices[0]], top.indices[0], p[top.indices[1]]
-            ent[0] = -(p * logp.clamp_min(-1e30)).sum()
-    conf = confidence_from_stats(max_p, top2_p, ent, o.confidence)
-    # decide on the host: one transfer of a few dozen numbers beats a dozen tiny tensor ops per step
-    conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
-    slot_l = slot_idx.tolist()
-    # a line break the healed slots re-type lies before the cursor: no stop while the heal is open
-    ends = (cfg.pad_token_id, cfg.eos_token_id) + (() if c.heal_open else c.stop_ids)
+        return row_predictions(c, biased_logits(model, c, slot_idx, h, final))
+    if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
+        return dreamon.stats_without_expand(model, h, cfg)
+    max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
+    if c.heal_open:  # the healed slot (the first row): the distribution renormalized over its candidates
+        logp = heal_logits(model.logits(h[:1]).float()[0], c.heal_ids(final or c.last_step_due())).log_softmax(-1)
+        top = logp.topk(2)
+        p = logp.exp()
+        max_p, pred, top2_p, ent = (max_p.clone(), pred.clone(), top2_p.clone(), ent.clone())
+        max_p[0], pred[0], top2_p[0] = p[top.indices[0]], top.indices[0], p[top.indices[1]]
+        ent[0] = -(p * logp.clamp_min(-1e30)).sum()
+    return max_p, pred, top2_p, ent
+
+
+def biased_logits(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool) -> torch.Tensor:
+    """The predicted slots' full logit rows (M, V) with every bias, the temperature and the restrictions applied."""
+    cfg, o = c.cfg, c.opts
+    logits = model.logits(h).float()  # (M, V)
+    if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
+        row = name_row(c, int(slot_idx[0]), final)
+        if row is not None:
+            logits[0] += row.to(logits.device, logits.dtype)
+    if c.copy is not None:
+        def restrict(r: int, row: torch.Tensor) -> torch.Tensor:  # what the row's pick must obey (chaining)
+            row = row.clone()
+            row[cfg.mask_token_id] = float("-inf")
+            return heal_logits(row, c.heal_ids(final or c.last_step_due())) if r == 0 and c.heal_open else row
+        chained = c.middle is None and cfg.family != "wedlm"
+        logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
+    if c.ngram is not None or c.local is not None or c.workspace is not None:
+        left = c.memory_runs(slot_idx)  # the committed left runs (not chained), read once for every memory
+        if c.ngram is not None:  # the corpus n-gram memory
+            c.add_ngram(logits, slot_idx, left)
+        if c.local is not None or c.workspace is not None:  # the fill's own n-gram (the workspace's where it has none)
+            c.add_local(logits, slot_idx, left)
+    if o.temperature > 0:
+        logits = logits / o.temperature
+    logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask
+    if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
+        logits[:, cfg.expand_token_id] = float("-inf")
+    if c.heal_open:  # the healed slot (the first row) only among its candidates
+        logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
+    return logits
+
+
+def row_predictions(c: Canvas, logits: torch.Tensor):
+    """From full logit rows: each slot's token (sampled, or argmax) and its probability, the second
+    best's probability and the entropy (None where the confidence does not read it)."""
+    o = c.opts
+    probs = logits.softmax(-1)
+    top2 = probs.topk(2, dim=-1)
+    if o.temperature > 0:
+        pred = torch.multinomial(probs, 1, generator=c.generator).flatten()
+        max_p = probs.gather(1, pred[:, None]).flatten()
+    elif bool((top2.values[:, 0] > top2.values[:, 1]).all()):  # a unique top: argmax's answer, one pass fewer
+        pred, max_p = top2.indices[:, 0], top2.values[:, 0]
+    else:  # a tie at the top: argmax's first index, as ever
+        pred = probs.argmax(-1)
+        max_p = probs.gather(1, pred[:, None]).flatten()
+    top2_p = top2.values[:, 1]
+    # the entropy only where the confidence is made of it (two passes over the rows otherwise)
+    ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1) if o.confidence == "neg_entropy" else None
+    return max_p, pred, top2_p, ent
+
+
+def select_slots(c: Canvas, conf_l: list[float], maxp_l: list[float], pred_l: list[float], slot_l: list[int],
+                 ends: tuple, final: bool) -> tuple[list[int], bool]:
+    """The slots to commit (indices into the step's), and True when the fill stops at the leftmost (stop_below)."""
+    cfg, o = c.cfg, c.opts
     if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
-        pick = list(range(len(conf_l)))
+        return list(range(len(conf_l))), False
+    elig = eligible_slots(slot_l, o.block)
+    if o.pad_left:  # padding may only be committed at the leftmost masked slot
+        elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
+    if c.heal_open and c.heal_slot == 0 and c.heal_then:  # slot 1 waits: slot 0 may take a piece
+        elig = [i for i in elig if slot_l[i] != 1]
+    if cfg.block_size:  # block-causal: the authors' block (and sub-block) order (engine/families/blocks.py)
+        elig = block_eligible(cfg, c.start, slot_l, elig)
+    conf_e = [conf_l[i] for i in elig]
+    if cfg.family == "wedlm":  # its authors' rule: entropy + position penalty (engine/families/wedlm.py)
+        sub = wedlm.select([slot_l[i] for i in elig], [-x for x in conf_e], slot_l[0])
+    elif o.selection in ("topk", "timesteps"):
+        sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
     else:
-        elig = eligible_slots(slot_l, o.block)
-        if o.pad_left:  # padding may only be committed at the leftmost masked slot
-            elig = [i for i in elig if i == 0 or int(pred_l[i]) not in ends] or [0]
-        if c.heal_open and c.heal_slot == 0 and c.heal_then:  # slot 1 waits: slot 0 may take a piece
-            elig = [i for i in elig if slot_l[i] != 1]
-        if cfg.block_size:  # block-causal: the authors' block (and sub-block) order (engine/families/blocks.py)
-            elig = block_eligible(cfg, c.start, slot_l, elig)
-        conf_e = [conf_l[i] for i in elig]
-        if cfg.family == "wedlm":  # its authors' rule: entropy + position penalty (engine/families/wedlm.py)
-            sub = wedlm.select([slot_l[i] for i in elig], [-x for x in conf_e], slot_l[0])
-        elif o.selection in ("topk", "timesteps"):
-            sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
-        else:
-            sub = select_threshold(conf_e, o.threshold)
-        pick = [elig[i] for i in sub]
-        if o.stop_below and o.selection == "threshold" and cfg.family != "wedlm" and not c.heal_open and elig and elig[0] == 0 \
-                and all(x < o.threshold for x in conf_e) and maxp_l[0] < o.stop_below:
-            pick, pred_l[0] = [0], cfg.eos_token_id  # unsure at the leftmost masked slot: the fill ends there
-            pred = pred.clone()
-            pred[0] = cfg.eos_token_id
+        sub = select_threshold(conf_e, o.threshold)
+    if o.stop_below and o.selection == "threshold" and cfg.family != "wedlm" and not c.heal_open and elig and elig[0] == 0 \
+            and all(x < o.threshold for x in conf_e) and maxp_l[0] < o.stop_below:
+        return [0], True
+    return [elig[i] for i in sub], False
+
+
+def pad_after_end(c: Canvas, pick: list[int], pred: torch.Tensor, pred_l: list[float], ends: tuple,
+                  outside: torch.Tensor | None) -> tuple[list[int], torch.Tensor, int]:
+    """The slots to commit and their tokens, every slot after a committed end made padding; commits
+    the masked slots right of the window as padding when the fill ended inside it, and gives their count."""
+    cfg, o = c.cfg, c.opts
     values = pred.clone()
     n_tail = 0  # masked slots right of the window committed as padding
     if o.block > 0 or o.pad_left or o.window > 0:
@@ -207,6 +255,12 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             c.masked[outside] = False
             n_tail = outside.numel()
             c.n_masked -= n_tail
+    return pick, values, n_tail
+
+
+def write_commits(c: Canvas, slot_idx: torch.Tensor, pick: list[int], values: torch.Tensor, maxp_l: list[float],
+                  pred_l: list[float], slot_l: list[int], final: bool) -> torch.Tensor:
+    """Writes the picked slots' tokens, probabilities, masks and healing state; gives back their slots (positions in the fill)."""
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
     c.ids[c.start + chosen] = values[pick_t]
@@ -220,14 +274,18 @@ def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
             c.heal_open = False
     c.masked[chosen] = False
     c.n_masked -= len(pick)
+    return chosen
+
+
+def end_step(c: Canvas, chosen: torch.Tensor, committed: int) -> None:
+    """Counts the step's `committed` slots and sets c.done; DreamOn's middle resizes at a committed expand / end."""
     c.steps += 1
-    c.tokens_per_step.append(len(pick) + n_tail)
+    c.tokens_per_step.append(committed)
     c.done = c.n_masked == 0
-    if cfg.family == "wedlm":  # its authors' stream ends at a stop token with nothing masked before it
-        c.done = c.done or wedlm.finished(c.slot_ids(), c.masked.tolist(), c.keep, (cfg.eos_token_id,))
+    if c.cfg.family == "wedlm":  # its authors' stream ends at a stop token with nothing masked before it
+        c.done = c.done or wedlm.finished(c.slot_ids(), c.masked.tolist(), c.keep, (c.cfg.eos_token_id,))
     if c.middle is not None:  # DreamOn: a committed expand / end-of-text resizes the middle
         dreamon.edit(c, chosen.tolist())
-    return len(pick)
 
 
 def name_row(c: Canvas, j: int, final: bool) -> torch.Tensor | None:

@@ -34,7 +34,6 @@ view leaves out.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import queue
@@ -46,22 +45,20 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.api import DecodeOptions, EngineError, Fill, FillJob
 from engine.bias import names, ngram
-
-from engine.decode import reuse, sampler
 from engine.decode import forward as fwd
+from engine.decode import levers, reuse, sampler
+from engine.decode.cache import BatchContext
 from engine.decode.canvas import Canvas
 from engine.decode.forward import build_canvas
-from engine.api import DecodeOptions, EngineError, Fill, FillJob, with_model_defaults
-from engine.decode.cache import BatchContext
+from engine.decode.reorder import SessionCache
 from engine.weights.checkpoint import resolve_model_path, serving_defaults
 from engine.weights.load import load_checkpoint
-from engine.decode.reorder import ReorderCanvas, SessionCache
 
 log = logging.getLogger("dlm.engine")
 
 MAX_DEFAULT_THREADS = 8
-LOOKUP_CHARS = 64 * 1024  # FillJob.lookup beyond this is cut (its end kept) before it is tokenized
 
 
 def cpu_threads() -> int:
@@ -195,7 +192,7 @@ class EngineService:
             except Exception:  # a broken callback must not kill the engine
                 log.exception("on_state callback failed")
 
-    def start(self) -> "EngineService":
+    def start(self) -> EngineService:
         """Starts the worker thread, which loads the model, and its watchdog; returns at once."""
         with self._lock:
             if self._thread is None:
@@ -402,7 +399,8 @@ class EngineService:
         return fut.result()
 
     def _admit(self, job: FillJob, fut: Future) -> _Active | None:
-        """Tokenizes a job and builds its canvas; a bad job fails its future here and returns None."""
+        """Tokenizes a job and builds its canvas, every lever attached (engine/decode/levers.py); a bad
+        job fails its future here and returns None."""
         started = time.monotonic()
         try:
             if self.model is None:
@@ -410,45 +408,19 @@ class EngineService:
             if job.max_tokens < 1:
                 raise EngineError("max_tokens must be at least 1")
             p_ids, s_ids = self._encode(job)
-            # DreamOn's middle grows and shrinks: no slot stays slot 0 to re-type a healed tail
-            heal = self.tok.heal(p_ids) if job.options.heal and self.cfg.expand_token_id is None else None
-            if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
-                p_ids = p_ids[: -heal.k]
-            opts = with_model_defaults(job.options, self.serving.get("decode", {}), job.kind)  # the model's tuned decoding
-            if opts.ngram and self.ngram is None:
-                if job.options.ngram:
-                    raise EngineError(f"ngram {job.options.ngram}: this model has no n-gram table "
-                                      f"({ngram.NGRAM_FILE}; `dlm-lsp ngram` builds one)")
-                opts = dataclasses.replace(opts, ngram=0.0)  # the model's setting, its table missing: off
-            canvas = build_canvas(p_ids, s_ids, job.max_tokens + (1 if heal else 0), self.cfg, opts,
-                                          job.context_tokens, self.device, heal=heal and heal.first,
-                                          heal_then=heal and heal.then)
-            if opts.stop_newline and self.cfg.expand_token_id is None and self.cfg.family != "wedlm":
-                canvas.stop_ids = self.tok.newline_ids()  # a single-line fill ends at its line break
-            if (job.lookup and canvas.copy is not None and opts.copy_far) or opts.local_ngram:
-                # the copy boost's far side; the fill's own n-gram (its lookup and its context)
-                canvas.attach_far(self.tok.encode_lines(job.lookup[-LOOKUP_CHARS:]) if job.lookup else None)
-            if opts.workspace_ngram and job.workspace is not None:  # the workspace's n-gram, less the filled file
-                mem = self.workspaces.get(job.workspace)
-                canvas.workspace = mem.view(exclude=job.document) if mem is not None else None
-            if opts.ngram:  # the corpus n-gram memory
-                canvas.ngram = self.ngram
-            if opts.names or opts.brackets:  # identifier-aware decoding (the names of the job's texts), the bracket rule
-                known = names.known_names(job.prefix, job.suffix, job.lookup) if opts.names else names.NameSet(())
-                canvas.names = names.NameBias(names.vocab_for(self.tok), [known, self.corpus_names], opts.names or 0.0,
-                                              self.tok.decode(p_ids[-48:]), self.tok.decode, brackets=opts.brackets or 0.0,
-                                              ends=(self.cfg.pad_token_id, self.cfg.eos_token_id) + tuple(canvas.stop_ids or ()))
-            canvas.full_ms = self._full_ms_per_token * canvas.ids.shape[0]
-            if job.session is not None and isinstance(canvas, ReorderCanvas):  # exact reuse across keystrokes
-                canvas.session, canvas.session_key = self._sessions, job.session
-            elif job.session is not None and reuse.applies(canvas):  # approximate reuse (full attention)
-                canvas.reuse = (self._reuse, job.session)
+            canvas, heal_text = levers.prepare(job, p_ids, s_ids, self._owned())
         except Exception as e:  # noqa: BLE001
             _resolve(fut, exc=e if isinstance(e, EngineError) else EngineError(f"bad job: {e}"))
             with self._stats_lock:
                 self.stats["failed_jobs"] += 1
             return None
-        return _Active(job, canvas, fut, started, heal.text if heal else "")
+        return _Active(job, canvas, fut, started, heal_text)
+
+    def _owned(self) -> levers.Owned:
+        """What the levers read from this service, as it stands now (a job's estimate, memories, caches)."""
+        return levers.Owned(tok=self.tok, cfg=self.cfg, device=self.device, decode_defaults=self.serving.get("decode", {}),
+                            ngram_table=self.ngram, workspaces=self.workspaces, corpus_names=self.corpus_names,
+                            sessions=self._sessions, reuse_cache=self._reuse, full_ms_per_token=self._full_ms_per_token)
 
     def _encode(self, job: FillJob) -> tuple[list[int], list[int]]:
         """The job's prefix and suffix ids. With a session key, its last request's texts and ids let
