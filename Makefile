@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # the CPU torch wheel lies on local disk; an unpinned torch would pull a multi-GB CUDA build
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test test-python test-editors bench eval replay clean
+.PHONY: setup demo test lint test-python test-editors bench eval replay clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,7 +19,13 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/dlm-lsp demo
 
-test: setup test-python test-editors
+test: setup lint test-python test-editors
+
+# static checks: lint and format (ruff), types (mypy) on the product; settings in pyproject.toml
+lint: setup
+	$(VENV)/bin/ruff check engine dlm_lsp kernels tests scripts
+	$(VENV)/bin/ruff format --check engine dlm_lsp kernels tests scripts
+	$(VENV)/bin/mypy
 
 test-python: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
