@@ -4,6 +4,7 @@ Both go through the server's own path - documents.Document -> context.build_requ
 context.to_fill_job -> engine -> postprocess.finish with the same syntax check - so what they
 print is what an editor would show for the same cursor (minus typing-through and scheduling).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,14 @@ DEMO_FILE = EXAMPLES_DIR / "tide_log.py"
 
 # Holes for the demo: (text that ends right at the cursor, the original text cut out there).
 DEMO_HOLES = [
-    ('level = line.split()\n        when = datetime.strptime(', 'f"{day} {clock}", "%Y-%m-%d %H:%M"'),
+    ("level = line.split()\n        when = datetime.strptime(", 'f"{day} {clock}", "%Y-%m-%d %H:%M"'),
     ("    def tidal_range(self) -> float:\n        ", "return self.high - self.low"),
     ("self.add(Reading.parse(line))\n            added += 1\n        return ", "added"),
     ('the extreme readings."""\n    if not ', "readings"),
-    ("for a, b in zip(self.readings, self.readings[1:]):\n            ",
-     "if b.when - a.when > longest:\n                found.append((a.when, b.when))"),
+    (
+        "for a, b in zip(self.readings, self.readings[1:]):\n            ",
+        "if b.when - a.when > longest:\n                found.append((a.when, b.when))",
+    ),
     ("    levels = [r.level for r in readings]\n    mean = ", "sum(levels) / len(levels)"),
 ]
 
@@ -52,10 +55,17 @@ class HeadlessFill:
     def as_json(self) -> dict:
         return {
             "text": self.text,
-            "range": {"start": {"line": self.start[0], "character": self.start[1]},
-                      "end": {"line": self.end[0], "character": self.end[1]}},
-            "hole_kind": self.hole_kind, "latency_ms": round(self.latency_ms, 1), "steps": self.steps,
-            "tokens": self.tokens, "raw": self.raw, "dropped": self.dropped, "deadline_hit": self.deadline_hit,
+            "range": {
+                "start": {"line": self.start[0], "character": self.start[1]},
+                "end": {"line": self.end[0], "character": self.end[1]},
+            },
+            "hole_kind": self.hole_kind,
+            "latency_ms": round(self.latency_ms, 1),
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "raw": self.raw,
+            "dropped": self.dropped,
+            "deadline_hit": self.deadline_hit,
             "confidence": round(self.confidence, 4),
         }
 
@@ -73,9 +83,17 @@ def load_engine(model: str | None = None, device: str = "auto"):
     return engine
 
 
-def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_fill_tokens: int = 64,
-                  filters: bool = True, min_confidence: float | None = None, neighbours: str = "",
-                  workspace: str | None = None) -> HeadlessFill:
+def fill_document(
+    engine,
+    doc: Document,
+    offset: int,
+    budget_ms: int = 300,
+    max_fill_tokens: int = 64,
+    filters: bool = True,
+    min_confidence: float | None = None,
+    neighbours: str = "",
+    workspace: str | None = None,
+) -> HeadlessFill:
     """Runs the server's context -> engine -> postprocess path for one cursor (`neighbours`: the
     cross-file far text, context.build_request's; `workspace`: the engine's workspace memory the
     job names, the document left out, as the server's jobs do)."""
@@ -87,19 +105,33 @@ def fill_document(engine, doc: Document, offset: int, budget_ms: int = 300, max_
 
         job.workspace, job.document = workspace, uri_key(doc.uri)
     fill = engine.run_now(job)
-    check = postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
+    check = (
+        postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
+    )
     gate = InitializationOptions().min_confidence if min_confidence is None else min_confidence
     if gate is None:  # the model's own gate, as the server applies it
         gate = getattr(engine, "serving", {}).get("min_confidence", 0.0)
     cal = Calibrator.from_json(getattr(engine, "serving", {}).get("calibrator"))
-    fin = postprocess.finish(req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate,
-                             calibrator=cal)
+    fin = postprocess.finish(
+        req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate, calibrator=cal
+    )
     latency = (time.monotonic() - arrival) * 1000
     idx = doc.index()
     start = idx.position(offset)
     end = idx.position(offset + fin.replace_len)
-    return HeadlessFill(fin.text, start, end, req.hole_kind, latency, fill.steps, fill.tokens, fill.text,
-                        fin.dropped, fill.deadline_hit, fill.confidence)
+    return HeadlessFill(
+        fin.text,
+        start,
+        end,
+        req.hole_kind,
+        latency,
+        fill.steps,
+        fill.tokens,
+        fill.text,
+        fin.dropped,
+        fill.deadline_hit,
+        fill.confidence,
+    )
 
 
 WORKSPACE_SPACE = "workspace"  # the name of the workspace memory complete() gives the engine
@@ -120,9 +152,18 @@ def workspace_snippets(folder: str, doc: Document, offset: int, engine=None) -> 
     return ws.cross_file(doc.uri, doc.text, offset, doc.language_id, [], SNIPPET_CHARS) or ""
 
 
-def complete(path: str, line: int, col: int, model: str | None = None, as_json: bool = False,
-             budget_ms: int | None = None, device: str = "auto", engine=None, filters: bool = True,
-             workspace: str | None = None) -> str:
+def complete(
+    path: str,
+    line: int,
+    col: int,
+    model: str | None = None,
+    as_json: bool = False,
+    budget_ms: int | None = None,
+    device: str = "auto",
+    engine=None,
+    filters: bool = True,
+    workspace: str | None = None,
+) -> str:
     """Returns what `dlm-lsp complete PATH:LINE:COL` prints (1-based line and column, columns in
     characters): the fill, or with as_json one JSON object. `workspace`: a folder whose other files
     give the fill its cross-file context, as the server's workspace does."""
@@ -134,8 +175,15 @@ def complete(path: str, line: int, col: int, model: str | None = None, as_json: 
     engine = engine or load_engine(model, device)
     near = workspace_snippets(workspace, doc, offset, engine) if workspace else ""
     budget = budget_ms if budget_ms is not None else InitializationOptions().budget_ms
-    res = fill_document(engine, doc, offset, budget, filters=filters, neighbours=near,
-                        workspace=WORKSPACE_SPACE if workspace and hasattr(engine, "workspace_files") else None)
+    res = fill_document(
+        engine,
+        doc,
+        offset,
+        budget,
+        filters=filters,
+        neighbours=near,
+        workspace=WORKSPACE_SPACE if workspace and hasattr(engine, "workspace_files") else None,
+    )
     if as_json:
         return json.dumps(res.as_json())
     return res.text
@@ -148,13 +196,19 @@ def _parse_location(loc: str) -> tuple[str, int, int]:
 
 def add_complete_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("location", metavar="PATH:LINE:COL", help="file and 1-based line and column of the cursor")
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, range, hole_kind, latency_ms, steps, tokens)")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object (text, range, hole_kind, latency_ms, steps, tokens)"
+    )
     p.add_argument("--model", default=None, help="model folder or HF cache id (default: the embedded model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--budget-ms", type=int, default=None, help="deadline for the fill (default 300)")
     p.add_argument("--raw", action="store_true", help="skip the post-processing filters")
-    p.add_argument("--workspace", default=None, metavar="DIR",
-                   help="cross-file context from this folder's other files, as the server's workspace (workspaceContext)")
+    p.add_argument(
+        "--workspace",
+        default=None,
+        metavar="DIR",
+        help="cross-file context from this folder's other files, as the server's workspace (workspaceContext)",
+    )
 
 
 def run_complete(args: argparse.Namespace) -> int:
@@ -169,8 +223,19 @@ def run_complete(args: argparse.Namespace) -> int:
     if args.workspace is not None and not Path(args.workspace).is_dir():
         print(f"no such folder: {args.workspace}", file=sys.stderr)
         return 2
-    print(complete(path, line, col, model=args.model, as_json=args.json, budget_ms=args.budget_ms,
-                   device=args.device, filters=not args.raw, workspace=args.workspace))
+    print(
+        complete(
+            path,
+            line,
+            col,
+            model=args.model,
+            as_json=args.json,
+            budget_ms=args.budget_ms,
+            device=args.device,
+            filters=not args.raw,
+            workspace=args.workspace,
+        )
+    )
     return 0
 
 
@@ -214,9 +279,11 @@ def run_demo(args: argparse.Namespace) -> int:
         doc = Document(path.resolve().as_uri(), lang, 1, cut)
         res = fill_document(engine, doc, cursor, budget)
         line, col = doc.index().row_col(cursor)
-        print(f"\n{path.name}:{line + 1}:{col + 1}  {res.hole_kind:6}  {res.latency_ms:6.1f} ms  "
-              f"{res.steps:2d} steps  {res.tokens:2d} tokens  confidence {res.confidence:.2f}"
-              f"{'  (deadline)' if res.deadline_hit else ''}")
+        print(
+            f"\n{path.name}:{line + 1}:{col + 1}  {res.hole_kind:6}  {res.latency_ms:6.1f} ms  "
+            f"{res.steps:2d} steps  {res.tokens:2d} tokens  confidence {res.confidence:.2f}"
+            f"{'  (deadline)' if res.deadline_hit else ''}"
+        )
         print(f"  line : {doc.index().line_text(line).strip()}")
         print(f"  truth: {_show(truth)}")
         print(f"  fill : {_show(res.text) if res.text else '(nothing shown: ' + (res.dropped or 'empty') + ')'}")

@@ -10,6 +10,7 @@ workspace/didChangeConfiguration, so a `model` arriving there that differs from 
 started with is refused with a warning: opening a folder never makes the server load weights from a
 path the folder chose. Changing the model is a user setting and a server restart.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,7 +75,8 @@ _CHECKS = {
     "workspace_context": lambda v: isinstance(v, bool),
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
     "engine": lambda v: v is None or v in ("inproc", "shared") or isinstance(v, dict),
-    "min_confidence": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
+    "min_confidence": lambda v: v is None
+    or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
 }
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
 
@@ -93,10 +95,12 @@ def engine_endpoint(value) -> tuple[dict | None, str | None]:
     if isinstance(value, str):
         value = {"url": value}
     if not isinstance(value, dict):
-        return None, "must be \"shared\", \"inproc\", a URL or an object {url, api, apiKeyEnv, model}"
+        return None, 'must be "shared", "inproc", a URL or an object {url, api, apiKeyEnv, model}'
     if any(k.lower() in ("apikey", "api_key", "key", "token") for k in value):
-        return None, ("takes no API key: put the key in an environment variable (or VS Code's secret storage) "
-                      "and name the variable in apiKeyEnv")
+        return None, (
+            "takes no API key: put the key in an environment variable (or VS Code's secret storage) "
+            "and name the variable in apiKeyEnv"
+        )
     unknown = sorted(set(value) - {"url", "api", "apiKeyEnv", "model"})
     if unknown:
         return None, f"has unknown keys {unknown}; known: url, api, apiKeyEnv, model"
@@ -115,8 +119,9 @@ def engine_endpoint(value) -> tuple[dict | None, str | None]:
     return {"url": url.strip(), "api": api, "apiKeyEnv": env, "model": model}, None
 
 
-def parse_options(raw, base: InitializationOptions | None = None,
-                  from_settings: bool = False) -> tuple[InitializationOptions, list[str]]:
+def parse_options(
+    raw, base: InitializationOptions | None = None, from_settings: bool = False
+) -> tuple[InitializationOptions, list[str]]:
     """Returns (options, warnings): `raw` applied over `base` (or the defaults); bad values keep the
     value from `base` and add a warning that names the key and the value used. `from_settings`:
     `raw` came from workspace settings (didChangeConfiguration), where MACHINE_KEYS may not change."""
@@ -144,9 +149,11 @@ def parse_options(raw, base: InitializationOptions | None = None,
                 warnings.append(f"dlm-lsp: option 'engine' {problem}; using {getattr(opts, name) or 'the default'!r}")
                 continue
         if from_settings and name in MACHINE_KEYS and value != getattr(opts, name):
-            warnings.append(f"dlm-lsp: {key!r} cannot be changed through workspace settings (a repository can "
-                            f"ship those); keeping {getattr(opts, name) or 'default'!r}. Set it in your user "
-                            "settings and restart the server.")
+            warnings.append(
+                f"dlm-lsp: {key!r} cannot be changed through workspace settings (a repository can "
+                f"ship those); keeping {getattr(opts, name) or 'default'!r}. Set it in your user "
+                "settings and restart the server."
+            )
             continue
         if not _CHECKS[name](value):
             kept = getattr(opts, name)

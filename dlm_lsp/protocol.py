@@ -12,6 +12,7 @@ every nested JSON object with a "jsonrpc" key into a message, so this module own
 Notifications are never answered: a malformed one, an unknown one or one whose handler fails is
 logged, never shown to the user. `exit` ends the loop: exit code 0 after `shutdown`, else 1.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,6 +56,7 @@ _HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*")  # RFC
 @dataclass(frozen=True)
 class Skipped:
     """Bytes the framer dropped, and why (the caller logs it)."""
+
     reason: str
     nbytes: int
 
@@ -104,8 +106,9 @@ class Framer:
         out: list[bytes | Skipped] = []
         self._flush_garbage(out)
         if self._need is not None:
-            out.append(Skipped(f"the input ended {self._need - len(self._buf)} bytes short of a message body",
-                               len(self._buf)))
+            out.append(
+                Skipped(f"the input ended {self._need - len(self._buf)} bytes short of a message body", len(self._buf))
+            )
         elif self._buf or self._block:
             out.append(Skipped("the input ended inside a header", len(self._buf) + self._block))
         self._buf.clear()
@@ -188,8 +191,13 @@ def check_envelope(data) -> tuple[str, object, str | None]:
     version_bad = data.get("jsonrpc") != "2.0"
     if "method" not in data:
         if "result" in data or "error" in data:
-            problem = ('jsonrpc must be "2.0"' if version_bad else
-                       None if id_ok or (msg_id is None and "error" in data) else "id must be an integer or a string")
+            problem = (
+                'jsonrpc must be "2.0"'
+                if version_bad
+                else None
+                if id_ok or (msg_id is None and "error" in data)
+                else "id must be an integer or a string"
+            )
             return "response", reply, problem
         return "invalid", None, "neither a request, a notification nor a response (no method, result or error)"
     if has_id and not id_ok:
@@ -362,9 +370,14 @@ def require_sync_types(converter) -> None:
         ok = isinstance(o, dict) and isinstance(o.get("uri"), str) and is_int(o.get("version"))
         return None if ok else "uri or version of the wrong type"
 
-    checks = ((types.TextDocumentContentChangePartial, change), (types.TextDocumentContentChangeWholeDocument, change),
-              (types.TextDocumentItem, item), (types.VersionedTextDocumentIdentifier, versioned))
+    checks = (
+        (types.TextDocumentContentChangePartial, change),
+        (types.TextDocumentContentChangeWholeDocument, change),
+        (types.TextDocumentItem, item),
+        (types.VersionedTextDocumentIdentifier, versioned),
+    )
     for cls, check in checks:
+
         def hook(obj, t, base=converter.get_structure_hook(cls), check=check, name=cls.__name__):
             problem = check(obj)
             if problem:
@@ -389,8 +402,11 @@ def _content_change(ch) -> ContentChange:
     if rng is None:
         return ContentChange(text)
     start, end = getattr(rng, "start", None), getattr(rng, "end", None)
-    return ContentChange(text, (getattr(start, "line", None), getattr(start, "character", None)),
-                         (getattr(end, "line", None), getattr(end, "character", None)))
+    return ContentChange(
+        text,
+        (getattr(start, "line", None), getattr(start, "character", None)),
+        (getattr(end, "line", None), getattr(end, "character", None)),
+    )
 
 
 # ---------------------------------------------------------------------- stdio loop

@@ -23,6 +23,7 @@
 Engine step counts are booked per job, so the share of steps spent on jobs later cancelled (or
 discarded as stale) can be reported.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -81,13 +82,22 @@ class Stats:
         with self._lock:
             steps = self.engine_steps
             return {
-                "requests": self.requests, "answered": self.answered, "empty": self.empty,
-                "cancelled": self.cancelled, "stale": self.stale, "typedThrough": self.typed_through,
+                "requests": self.requests,
+                "answered": self.answered,
+                "empty": self.empty,
+                "cancelled": self.cancelled,
+                "stale": self.stale,
+                "typedThrough": self.typed_through,
                 "typedAlong": self.typed_along,
-                "errors": self.errors, "late": self.late, "engineJobs": self.engine_jobs, "engineSteps": steps,
+                "errors": self.errors,
+                "late": self.late,
+                "engineJobs": self.engine_jobs,
+                "engineSteps": steps,
                 "wastedSteps": self.wasted_steps,
-                "engineForwardedTokens": self.forwarded_tokens, "engineReusedTokens": self.reused_tokens,
-                "engineReuseJobs": self.reuse_jobs, "engineJobRows": [list(r) for r in self.job_rows],
+                "engineForwardedTokens": self.forwarded_tokens,
+                "engineReusedTokens": self.reused_tokens,
+                "engineReuseJobs": self.reuse_jobs,
+                "engineJobRows": [list(r) for r in self.job_rows],
                 "wastedStepShare": (self.wasted_steps / steps) if steps else 0.0,
                 "lastLatencyMs": self.last_latency_ms,
             }
@@ -96,8 +106,16 @@ class Stats:
 class Ticket:
     """One inline-completion request on its way through the scheduler."""
 
-    def __init__(self, uri: str, version: int, arrival: float, budget_ms: int, loop: asyncio.AbstractEventLoop,
-                 offset: int = 0, text: str = ""):
+    def __init__(
+        self,
+        uri: str,
+        version: int,
+        arrival: float,
+        budget_ms: int,
+        loop: asyncio.AbstractEventLoop,
+        offset: int = 0,
+        text: str = "",
+    ):
         self.uri, self.version, self.arrival = uri, version, arrival
         self.deadline = arrival + budget_ms / 1000.0
         self.superseded: asyncio.Future = loop.create_future()
@@ -121,8 +139,10 @@ class Ticket:
         if "\n" in text[self.offset : cursor]:
             return False
         c = 256
-        return (text[max(0, self.offset - c) : self.offset] == self.text[max(0, self.offset - c) : self.offset]
-                and text[cursor : cursor + c] == self.text[self.offset : self.offset + c])
+        return (
+            text[max(0, self.offset - c) : self.offset] == self.text[max(0, self.offset - c) : self.offset]
+            and text[cursor : cursor + c] == self.text[self.offset : self.offset + c]
+        )
 
     async def race(self, aw):
         """Awaits `aw` unless a newer request supersedes this one first (then raises Superseded)."""
@@ -147,13 +167,22 @@ class Scheduler:
         self._latest: dict[str, Ticket] = {}
         self._inflight: dict[str, Ticket] = {}  # the ticket whose engine job is running, per document
 
-    def begin(self, uri: str, version: int, budget_ms: int, arrival: float | None = None, offset: int = 0,
-              text: str = "", spare: Ticket | None = None) -> Ticket:
+    def begin(
+        self,
+        uri: str,
+        version: int,
+        budget_ms: int,
+        arrival: float | None = None,
+        offset: int = 0,
+        text: str = "",
+        spare: Ticket | None = None,
+    ) -> Ticket:
         """Registers a request; supersedes the document's previous one and cancels its job (a
         `spare`d ticket keeps running: the user is typing along it)."""
         loop = asyncio.get_running_loop()
-        ticket = Ticket(uri, version, arrival if arrival is not None else time.monotonic(), budget_ms, loop,
-                        offset, text)
+        ticket = Ticket(
+            uri, version, arrival if arrival is not None else time.monotonic(), budget_ms, loop, offset, text
+        )
         self.cancel_document(uri, spare)
         self._latest[uri] = ticket
         with self.stats._lock:
@@ -241,8 +270,11 @@ class Scheduler:
             with self.stats._lock:
                 self.stats.late += 1
             over = (time.monotonic() - ticket.deadline) * 1000
-            log.warning("engine job %s had no result %.0f ms past its deadline: answered empty, job cancelled",
-                        getattr(job, "job_id", "?"), over)
+            log.warning(
+                "engine job %s had no result %.0f ms past its deadline: answered empty, job cancelled",
+                getattr(job, "job_id", "?"),
+                over,
+            )
             raise Late() from None
 
     def _booked(self, ticket: Ticket, fut: Future) -> None:
@@ -297,7 +329,9 @@ class TypingThrough:
             self._shown.pop(uri, None)
             return
         c = self.CONTEXT
-        self._shown[uri] = Shown(offset, fill, replace_len, text[max(0, offset - c) : offset], text[offset : offset + c])
+        self._shown[uri] = Shown(
+            offset, fill, replace_len, text[max(0, offset - c) : offset], text[offset : offset + c]
+        )
 
     def forget(self, uri: str) -> None:
         self._shown.pop(uri, None)

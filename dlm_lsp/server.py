@@ -24,6 +24,7 @@ they ran before ours, kept a second copy of every document, and while updating i
 params' positions in place against str.splitlines() lines (which also break at \\f, \\x85,
 \\u2028...), so our handlers would then have applied edits at moved positions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,13 @@ def default_engine_factory(model, device, on_state, threads=None, engine=None):
     if isinstance(engine, dict):  # a FIM HTTP endpoint (dlm_lsp.options.engine_endpoint normalized it)
         from engine.clients.http_engine import HttpEngine
 
-        return HttpEngine(engine["url"], api=engine.get("api") or "openai-fim", api_key_env=engine.get("apiKeyEnv"),
-                          model=engine.get("model"), on_state=on_state)
+        return HttpEngine(
+            engine["url"],
+            api=engine.get("api") or "openai-fim",
+            api_key_env=engine.get("apiKeyEnv"),
+            model=engine.get("model"),
+            on_state=on_state,
+        )
     if (engine or os.environ.get("DLM_ENGINE") or "shared") == "shared":
         from engine.clients.remote import RemoteEngine
 
@@ -83,12 +89,14 @@ def default_engine_factory(model, device, on_state, threads=None, engine=None):
 
 MAX_OPEN_SNIPPET_DOCS = 16  # the most recently edited open documents searched with the workspace's files
 
+
 class DlmServer(LanguageServer):
     """Documents, options, scheduler and the engine handle of one editor session."""
 
     def __init__(self, engine_factory=None):
-        super().__init__("dlm-lsp", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
-                         protocol_cls=DlmProtocol)
+        super().__init__(
+            "dlm-lsp", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental, protocol_cls=DlmProtocol
+        )
         self.options = InitializationOptions()
         self.option_warnings: list[str] = []
         self.documents = DocumentStore()
@@ -142,6 +150,7 @@ class DlmServer(LanguageServer):
 
     def change_workspace_folders(self, added, removed) -> None:
         """workspace/didChangeWorkspaceFolders: the folders' URIs updated, the index re-rooted."""
+
         def key(uri):  # clients differ in escaping and trailing slashes
             return unquote(uri).rstrip("/") if isinstance(uri, str) else None
 
@@ -165,6 +174,7 @@ class DlmServer(LanguageServer):
 
         def feed(changes: dict, engine=engine) -> None:
             engine.workspace_files(WORKSPACE_SPACE, changes)  # in-process: counted here; shared: sent
+
         return feed
 
     def start_engine(self) -> None:
@@ -201,27 +211,39 @@ class DlmServer(LanguageServer):
             return  # a callback from an engine that was replaced
         self.engine_state = state
         self.engine_info.update({k: v for k, v in info.items() if v is not None or k == "message"})
-        log.info("engine %s (%s on %s, %s torch threads)%s", state, self.engine_info.get("model"),
-                 self.engine_info.get("device"), self.engine_info.get("threads", "?"),
-                 f": {info.get('message')}" if info.get("message") else "")
+        log.info(
+            "engine %s (%s on %s, %s torch threads)%s",
+            state,
+            self.engine_info.get("model"),
+            self.engine_info.get("device"),
+            self.engine_info.get("threads", "?"),
+            f": {info.get('message')}" if info.get("message") else "",
+        )
         if state in ("ready", "error"):
             self._ready.set()
             self._end_progress(state)
         if state == "error":
-            self.window_show_message(types.ShowMessageParams(
-                type=types.MessageType.Error,
-                message=f"dlm-lsp: {info.get('message') or 'the model failed to load'}. "
-                        "Check the `model` and `device` options (or run `dlm-lsp complete` to see the error).",
-            ))
+            self.window_show_message(
+                types.ShowMessageParams(
+                    type=types.MessageType.Error,
+                    message=f"dlm-lsp: {info.get('message') or 'the model failed to load'}. "
+                    "Check the `model` and `device` options (or run `dlm-lsp complete` to see the error).",
+                )
+            )
         self.send_status()
 
     def send_status(self) -> None:
         """Sends the dlm/status notification."""
-        self.protocol.notify(STATUS, {
-            "state": self.engine_state, "model": str(self.engine_info.get("model") or "default"),
-            "device": str(self.engine_info.get("device") or self.options.device),
-            "lastLatencyMs": self.stats.last_latency_ms, "message": self.engine_info.get("message"),
-        })
+        self.protocol.notify(
+            STATUS,
+            {
+                "state": self.engine_state,
+                "model": str(self.engine_info.get("model") or "default"),
+                "device": str(self.engine_info.get("device") or self.options.device),
+                "lastLatencyMs": self.stats.last_latency_ms,
+                "message": self.engine_info.get("message"),
+            },
+        )
 
     def _supports_progress(self) -> bool:
         caps = getattr(self.protocol, "client_capabilities", None)
@@ -237,8 +259,12 @@ class DlmServer(LanguageServer):
                 await asyncio.wait_for(self.work_done_progress.create_async(token), 5)
                 if self.engine_state != "loading" or token != f"{PROGRESS_TOKEN}/{self.engine_gen}":
                     return
-                self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
-                    title="dlm-lsp", message=f"loading model {self.engine_info.get('model')}", cancellable=False))
+                self.work_done_progress.begin(
+                    token,
+                    types.WorkDoneProgressBegin(
+                        title="dlm-lsp", message=f"loading model {self.engine_info.get('model')}", cancellable=False
+                    ),
+                )
                 self._progress_open = token
             except Exception as e:  # noqa: BLE001 - progress is cosmetic
                 log.debug("work done progress unavailable: %s", e)
@@ -248,8 +274,9 @@ class DlmServer(LanguageServer):
     def _end_progress(self, state: str) -> None:
         if self._progress_open:
             token, self._progress_open = self._progress_open, None
-            self.work_done_progress.end(token, types.WorkDoneProgressEnd(
-                message="model ready" if state == "ready" else "model failed to load"))
+            self.work_done_progress.end(
+                token, types.WorkDoneProgressEnd(message="model ready" if state == "ready" else "model failed to load")
+            )
 
     async def _wait_ready(self, ticket) -> bool:
         """True once the engine is ready; waits at most until the request's deadline."""
@@ -400,23 +427,45 @@ class DlmServer(LanguageServer):
 
     def _postprocess(self, req, fill, ticket, tree, doc, offset: int):
         """The engine's text made the editor's fill (postprocess.finish: filters, syntax check, gate)."""
-        check = (postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
-                 if tree is not None and self.options.postprocess else None)
-        return postprocess.finish(req, fill.text, check, filters=self.options.postprocess,
-                                  confidence=fill.confidence, min_confidence=self.fill_gate(),
-                                  calibrator=self.fill_calibrator())
+        check = (
+            postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
+            if tree is not None and self.options.postprocess
+            else None
+        )
+        return postprocess.finish(
+            req,
+            fill.text,
+            check,
+            filters=self.options.postprocess,
+            confidence=fill.confidence,
+            min_confidence=self.fill_gate(),
+            calibrator=self.fill_calibrator(),
+        )
 
-    def _report_fill(self, uri: str, position: types.Position, req, fill, fin, context_ms: float, arrival: float,
-                     stale: bool) -> None:
+    def _report_fill(
+        self, uri: str, position: types.Position, req, fill, fin, context_ms: float, arrival: float, stale: bool
+    ) -> None:
         """Records the fill's latency, logs its timings and sends dlm/status."""
         latency = (time.monotonic() - arrival) * 1000
         self.stats.last_latency_ms = round(latency, 1)
         log.debug(
             "fill %s:%d:%d %s: context %.1f ms, queue %.1f ms, engine %.1f ms, %d steps, %d tokens, "
-            "postprocess %.1f ms, total %.1f ms%s%s%s", uri.rsplit("/", 1)[-1], position.line, position.character,
-            req.hole_kind, context_ms, fill.queue_ms, fill.compute_ms, fill.steps, fill.tokens,
-            fin.postprocess_ms, latency, " (deadline hit)" if fill.deadline_hit else "",
-            f" dropped: {fin.dropped}" if fin.dropped else "", " (typed along: kept)" if stale else "")
+            "postprocess %.1f ms, total %.1f ms%s%s%s",
+            uri.rsplit("/", 1)[-1],
+            position.line,
+            position.character,
+            req.hole_kind,
+            context_ms,
+            fill.queue_ms,
+            fill.compute_ms,
+            fill.steps,
+            fill.tokens,
+            fin.postprocess_ms,
+            latency,
+            " (deadline hit)" if fill.deadline_hit else "",
+            f" dropped: {fin.dropped}" if fin.dropped else "",
+            " (typed along: kept)" if stale else "",
+        )
         self.send_status()
 
     def _deliver(self, key: str, doc, offset: int, ticket, fill, fin, stale: bool):
@@ -509,7 +558,8 @@ def _register_lifecycle(server: DlmServer) -> None:
         """Reads initializationOptions (bad values fall back to defaults, with a warning later)."""
         ls.apply_options(params.initialization_options, initial=True)
         ls.workspace_folders = [f.uri for f in params.workspace_folders or []] or (
-            [params.root_uri] if params.root_uri else [])
+            [params.root_uri] if params.root_uri else []
+        )
         ls.workspace_roots = root_paths(None, [types.WorkspaceFolder(uri=u, name="") for u in ls.workspace_folders])
 
     @server.feature(types.INITIALIZED)
@@ -552,8 +602,9 @@ def _register_document_sync(server: DlmServer) -> None:
         """Applies edits (the tree re-parses when next used) and cancels the document's now-stale
         job (unless the edit only typed along it)."""
         uri = params.text_document.uri
-        doc = ls.documents.change(uri, params.text_document.version, content_changes(params.content_changes),
-                                  ls.encoding)
+        doc = ls.documents.change(
+            uri, params.text_document.version, content_changes(params.content_changes), ls.encoding
+        )
         key = ls.documents.key(uri)
         inflight = ls.scheduler.inflight(key)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
@@ -612,10 +663,14 @@ def _completion_item(text: str, rng: types.Range) -> types.CompletionItem:
     """A fill as one completion item, labelled by its first non-blank line."""
     label = text.strip().split("\n", 1)[0][:60] or text[:60]
     return types.CompletionItem(
-        label=label, kind=types.CompletionItemKind.Snippet, detail="dlm-lsp fill",
+        label=label,
+        kind=types.CompletionItemKind.Snippet,
+        detail="dlm-lsp fill",
         documentation=types.MarkupContent(kind=types.MarkupKind.PlainText, value=text),
-        text_edit=types.TextEdit(range=rng, new_text=text), filter_text=label,
-        insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
+        text_edit=types.TextEdit(range=rng, new_text=text),
+        filter_text=label,
+        insert_text_format=types.InsertTextFormat.PlainText,
+        sort_text="0",
     )
 
 
@@ -628,8 +683,12 @@ def _register_configuration(server: DlmServer) -> None:
         section = dlm_section(params.settings)
         if section is None and _supports_configuration(ls):
             try:
-                got = await asyncio.wait_for(ls.workspace_configuration_async(
-                    types.ConfigurationParams(items=[types.ConfigurationItem(section="dlm")])), 5)
+                got = await asyncio.wait_for(
+                    ls.workspace_configuration_async(
+                        types.ConfigurationParams(items=[types.ConfigurationItem(section="dlm")])
+                    ),
+                    5,
+                )
                 section = got[0] if got and isinstance(got[0], dict) else None
             except Exception as e:  # noqa: BLE001
                 log.debug("workspace/configuration failed: %s", e)
@@ -643,6 +702,7 @@ def _register_dlm_requests(server: DlmServer) -> None:
     @server.feature(DOCUMENT_TEXT)
     def document_text(ls: DlmServer, params=None):
         """The server's copy of a document, {"uri", "version", "text"}, or None when it is not open."""
+
         def field(obj, name):  # pygls hands params of non-LSP methods over as namedtuples
             return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
@@ -650,7 +710,7 @@ def _register_dlm_requests(server: DlmServer) -> None:
         if not isinstance(uri, str):
             from pygls.exceptions import JsonRpcInvalidParams
 
-            raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT} needs {{\"textDocument\": {{\"uri\": ...}}}}")
+            raise JsonRpcInvalidParams(f'{DOCUMENT_TEXT} needs {{"textDocument": {{"uri": ...}}}}')
         doc = ls.documents.get(uri)
         return None if doc is None else {"uri": uri, "version": doc.version, "text": doc.text}
 
@@ -658,9 +718,15 @@ def _register_dlm_requests(server: DlmServer) -> None:
     def stats(ls: DlmServer, params=None):
         """Counters since start (requests, cancelled, typed-through, engine steps, wasted steps...)."""
         out = ls.stats.as_json()
-        out.update({"state": ls.engine_state, "model": str(ls.engine_info.get("model")),
-                    "device": str(ls.engine_info.get("device")), "threads": ls.engine_info.get("threads"),
-                    "message": ls.engine_info.get("message")})
+        out.update(
+            {
+                "state": ls.engine_state,
+                "model": str(ls.engine_info.get("model")),
+                "device": str(ls.engine_info.get("device")),
+                "threads": ls.engine_info.get("threads"),
+                "message": ls.engine_info.get("message"),
+            }
+        )
         return out
 
 
@@ -683,10 +749,18 @@ def serve(engine_factory=None) -> int:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)")
+    p.add_argument(
+        "--stdio",
+        action="store_true",
+        help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)",
+    )
     p.add_argument("--log-file", default=None, help="also write the log to this file")
-    p.add_argument("--engine", choices=["shared", "inproc"], default=None,
-                   help="the user's shared engine daemon (default; DLM_ENGINE) or one in this process")
+    p.add_argument(
+        "--engine",
+        choices=["shared", "inproc"],
+        default=None,
+        help="the user's shared engine daemon (default; DLM_ENGINE) or one in this process",
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:

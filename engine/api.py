@@ -1,5 +1,6 @@
 """The engine's public types: a FillJob goes in, a Fill comes out. Text and token ids only; the
 engine knows nothing of URIs, documents or editors."""
+
 from __future__ import annotations
 
 import itertools
@@ -193,9 +194,25 @@ class Fill:
         return self.forwarded_tokens + self.reused_tokens
 
 
-MODEL_DECODE_KEYS = ("copy_bigram", "copy_unigram", "copy_order", "copy_far", "copy_chain", "names", "brackets", "stop_below",
-                     "ngram", "local_ngram", "workspace_ngram")  # DecodeOptions a model's serving.json may set
-KIND_DECODE_KEYS = ("ngram", "local_ngram", "workspace_ngram", "stop_below")  # ... and per hole kind, as "<key>_kinds": {kind: value}
+MODEL_DECODE_KEYS = (
+    "copy_bigram",
+    "copy_unigram",
+    "copy_order",
+    "copy_far",
+    "copy_chain",
+    "names",
+    "brackets",
+    "stop_below",
+    "ngram",
+    "local_ngram",
+    "workspace_ngram",
+)  # DecodeOptions a model's serving.json may set
+KIND_DECODE_KEYS = (
+    "ngram",
+    "local_ngram",
+    "workspace_ngram",
+    "stop_below",
+)  # ... and per hole kind, as "<key>_kinds": {kind: value}
 
 
 def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None = None) -> DecodeOptions:
@@ -204,9 +221,19 @@ def with_model_defaults(o: DecodeOptions, model_decode: dict, kind: str | None =
     so for each of KIND_DECODE_KEYS), else its off value."""
     import dataclasses
 
-    off = {"copy_bigram": 0.0, "copy_unigram": 0.0, "copy_order": 1, "copy_far": 0.0, "copy_chain": False, "names": 0.0, "brackets": 0.0,
-           "stop_below": 0.0, "ngram": 0.0, "local_ngram": 0.0,
-           "workspace_ngram": 0.0}
+    off = {
+        "copy_bigram": 0.0,
+        "copy_unigram": 0.0,
+        "copy_order": 1,
+        "copy_far": 0.0,
+        "copy_chain": False,
+        "names": 0.0,
+        "brackets": 0.0,
+        "stop_below": 0.0,
+        "ngram": 0.0,
+        "local_ngram": 0.0,
+        "workspace_ngram": 0.0,
+    }
     model_decode = dict(model_decode)
     for key in KIND_DECODE_KEYS:
         if kind is not None and kind in model_decode.get(f"{key}_kinds", {}):

@@ -5,6 +5,7 @@ the same files as data files (pyproject.toml, `[tool.setuptools.data-files]`), w
 the environment's `share/dlm-lsp/` (a venv, a pipx or `uv tool` environment, or the user's base with
 `--user`). The checkout wins where both exist, so an editable install reads the repository's files.
 """
+
 from __future__ import annotations
 
 import sysconfig

@@ -17,6 +17,7 @@ Beyond encode and decode, two things a cursor asks of it:
   tokenizes its line, not the file. `encode_lines` does the like for far text: it tokenizes by
   pieces and keeps each piece's ids across keystrokes.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -92,9 +93,11 @@ class TextTokenizer:
             # this project's specials by name, and every added special token of a family's tokenizer
             # (<|im_start|>, <|mdm_mask|>, ...): a fill never re-types the cursor's text with one
             self._special = {self.tok.token_to_id(t) for t in SPECIALS} | {
-                i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
-            self._sorted = sorted((t, i) for i, t in enumerate(self._texts)
-                                  if i not in self._special and "\ufffd" not in t)
+                i for i, t in self.tok.get_added_tokens_decoder().items() if t.special
+            }
+            self._sorted = sorted(
+                (t, i) for i, t in enumerate(self._texts) if i not in self._special and "\ufffd" not in t
+            )
             self._by_text = {t: i for t, i in self._sorted}  # whole-UTF-8 texts are unique per token
         for k in range(min(max_back, len(prefix)), 0, -1):
             tail = prefix[len(prefix) - k :]
@@ -190,10 +193,14 @@ class TextTokenizer:
         if getattr(self, "_edit_ok", None) is None:
             spec = json.loads(self.tok.to_str())
             pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
-            self._edit_ok = (spec.get("normalizer") is None and model.get("type") == "BPE"
-                             and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
-                             and not pre.get("add_prefix_space", False)
-                             and not any(re.search(r"\s", a["content"]) for a in spec.get("added_tokens") or []))
+            self._edit_ok = (
+                spec.get("normalizer") is None
+                and model.get("type") == "BPE"
+                and pre.get("type") == "ByteLevel"
+                and pre.get("use_regex", True)
+                and not pre.get("add_prefix_space", False)
+                and not any(re.search(r"\s", a["content"]) for a in spec.get("added_tokens") or [])
+            )
             if self._edit_ok:  # bytes per id: a byte-level token's string has one character per byte
                 added = {a["id"]: len(a["content"].encode("utf-8")) for a in spec.get("added_tokens") or []}
                 vocab = model.get("vocab") or {}
@@ -212,8 +219,11 @@ class TextTokenizer:
         `\\n    `, `\\n\\n`): where a single-line fill ends (DecodeOptions.stop_newline). Built once."""
         if getattr(self, "_newlines", None) is None:
             added = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
-            self._newlines = tuple(i for i in range(self.vocab_size) if i not in added
-                                   and "\n" in (t := self.tok.decode([i], skip_special_tokens=False)) and not t.strip())
+            self._newlines = tuple(
+                i
+                for i in range(self.vocab_size)
+                if i not in added and "\n" in (t := self.tok.decode([i], skip_special_tokens=False)) and not t.strip()
+            )
         return self._newlines
 
     def token_text(self, i: int) -> str:
@@ -267,7 +277,14 @@ def _boundary(text: str, limit: int, lines: int = 64) -> int | None:
         while f < len(text) and text[f] in " \t":
             f += 1
         b = f - 1
-        if b >= 1 and b + 1 < limit and f < len(text) and text[b] in _WS and text[b - 1] in _WS and "!" <= text[f] <= "~":
+        if (
+            b >= 1
+            and b + 1 < limit
+            and f < len(text)
+            and text[b] in _WS
+            and text[b - 1] in _WS
+            and "!" <= text[f] <= "~"
+        ):
             return b
         if s == 0:
             return None

@@ -10,6 +10,7 @@ or =triton overrides at import, `set_backend()` at run time (tests). With TRITON
 before Triton is first imported (Triton decorates its own language library at import), the kernel
 runs on CPU tensors in Triton's interpreter: that is how the tests check it without a GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,10 +68,26 @@ NEG_K = tl.constexpr(NEG) if tl is not None else NEG
 
 
 def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
-    h_ptr, g_ptr, w_ptr,  # (M, D), (D,), (V, D)
-    m_ptr, s_ptr, u_ptr, t1_ptr, t1i_ptr, t2_ptr,  # outputs (SPLIT, M) each
-    M, D, V, stride_hm, stride_wv, eps, ban, v_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    h_ptr,
+    g_ptr,
+    w_ptr,  # (M, D), (D,), (V, D)
+    m_ptr,
+    s_ptr,
+    u_ptr,
+    t1_ptr,
+    t1i_ptr,
+    t2_ptr,  # outputs (SPLIT, M) each
+    M,
+    D,
+    V,
+    stride_hm,
+    stride_wv,
+    eps,
+    ban,
+    v_per_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -81,7 +98,9 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
     sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < D), other=0.0)
+        x = tl.load(
+            h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < D), other=0.0
+        )
         x = x.to(tl.float32)
         sumsq += tl.sum(x * x, axis=1)
     rstd = 1.0 / tl.sqrt(sumsq / D + eps)
@@ -102,12 +121,17 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             d_ok = cols < D
-            x = tl.load(h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            x = tl.load(
+                h_ptr + rows[:, None] * stride_hm + cols[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
+            )
             g = tl.load(g_ptr + cols, mask=d_ok, other=0.0)
             xn = x.to(tl.float32) * rstd[:, None] * g.to(tl.float32)[None, :]
             # int64 offsets: V x D reaches 2^31 elements at large vocabularies (152k x 14k)
-            w = tl.load(w_ptr + vcols[None, :].to(tl.int64) * stride_wv + cols[:, None], mask=d_ok[:, None] & v_ok[None, :],
-                        other=0.0)
+            w = tl.load(
+                w_ptr + vcols[None, :].to(tl.int64) * stride_wv + cols[:, None],
+                mask=d_ok[:, None] & v_ok[None, :],
+                other=0.0,
+            )
             z += tl.dot(xn, w.to(tl.float32), input_precision="ieee")  # fp32 like the reference
         z = tl.where(v_ok[None, :] & (vcols[None, :] != ban), z, NEG_K)
 
@@ -171,8 +195,17 @@ def _combine_splits(m, s, u, t1, t1i, t2):
     return torch.exp(top1 - mx) / S, idx, torch.exp(top2 - mx) / S, torch.log(S) - U / S
 
 
-def slot_stats_triton(h, norm_w, eps, head_w, ban: int = -1, *, block_v: int | None = None,
-                      block_d: int | None = None, split: int | None = None):
+def slot_stats_triton(
+    h,
+    norm_w,
+    eps,
+    head_w,
+    ban: int = -1,
+    *,
+    block_v: int | None = None,
+    block_d: int | None = None,
+    split: int | None = None,
+):
     """The kernel's answer to slot_stats_reference (same signature and outputs); the keyword
     arguments override launch settings (tests cover odd blockings with them)."""
     if triton is None:
@@ -192,8 +225,28 @@ def slot_stats_triton(h, norm_w, eps, head_w, ban: int = -1, *, block_v: int | N
     m, s, u, t1, t2 = (torch.empty(sp, M, **f32) for _ in range(5))
     t1i = torch.empty(sp, M, dtype=torch.int32, device=h.device)
     grid = (triton.cdiv(M, st["BLOCK_M"]), sp)
-    _slot_stats_kernel[grid](h, norm_w, head_w, m, s, u, t1, t1i, t2, M, D, V, h.stride(0), head_w.stride(0),
-                             float(eps), int(ban), per, BLOCK_M=st["BLOCK_M"], BLOCK_D=bd, BLOCK_V=bv)
+    _slot_stats_kernel[grid](
+        h,
+        norm_w,
+        head_w,
+        m,
+        s,
+        u,
+        t1,
+        t1i,
+        t2,
+        M,
+        D,
+        V,
+        h.stride(0),
+        head_w.stride(0),
+        float(eps),
+        int(ban),
+        per,
+        BLOCK_M=st["BLOCK_M"],
+        BLOCK_D=bd,
+        BLOCK_V=bv,
+    )
     if sp == 1:
         S, U, mx = s[0], u[0], m[0]
         return torch.exp(t1[0] - mx) / S, t1i[0].long(), torch.exp(t2[0] - mx) / S, torch.log(S) - U / S

@@ -5,6 +5,7 @@ one session's commit limit.
 
     .venv/bin/python scripts/bakeoff_snapshot.py v2a v2-ar v2b v2c
 """
+
 from __future__ import annotations
 
 import shutil
@@ -16,8 +17,15 @@ sys.path.insert(0, str(ROOT))
 
 from engine.train.loop import OPTIMIZER_FILE, slim_optimizer  # noqa: E402
 
-KEEP = ("config.json", "model.safetensors", "tokenizer.json", "training_state.json", "train_log.jsonl",
-        "train_curve.png", OPTIMIZER_FILE)
+KEEP = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "training_state.json",
+    "train_log.jsonl",
+    "train_curve.png",
+    OPTIMIZER_FILE,
+)
 
 
 def snapshot(name: str, runs: Path = ROOT / "runs", dest: Path = ROOT / "models" / "bakeoff") -> Path:

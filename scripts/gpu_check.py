@@ -20,6 +20,7 @@
 With --tiny (scripts/gpu_check.sh sets it for TINY=1 or when no CUDA GPU is visible) the same code
 runs on the CPU with tiny shapes in fp32: that is what tests/test_gpu_check.py runs. Writes JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,15 +65,28 @@ def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
             got = model(ids.to(dev))[0].float().cpu()
         rel = float((got - want).abs().max() / want.abs().max())
         top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
-        row = {"max_abs_err": float((got - want).abs().max()), "rel_err": rel, "top1_agree": top1,
-               "ok": rel <= BF16_REL_TOL or dtype == torch.float32 and rel <= 1e-4}
+        row = {
+            "max_abs_err": float((got - want).abs().max()),
+            "rel_err": rel,
+            "top1_agree": top1,
+            "ok": rel <= BF16_REL_TOL or dtype == torch.float32 and rel <= 1e-4,
+        }
         t0 = time.perf_counter()
-        c = build_canvas(tok.encode("def add(a, b):\n    ret"), tok.encode("\n\nprint(add(1, 2))\n"), 8, cfg,
-                         DecodeOptions(heal=False), device=dev)
+        c = build_canvas(
+            tok.encode("def add(a, b):\n    ret"),
+            tok.encode("\n\nprint(add(1, 2))\n"),
+            8,
+            cfg,
+            DecodeOptions(heal=False),
+            device=dev,
+        )
         r = fill(model, c)
         _sync(dev)
-        row.update(fill_ok=all(0 <= t < cfg.vocab_size and t != cfg.mask_token_id for t in r.ids), fill_steps=r.steps,
-                   fill_ms=(time.perf_counter() - t0) * 1000)
+        row.update(
+            fill_ok=all(0 <= t < cfg.vocab_size and t != cfg.mask_token_id for t in r.ids),
+            fill_steps=r.steps,
+            fill_ms=(time.perf_counter() - t0) * 1000,
+        )
         row["ok"] = row["ok"] and row["fill_ok"]
         out[name] = row
         del model, ref
@@ -91,25 +105,44 @@ def kernels(dev: torch.device, tiny: bool) -> dict:
     if ks.triton is None:
         return {"skipped": "Triton is not installed", "ok": True}
     if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return {"skipped": "no CUDA device and TRITON_INTERPRET unset (tests/test_kernels.py covers the CPU)", "ok": True}
+        return {
+            "skipped": "no CUDA device and TRITON_INTERPRET unset (tests/test_kernels.py covers the CPU)",
+            "ok": True,
+        }
     from tests.test_kernels import CASES, DTYPES, _case_id, _inputs
 
-    cases = CASES[:3] if tiny else CASES + [(M, D, V, dt, 7, {}) for M in (1, 8, 33) for D, V in ((192, 8192), (3584, 152064))
-                                            for dt in ("fp32", "bf16")]
+    cases = (
+        CASES[:3]
+        if tiny
+        else CASES
+        + [
+            (M, D, V, dt, 7, {})
+            for M in (1, 8, 33)
+            for D, V in ((192, 8192), (3584, 152064))
+            for dt in ("fp32", "bf16")
+        ]
+    )
     rows, ok = {}, True
     for i, (M, D, V, dt, ban, kw) in enumerate(cases):
         h, nw, hw = (t.to(dev) for t in _inputs(M, D, V, DTYPES[dt][0], seed=i))
         got = ks.slot_stats_triton(h, nw, 1e-5, hw, ban=ban, **kw)
         want = ks.slot_stats_reference(h, nw, 1e-5, hw, ban=ban)
-        errs = {n: float((a.double() - b.double()).abs().max()) for n, a, b in
-                zip(("max_prob", "top2_prob", "entropy"), (got[0], got[2], got[3]), (want[0], want[2], want[3]))}
+        errs = {
+            n: float((a.double() - b.double()).abs().max())
+            for n, a, b in zip(
+                ("max_prob", "top2_prob", "entropy"), (got[0], got[2], got[3]), (want[0], want[2], want[3])
+            )
+        }
         agree = float((got[1] == want[1]).float().mean())
         banned = ban >= 0 and bool((got[1] == ban).any())
         good = max(errs.values()) <= KERNEL_ATOL and agree == 1.0 and not banned
         ok = ok and good
         rows[_case_id((M, D, V, dt, ban, kw))] = {**errs, "argmax_agree": agree, "ok": good}
-    return {"cases": rows, "max_err": max(max(r[k] for k in ("max_prob", "top2_prob", "entropy")) for r in rows.values()),
-            "ok": ok}
+    return {
+        "cases": rows,
+        "max_err": max(max(r[k] for k in ("max_prob", "top2_prob", "entropy")) for r in rows.values()),
+        "ok": ok,
+    }
 
 
 def dream_7b_config(tiny: bool):
@@ -117,12 +150,32 @@ def dream_7b_config(tiny: bool):
     from engine.families.registry import FAMILIES
     from engine.families.specials import TokenFiles
 
-    shapes = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-              if tiny else dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                                num_key_value_heads=4))
-    cfg = dict(architectures=["DreamModel"], model_type="Dream", vocab_size=152064, max_position_embeddings=131072,
-               rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", mask_token_id=151666,
-               eos_token_id=151643, pad_token_id=151643, bos_token_id=151665, **shapes)
+    shapes = (
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        if tiny
+        else dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+        )
+    )
+    cfg = dict(
+        architectures=["DreamModel"],
+        model_type="Dream",
+        vocab_size=152064,
+        max_position_embeddings=131072,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        mask_token_id=151666,
+        eos_token_id=151643,
+        pad_token_id=151643,
+        bos_token_id=151665,
+        **shapes,
+    )
     dream = next(f for f in FAMILIES if f.name == "dream")
     return dream.engine_config(cfg, TokenFiles(cfg, {}, {}, None))
 
@@ -153,6 +206,7 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
 
     from engine.decode.sampler import fill, step
     from engine.decode.forward import build_canvas
+
     cfg = dream_7b_config(tiny)
     t0 = time.perf_counter()
     model = random_model(cfg, dev, dtype)
@@ -164,8 +218,15 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
 
     def canvas(n, shift=0):
         room = context - n
-        return build_canvas(words[shift : shift + room * 2 // 3], words[shift + room * 2 // 3 : shift + room], n, cfg, opts,
-                            context_tokens=context, device=dev)
+        return build_canvas(
+            words[shift : shift + room * 2 // 3],
+            words[shift + room * 2 // 3 : shift + room],
+            n,
+            cfg,
+            opts,
+            context_tokens=context,
+            device=dev,
+        )
 
     def timed(fn):
         _sync(dev)
@@ -176,8 +237,12 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
 
     for _ in range(2):  # warm-up: allocator, cuBLAS / Triton autotuning, lazy imports
         fill(model, canvas(32))
-    out = {"params": sum(p.numel() for p in model.parameters()), "build_s": build_s,
-           "canvas_tokens": context, "decode_options": dataclasses.asdict(opts)}
+    out = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "build_s": build_s,
+        "canvas_tokens": context,
+        "decode_options": dataclasses.asdict(opts),
+    }
     firsts, cached = [], []
     for r in range(reps):
         c = canvas(32, r)
@@ -204,8 +269,13 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
             step(model, [c for c in cs if not c.done], batch_ctx=bctx)
 
     batched = timed(together)
-    out["batch8"] = {"slots": 32, "serial_ms": serial, "batched_ms": batched, "speedup": serial / batched,
-                     "steps": [c.steps for c in cs]}
+    out["batch8"] = {
+        "slots": 32,
+        "serial_ms": serial,
+        "batched_ms": batched,
+        "speedup": serial / batched,
+        "steps": [c.steps for c in cs],
+    }
     if dev.type == "cuda":
         out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(dev)
     del model
@@ -229,32 +299,51 @@ def main() -> int:
 
     ks = importlib.import_module("kernels.slot_stats")  # the package re-exports the function under this name
 
-    res = {"mode": "tiny" if tiny else "gpu", "device": torch.cuda.get_device_name(0) if not tiny else platform.processor() or "cpu",
-           "dtype": str(dtype), "torch": torch.__version__, "kernels": ks.backend()}
+    res = {
+        "mode": "tiny" if tiny else "gpu",
+        "device": torch.cuda.get_device_name(0) if not tiny else platform.processor() or "cpu",
+        "dtype": str(dtype),
+        "torch": torch.__version__,
+        "kernels": ks.backend(),
+    }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dlm-gpu-check-") as tmp:
         res["parity"] = parity(dev, dtype, Path(tmp))
     res["parity_s"] = time.perf_counter() - t0
     for name, row in res["parity"].items():
-        print(f"parity {name:>13}: rel err {row['rel_err']:.2e}, top-1 agree {row['top1_agree']:.2f}"
-              + (f", fill {row['fill_steps']} steps {row['fill_ms']:.0f} ms" if "fill_ms" in row else "")
-              + ("" if row["ok"] else "  FAIL"), flush=True)
+        print(
+            f"parity {name:>13}: rel err {row['rel_err']:.2e}, top-1 agree {row['top1_agree']:.2f}"
+            + (f", fill {row['fill_steps']} steps {row['fill_ms']:.0f} ms" if "fill_ms" in row else "")
+            + ("" if row["ok"] else "  FAIL"),
+            flush=True,
+        )
     t0 = time.perf_counter()
     res["kernels"] = kernels(dev, tiny)
     res["kernels_s"] = time.perf_counter() - t0
     kr = res["kernels"]
-    print("kernels: " + (kr["skipped"] if "skipped" in kr else
-                         f"{len(kr['cases'])} cases, max abs error {kr['max_err']:.2e}" + ("" if kr["ok"] else "  FAIL")),
-          flush=True)
+    print(
+        "kernels: "
+        + (
+            kr["skipped"]
+            if "skipped" in kr
+            else f"{len(kr['cases'])} cases, max abs error {kr['max_err']:.2e}" + ("" if kr["ok"] else "  FAIL")
+        ),
+        flush=True,
+    )
     if not args.skip_bench:
         t0 = time.perf_counter()
-        res["bench_dream_7b"] = bench(dev, dtype, tiny, args.context or (160 if tiny else 512), args.reps or (1 if tiny else 3))
+        res["bench_dream_7b"] = bench(
+            dev, dtype, tiny, args.context or (160 if tiny else 512), args.reps or (1 if tiny else 3)
+        )
         res["bench_s"] = time.perf_counter() - t0
         b = res["bench_dream_7b"]
-        print(f"dream-7b{' (tiny shapes)' if tiny else ''}: {b['params'] / 1e9:.2f}B params; first forward "
-              f"{b['first_forward_ms']:.1f} ms, cached step {b['cached_step_ms']:.1f} ms, fill32 {b['fill32_ms']:.0f} ms "
-              f"({b['fill32_steps']} steps), fill64 {b['fill64_ms']:.0f} ms ({b['fill64_steps']} steps), batch of 8 "
-              f"{b['batch8']['speedup']:.2f}x", flush=True)
+        print(
+            f"dream-7b{' (tiny shapes)' if tiny else ''}: {b['params'] / 1e9:.2f}B params; first forward "
+            f"{b['first_forward_ms']:.1f} ms, cached step {b['cached_step_ms']:.1f} ms, fill32 {b['fill32_ms']:.0f} ms "
+            f"({b['fill32_steps']} steps), fill64 {b['fill64_ms']:.0f} ms ({b['fill64_steps']} steps), batch of 8 "
+            f"{b['batch8']['speedup']:.2f}x",
+            flush=True,
+        )
     res["ok"] = all(r["ok"] for r in res["parity"].values()) and res["kernels"]["ok"]
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

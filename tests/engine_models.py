@@ -5,6 +5,7 @@ A freshly initialised model (std 0.02) predicts nearly uniform distributions, so
 ~1/V and a threshold is never met; `peaked_model` uses unit-scale weights and an untied head so slots
 disagree, some cross the threshold and argmax ties are out of reach of float noise.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,11 +35,32 @@ def peaked_weights(model: Transformer, seed: int = 0, head_std: float = 1.0) -> 
     return model.eval()
 
 
-def peaked_model(logits_shift: bool = False, causal: bool = False, seed: int = 0, vocab: int = 300, dim: int = 32,
-                 n_layers: int = 2, pad: int = 0, eos: int = 1, mask: int = 2) -> Transformer:
-    cfg = ModelConfig(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=2, ffn_dim=2 * dim, max_seq_len=512,
-                      logits_shift=logits_shift, attention="causal" if causal else "bidirectional",
-                      tie_embeddings=False, mask_token_id=mask, pad_token_id=pad, eos_token_id=eos, bos_token_id=3)
+def peaked_model(
+    logits_shift: bool = False,
+    causal: bool = False,
+    seed: int = 0,
+    vocab: int = 300,
+    dim: int = 32,
+    n_layers: int = 2,
+    pad: int = 0,
+    eos: int = 1,
+    mask: int = 2,
+) -> Transformer:
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=2,
+        ffn_dim=2 * dim,
+        max_seq_len=512,
+        logits_shift=logits_shift,
+        attention="causal" if causal else "bidirectional",
+        tie_embeddings=False,
+        mask_token_id=mask,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        bos_token_id=3,
+    )
     return peaked_weights(Transformer(cfg.validate()), seed)
 
 
@@ -70,7 +92,7 @@ class MockModel(nn.Module):
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(cfg.vocab_size), requires_grad=False)
         self.norm.eps = self.EPS
-        self.register_buffer("head_weight", torch.eye(cfg.vocab_size) * self.EPS ** 0.5)
+        self.register_buffer("head_weight", torch.eye(cfg.vocab_size) * self.EPS**0.5)
         self.calls: list[tuple[int, int]] = []  # (batch, positions) of every hidden() call
 
     @property

@@ -7,6 +7,7 @@ engine), given seeded unit-scale weights, and saved under the family's tensor na
 tokenizer is a small byte-level BPE whose special tokens sit at the family's real ids (the vocab
 has a gap below them), named in the files where the real checkpoint names them.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,23 @@ class Spec:
 
 
 def _qwen(mtype: str, archs: list[str], qwen3: bool, **extra) -> dict:
-    c = {"architectures": archs, "model_type": mtype, **SHAPES, "hidden_act": "silu", "vocab_size": 151936,
-         "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
-         "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": None, "attention_dropout": 0.0,
-         "torch_dtype": "bfloat16", "use_cache": False}
+    c = {
+        "architectures": archs,
+        "model_type": mtype,
+        **SHAPES,
+        "hidden_act": "silu",
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "attention_dropout": 0.0,
+        "torch_dtype": "bfloat16",
+        "use_cache": False,
+    }
     if qwen3:
         c.update(head_dim=16, attention_bias=False)
     c.update(extra)
@@ -53,58 +67,138 @@ def _qwen(mtype: str, archs: list[str], qwen3: bool, **extra) -> dict:
 
 SPECS = {
     # Dream: ids in config.json (Dream-org/Dream-v0-Instruct-7B); sharded with an index
-    "dream": Spec("dream", "Qwen2ForCausalLM",
-                  _qwen("Dream", ["DreamModel"], False, mask_token_id=151666, pad_token_id=151643, bos_token_id=151665,
-                        eos_token_id=151643),
-                  {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666},
-                  tokenizer_config={"mask_token": "<|mask|>", "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>"},
-                  shards=2),
+    "dream": Spec(
+        "dream",
+        "Qwen2ForCausalLM",
+        _qwen(
+            "Dream",
+            ["DreamModel"],
+            False,
+            mask_token_id=151666,
+            pad_token_id=151643,
+            bos_token_id=151665,
+            eos_token_id=151643,
+        ),
+        {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666},
+        tokenizer_config={"mask_token": "<|mask|>", "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>"},
+        shards=2,
+    ),
     # LLaDA: OLMo keys, renamed tensors, mask only as config.json id + added token (not a mask_token)
-    "llada": Spec("llada", "LlamaForCausalLM",
-                  {"architectures": ["LLaDAModelLM"], "model_type": "llada", "activation_type": "silu", "alibi": False,
-                   "attention_layer_norm": False, "block_type": "llama", "d_model": 32, "n_layers": 2, "n_heads": 4,
-                   "n_kv_heads": 2, "mlp_hidden_size": 64, "mlp_ratio": 4, "embedding_size": 126464, "vocab_size": 126464,
-                   "include_bias": False, "include_qkv_bias": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
-                   "rms_norm_eps": 1e-5, "rope": True, "rope_theta": 500000.0, "max_sequence_length": 4096,
-                   "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081, "scale_logits": False,
-                   "input_emb_norm": False, "weight_tying": False, "use_cache": False},
-                  {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336},
-                  tokenizer_config={"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>"},
-                  shards=3, llada_names=True),
+    "llada": Spec(
+        "llada",
+        "LlamaForCausalLM",
+        {
+            "architectures": ["LLaDAModelLM"],
+            "model_type": "llada",
+            "activation_type": "silu",
+            "alibi": False,
+            "attention_layer_norm": False,
+            "block_type": "llama",
+            "d_model": 32,
+            "n_layers": 2,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "mlp_hidden_size": 64,
+            "mlp_ratio": 4,
+            "embedding_size": 126464,
+            "vocab_size": 126464,
+            "include_bias": False,
+            "include_qkv_bias": False,
+            "layer_norm_type": "rms",
+            "layer_norm_with_affine": True,
+            "rms_norm_eps": 1e-5,
+            "rope": True,
+            "rope_theta": 500000.0,
+            "max_sequence_length": 4096,
+            "mask_token_id": 126336,
+            "eos_token_id": 126081,
+            "pad_token_id": 126081,
+            "scale_logits": False,
+            "input_emb_norm": False,
+            "weight_tying": False,
+            "use_cache": False,
+        },
+        {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336},
+        tokenizer_config={"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>"},
+        shards=3,
+        llada_names=True,
+    ),
     # CoDA: Qwen3; the mask named by the tokenizer files only
-    "coda": Spec("coda", "Qwen3ForCausalLM", _qwen("CoDA", ["CoDALanguageModel"], True, eos_token_id=151643,
-                                                   bos_token_id=151643),
-                 {**QWEN_SPECIALS, "<|mask|>": 151669},
-                 special_tokens_map={"mask_token": {"content": "<|mask|>"}, "pad_token": "<|endoftext|>"}),
+    "coda": Spec(
+        "coda",
+        "Qwen3ForCausalLM",
+        _qwen("CoDA", ["CoDALanguageModel"], True, eos_token_id=151643, bos_token_id=151643),
+        {**QWEN_SPECIALS, "<|mask|>": 151669},
+        special_tokens_map={"mask_token": {"content": "<|mask|>"}, "pad_token": "<|endoftext|>"},
+    ),
     # SDAR / TraDo: Qwen3, block-causal with the block size in config.json
-    "sdar": Spec("sdar", "Qwen3ForCausalLM", _qwen("sdar", ["SDARForCausalLM"], True, block_size=4, mask_token_id=151669,
-                                                   bos_token_id=151643, eos_token_id=151643),
-                 {**QWEN_SPECIALS, "<|MASK|>": 151669}),
+    "sdar": Spec(
+        "sdar",
+        "Qwen3ForCausalLM",
+        _qwen(
+            "sdar",
+            ["SDARForCausalLM"],
+            True,
+            block_size=4,
+            mask_token_id=151669,
+            bos_token_id=151643,
+            eos_token_id=151643,
+        ),
+        {**QWEN_SPECIALS, "<|MASK|>": 151669},
+    ),
     # Fast-dLLM v2: Qwen2, block-causal (bd_size), mask only as the added token |<MASK>|
-    "fast-dllm-v2": Spec("fast-dllm-v2", "Qwen2ForCausalLM",
-                         _qwen("Fast_dLLM_Qwen", ["Fast_dLLM_QwenForCausalLM"], False, bd_size=16, eos_token_id=151645,
-                               bos_token_id=151643),
-                         {**QWEN_SPECIALS, "|<MASK>|": 151665}, tokenizer_config={"pad_token": "<|endoftext|>"}),
+    "fast-dllm-v2": Spec(
+        "fast-dllm-v2",
+        "Qwen2ForCausalLM",
+        _qwen(
+            "Fast_dLLM_Qwen", ["Fast_dLLM_QwenForCausalLM"], False, bd_size=16, eos_token_id=151645, bos_token_id=151643
+        ),
+        {**QWEN_SPECIALS, "|<MASK>|": 151665},
+        tokenizer_config={"pad_token": "<|endoftext|>"},
+    ),
     # WeDLM-8B: Qwen3 (q/k norm, no bias), plain causal; its config.json keys (`qk_norm`, a null
     # `mask_token_id`: the authors' code then uses 151665), end-of-text and padding 151643; an untied
     # head as its bases (Qwen3-8B, Qwen2.5-7B) have (a tied random head predicts the mask id itself)
-    "wedlm": Spec("wedlm", "Qwen3ForCausalLM", _qwen("wedlm", ["WeDLMForCausalLM"], True, tie_word_embeddings=False,
-                                                     qk_norm=True, mask_token_id=None, eos_token_id=151643,
-                                                     pad_token_id=151643, bos_token_id=151643),
-                  dict(QWEN_SPECIALS)),
+    "wedlm": Spec(
+        "wedlm",
+        "Qwen3ForCausalLM",
+        _qwen(
+            "wedlm",
+            ["WeDLMForCausalLM"],
+            True,
+            tie_word_embeddings=False,
+            qk_norm=True,
+            mask_token_id=None,
+            eos_token_id=151643,
+            pad_token_id=151643,
+            bos_token_id=151643,
+        ),
+        dict(QWEN_SPECIALS),
+    ),
     # Open-dCoder: a plain Qwen2 config (tied, like Qwen2.5-Coder-0.5B); the tokenizer's mask token
-    "open-dcoder": Spec("open-dcoder", "Qwen2ForCausalLM", _qwen("qwen2", ["Qwen2ForCausalLM"], False,
-                                                                tie_word_embeddings=True, eos_token_id=151643,
-                                                                bos_token_id=151643),
-                        {**QWEN_SPECIALS, "<|mask|>": 151665},
-                        tokenizer_config={"mask_token": "<|mask|>", "pad_token": "<|endoftext|>",
-                                          "eos_token": "<|endoftext|>"}),
+    "open-dcoder": Spec(
+        "open-dcoder",
+        "Qwen2ForCausalLM",
+        _qwen("qwen2", ["Qwen2ForCausalLM"], False, tie_word_embeddings=True, eos_token_id=151643, bos_token_id=151643),
+        {**QWEN_SPECIALS, "<|mask|>": 151665},
+        tokenizer_config={"mask_token": "<|mask|>", "pad_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    ),
     # DreamOn: Dream's config and files plus the expand token <|expand|> (151667) among the added tokens
-    "dreamon": Spec("dreamon", "Qwen2ForCausalLM",
-                    _qwen("Dream", ["DreamModel"], False, mask_token_id=151666, pad_token_id=151643, bos_token_id=151665,
-                          eos_token_id=151643),
-                    {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666, "<|expand|>": 151667},
-                    tokenizer_config={"mask_token": "<|mask|>", "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>"}),
+    "dreamon": Spec(
+        "dreamon",
+        "Qwen2ForCausalLM",
+        _qwen(
+            "Dream",
+            ["DreamModel"],
+            False,
+            mask_token_id=151666,
+            pad_token_id=151643,
+            bos_token_id=151665,
+            eos_token_id=151643,
+        ),
+        {**QWEN_SPECIALS, "<|beginoftext|>": 151665, "<|mask|>": 151666, "<|expand|>": 151667},
+        tokenizer_config={"mask_token": "<|mask|>", "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>"},
+    ),
 }
 
 
@@ -113,16 +207,38 @@ def tokenizer_json(specials: dict) -> str:
     alpha = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {c: i for i, c in enumerate(alpha)}
     merges = []
-    for a, b in [("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"), ("d", "e"), ("de", "f"), ("r", "e"), ("re", "t"), ("i", "n"), ("Ġ", "in"),
-                 ("p", "r"), ("pr", "in"), ("prin", "t"), ("Ġ", "r")]:
+    for a, b in [
+        ("Ġ", "Ġ"),
+        ("ĠĠ", "ĠĠ"),
+        ("d", "e"),
+        ("de", "f"),
+        ("r", "e"),
+        ("re", "t"),
+        ("i", "n"),
+        ("Ġ", "in"),
+        ("p", "r"),
+        ("pr", "in"),
+        ("prin", "t"),
+        ("Ġ", "r"),
+    ]:
         merges.append((a, b))
         vocab[a + b] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     d = json.loads(tok.to_str())
-    d["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for t, i in sorted(specials.items(), key=lambda x: x[1])]
+    d["added_tokens"] = [
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for t, i in sorted(specials.items(), key=lambda x: x[1])
+    ]
     for t, i in specials.items():  # the model vocab holds them at their real ids (a gap below: tiny vocab)
         d["model"]["vocab"][t] = i
     return json.dumps(d)
@@ -134,11 +250,21 @@ def hf_config(spec: Spec, dtype=torch.float64):
 
     c = dict(spec.config)
     if spec.llada_names:  # OLMo keys -> Llama keys (the test's own translation)
-        c = dict(hidden_size=c["d_model"], num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
-                 num_key_value_heads=c["n_kv_heads"], intermediate_size=c["mlp_hidden_size"],
-                 vocab_size=c["embedding_size"], rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"],
-                 max_position_embeddings=c["max_sequence_length"], tie_word_embeddings=c["weight_tying"],
-                 attention_bias=c["include_bias"], mlp_bias=c["include_bias"], hidden_act="silu")
+        c = dict(
+            hidden_size=c["d_model"],
+            num_hidden_layers=c["n_layers"],
+            num_attention_heads=c["n_heads"],
+            num_key_value_heads=c["n_kv_heads"],
+            intermediate_size=c["mlp_hidden_size"],
+            vocab_size=c["embedding_size"],
+            rms_norm_eps=c["rms_norm_eps"],
+            rope_theta=c["rope_theta"],
+            max_position_embeddings=c["max_sequence_length"],
+            tie_word_embeddings=c["weight_tying"],
+            attention_bias=c["include_bias"],
+            mlp_bias=c["include_bias"],
+            hidden_act="silu",
+        )
         cls = transformers.LlamaConfig
     else:
         for k in ("architectures", "model_type", "torch_dtype"):
@@ -216,7 +342,10 @@ def write_checkpoint(spec: Spec, folder: Path, seed: int = 0) -> Path:
         sd[name] = t.detach().contiguous()
     (folder / "config.json").write_text(json.dumps(spec.config, indent=2))
     (folder / "tokenizer.json").write_text(tokenizer_json(spec.specials))
-    for fname, d in (("tokenizer_config.json", spec.tokenizer_config), ("special_tokens_map.json", spec.special_tokens_map)):
+    for fname, d in (
+        ("tokenizer_config.json", spec.tokenizer_config),
+        ("special_tokens_map.json", spec.special_tokens_map),
+    ):
         if d:
             (folder / fname).write_text(json.dumps(d, indent=2))
     names = sorted(sd)
@@ -229,7 +358,9 @@ def write_checkpoint(spec: Spec, folder: Path, seed: int = 0) -> Path:
         fname = f"model-{k + 1:05d}-of-{spec.shards:05d}.safetensors"
         save_file({n: sd[n] for n in part}, str(folder / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in part})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2)
+    )
     return folder
 
 

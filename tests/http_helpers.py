@@ -1,5 +1,6 @@
 """HTTP test plumbing: an ASGI app under uvicorn on a thread (a free loopback port), and
 `dlm-lsp http` as a subprocess."""
+
 from __future__ import annotations
 
 import json
@@ -59,14 +60,28 @@ class http_process:
     """`dlm-lsp http --port 0` on a model, as a subprocess; yields its base URL."""
 
     def __init__(self, model, *extra: str, env: dict | None = None):
-        self.cmd = [sys.executable, "-m", "dlm_lsp", "http", "--model", str(model), "--port", "0",
-                    "--device", "cpu", "--threads", "1", *extra]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "dlm_lsp",
+            "http",
+            "--model",
+            str(model),
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            *extra,
+        ]
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
 
     def __enter__(self) -> str:
         self.log = tempfile.TemporaryFile()  # a pipe nobody reads could fill and block the server
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=self.env,
-                                     cwd=REPO)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=self.env, cwd=REPO
+        )
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(30)

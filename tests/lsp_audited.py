@@ -10,6 +10,7 @@ urllib requests, process launches, and `open` with the path and whether it write
 installed before anything of the program is imported, so nothing it does is missed; a hook cannot
 be removed once added (tests/test_security.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ import sys
 
 _fd = os.open(os.environ["DLM_AUDIT_LOG"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 _FAMILIES = {int(f): f.name for f in socket.AddressFamily}
-_WATCHED = ("socket.", "urllib.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-            "ctypes.dlopen")
+_WATCHED = (
+    "socket.",
+    "urllib.",
+    "subprocess.",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "ctypes.dlopen",
+)
 
 
 def _write(record: dict) -> None:
@@ -32,7 +42,8 @@ def _hook(event: str, args) -> None:
     if event == "open":
         path, mode, flags = (list(args) + [None, None, None])[:3]
         writes = bool(mode and any(c in str(mode) for c in "wax+")) or bool(
-            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
+            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        )
         if isinstance(path, (str, bytes, os.PathLike)):
             _write({"event": "open", "path": os.fsdecode(path), "writes": writes})
     elif event.startswith(_WATCHED):

@@ -1,4 +1,5 @@
 """Helpers for the end-to-end tests: start a real server process, talk LSP to it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,9 +20,16 @@ def scripted(**kw) -> str:
 
 
 @contextlib.asynccontextmanager
-async def lsp_server(cmd, options: dict | None = None, capabilities: dict | None = None, log_path=None,
-                     wait_ready: bool = True, config: dict | None = None, ready_timeout: float = 120,
-                     root: str | None = None):
+async def lsp_server(
+    cmd,
+    options: dict | None = None,
+    capabilities: dict | None = None,
+    log_path=None,
+    wait_ready: bool = True,
+    config: dict | None = None,
+    ready_timeout: float = 120,
+    root: str | None = None,
+):
     """Yields an initialized LspClient talking to `cmd`; stops the server afterwards."""
     log = open(log_path, "wb") if log_path else None
     client = LspClient(cmd, cwd=str(REPO), stderr=log, config=config)
@@ -38,15 +46,24 @@ async def lsp_server(cmd, options: dict | None = None, capabilities: dict | None
 
 
 def open_doc(client: LspClient, uri: str, text: str, lang: str = "python", version: int = 1) -> None:
-    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": version, "text": text}})
+    client.notify(
+        "textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": version, "text": text}}
+    )
 
 
 def insert(client: LspClient, uri: str, version: int, line: int, char: int, text: str) -> None:
-    client.notify("textDocument/didChange", {
-        "textDocument": {"uri": uri, "version": version},
-        "contentChanges": [{"range": {"start": {"line": line, "character": char},
-                                      "end": {"line": line, "character": char}}, "text": text}],
-    })
+    client.notify(
+        "textDocument/didChange",
+        {
+            "textDocument": {"uri": uri, "version": version},
+            "contentChanges": [
+                {
+                    "range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}},
+                    "text": text,
+                }
+            ],
+        },
+    )
 
 
 def inline_params(uri: str, line: int, char: int) -> dict:

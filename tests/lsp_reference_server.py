@@ -18,6 +18,7 @@ Defects:
   drop_fill     every 7th inlineCompletion is never answered (for `dlm-lsp soak`)
   slow_fill     every 10th inlineCompletion is answered 0.7 s late (for `dlm-lsp soak`)
 """
+
 import json
 import sys
 import time
@@ -132,7 +133,10 @@ class Server:
                 self.answer(None, error={"code": -32700, "message": "parse error"})
                 continue
             if not isinstance(msg, dict) or not isinstance(msg.get("method", ""), str):
-                self.answer(msg.get("id") if isinstance(msg, dict) else None, error={"code": -32600, "message": "invalid request"})
+                self.answer(
+                    msg.get("id") if isinstance(msg, dict) else None,
+                    error={"code": -32600, "message": "invalid request"},
+                )
                 continue
             if "method" not in msg:
                 continue  # a response
@@ -179,8 +183,13 @@ class Server:
             self.state = "shut"
         elif method == "textDocument/didOpen":
             td = params.get("textDocument") if isinstance(params, dict) else None
-            if not isinstance(td, dict) or not isinstance(td.get("text"), str) or not isinstance(td.get("version"), int) \
-                    or not isinstance(td.get("uri"), str) or not isinstance(td.get("languageId"), str):
+            if (
+                not isinstance(td, dict)
+                or not isinstance(td.get("text"), str)
+                or not isinstance(td.get("version"), int)
+                or not isinstance(td.get("uri"), str)
+                or not isinstance(td.get("languageId"), str)
+            ):
                 raise ValueError("bad didOpen")
             self.docs[td["uri"]] = [td["text"], td["version"]]
             if DEFECT == "crash_nul" and "\x00" in td["text"]:

@@ -1,5 +1,6 @@
 """`dlm-lsp engine` with every denoising step slowed by DLM_TEST_STEP_MS (default 50): a daemon
 whose jobs are still running when a test cancels them, kills the daemon or drops a connection."""
+
 import os
 import sys
 import time

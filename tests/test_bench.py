@@ -1,5 +1,6 @@
 """`dlm-lsp bench --quick` on a tiny checkpoint: the command runs end to end through the CLI and
 writes the JSON the project's reports read. Timing values are only checked for sanity."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,18 @@ def test_a_twin_with_another_vocabulary_is_refused(tmp_path):
     threads = torch.get_num_threads()
     try:
         with pytest.raises(SystemExit, match="vocabulary"):
-            main(["bench", "--quick", "--model", str(tiny), "--ar-model", str(Path(__file__).resolve().parent.parent / "models" / "default-ar"), "--context", "192"])
+            main(
+                [
+                    "bench",
+                    "--quick",
+                    "--model",
+                    str(tiny),
+                    "--ar-model",
+                    str(Path(__file__).resolve().parent.parent / "models" / "default-ar"),
+                    "--context",
+                    "192",
+                ]
+            )
     finally:
         torch.set_num_threads(threads)
 
@@ -55,9 +67,26 @@ def _incremental(tmp_path, model, keys: int = 4):
     out = tmp_path / "inc.json"
     threads = torch.get_num_threads()
     try:
-        rc = main(["bench", "--incremental", "--model", str(model), "--context", "192", "--sizes", "8", "--keys", str(keys),
-                   "--threads", "1", "--file", str(Path(__file__).resolve().parent.parent / "examples" / "tide_log.py"),
-                   "--json", str(out)])
+        rc = main(
+            [
+                "bench",
+                "--incremental",
+                "--model",
+                str(model),
+                "--context",
+                "192",
+                "--sizes",
+                "8",
+                "--keys",
+                str(keys),
+                "--threads",
+                "1",
+                "--file",
+                str(Path(__file__).resolve().parent.parent / "examples" / "tide_log.py"),
+                "--json",
+                str(out),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     assert rc == 0
@@ -91,7 +120,8 @@ def test_incremental_bench_runs_approximate_reuse_for_a_bidirectional_model(tmp_
     assert reuse["reuse_share"] > 0 and reuse["forwarded_tokens_mean"] < full["forwarded_tokens_mean"]
     assert 0 < res["forwarded_ratio"] < 1 and res["identical_fills"] is None and 0 <= res["same_fills_share"] <= 1
     assert res["reuse_budget"] == 32 and res["full_recomputes"] == sum(
-        r["reuse_outcome"] != "reused" for r in res["per_keystroke"])
+        r["reuse_outcome"] != "reused" for r in res["per_keystroke"]
+    )
     for row in res["per_keystroke"]:
         assert row["reuse_outcome"] in ("reused", "full_new", "full_model", "full_stale", "full_jump")
         assert (row["reuse_reused"] > 0) == (row["reuse_outcome"] == "reused")

@@ -1,5 +1,6 @@
 """The calibrated gate (dlm_lsp/fill/gate.py): features, the logistic fit, the serving.json form, the
 gate in postprocess.finish, the server and the eval, and `dlm-lsp calibrate` on eval samples."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from dlm_lsp.fill.documents import Document
 from dlm_lsp.fill.postprocess import SyntaxCheck, finish
 from dlm_lsp.measure.calibrate import fit
 
-SRC = '''import os
+SRC = """import os
 
 
 def load(path):
@@ -25,7 +26,7 @@ def load(path):
 def main(argv):
     names = load(argv[1])
     with open(|
-'''
+"""
 
 
 def setup(src: str = SRC):
@@ -92,10 +93,19 @@ def test_calibrator_json_round_trip_and_malformed_input():
     back = Calibrator.from_json(json.loads(json.dumps(cal.to_json())))
     assert back == cal
     good = cal.to_json()
-    for bad in (None, [], "x", {}, {**good, "features": ["no_such_feature", "log_chars"]},
-                {**good, "weights": [1.0]}, {**good, "weights": [float("nan"), 1.0]},
-                {**good, "weights": [True, 1.0]}, {**good, "bias": "0"},
-                {**good, "features": ["log_chars", "log_chars"]}, {**good, "features": [], "weights": []}):
+    for bad in (
+        None,
+        [],
+        "x",
+        {},
+        {**good, "features": ["no_such_feature", "log_chars"]},
+        {**good, "weights": [1.0]},
+        {**good, "weights": [float("nan"), 1.0]},
+        {**good, "weights": [True, 1.0]},
+        {**good, "bias": "0"},
+        {**good, "features": ["log_chars", "log_chars"]},
+        {**good, "features": [], "weights": []},
+    ):
         assert Calibrator.from_json(bad) is None, bad
 
 
@@ -156,8 +166,21 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
 
     model = make_tiny_checkpoint(tmp_path / "m")
     samples = tmp_path / "s.jsonl"
-    args = ["eval", "--model", str(model), "--kinds", "line", "--per-kind", "60", "--limit-files", "8",
-            "--threads", "1", "--min-confidence", "0"]
+    args = [
+        "eval",
+        "--model",
+        str(model),
+        "--kinds",
+        "line",
+        "--per-kind",
+        "60",
+        "--limit-files",
+        "8",
+        "--threads",
+        "1",
+        "--min-confidence",
+        "0",
+    ]
     assert main([*args, "--samples", str(samples), "--json", str(tmp_path / "a.json")]) == 0
     rows = [json.loads(line) for line in samples.read_text().splitlines()]
     with_fill = [r for r in rows if r["features"] is not None]
@@ -191,14 +214,19 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
             assert (r["shown"] == r["ungated"]) == (r["score"] >= 0.5 or not r["ungated"].strip()), r
     # --judge: the raw and the calibrated gate ranked on the same holes
     rep = tmp_path / "judge.json"
-    assert main(["calibrate", str(samples), "--l2", "0.1", "--drop", "", "--judge", str(samples), "--json", str(rep)]) == 0
+    assert (
+        main(["calibrate", str(samples), "--l2", "0.1", "--drop", "", "--judge", str(samples), "--json", str(rep)]) == 0
+    )
     j = json.loads(rep.read_text())["judge"]
     assert j["holes"] == len(rows) and j["fills"] == len(with_fill)
     assert set(j["curves"]) == {"confidence", "calibrated"} and j["at_shown"]
     # the labels follow log_chars, which the calibrator learned: it ranks at least as well as the raw one
     assert all(r["calibrated"] >= r["confidence"] for r in j["at_shown"])
-    assert j["curves"]["calibrated"][0] == {"gate": 0.0, "shown": round(len(with_fill) / len(rows), 4),
-                                            "accepted": round(sum(r["accepted"] for r in with_fill) / len(with_fill), 4)}
+    assert j["curves"]["calibrated"][0] == {
+        "gate": 0.0,
+        "shown": round(len(with_fill) / len(rows), 4),
+        "accepted": round(sum(r["accepted"] for r in with_fill) / len(with_fill), 4),
+    }
     # --folds: out-of-sample on the fit's own samples, fold by file
     assert main(["calibrate", str(samples), "--l2", "0.1", "--drop", "", "--folds", "2", "--json", str(rep)]) == 0
     cv = json.loads(rep.read_text())["cross_validation"]

@@ -1,5 +1,6 @@
 """engine/weights/checkpoint.py, load.py and engine/model/weight_files.py: the HF-style folder round trip and the
 errors that say what to do next."""
+
 from __future__ import annotations
 
 import json
@@ -107,6 +108,7 @@ def test_repo_ids_resolve_from_the_local_hf_cache_only(tiny, tmp_path, monkeypat
 
 # ----------------------------------------------------------------------------- corrupted weights
 
+
 def _header(path) -> tuple[int, dict]:
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
@@ -142,15 +144,18 @@ def _corrupt(kind: str, tiny, folder):
     return folder
 
 
-@pytest.mark.parametrize("kind,match", [
-    ("truncated", "is truncated: tensor"),
-    ("tiny-file", "is truncated \\(5 bytes\\)"),
-    ("huge-header", "claims 10,737,418,240 bytes, over the 100 MB limit"),
-    ("past-the-end", "is truncated: the header claims"),
-    ("bad-header", "bad safetensors header \\(not JSON"),
-    ("wrong-dtype", "has dtype 'I32'; weights must be one of F64, F32, F16, BF16"),
-    ("fifo", "is not a regular file"),
-])
+@pytest.mark.parametrize(
+    "kind,match",
+    [
+        ("truncated", "is truncated: tensor"),
+        ("tiny-file", "is truncated \\(5 bytes\\)"),
+        ("huge-header", "claims 10,737,418,240 bytes, over the 100 MB limit"),
+        ("past-the-end", "is truncated: the header claims"),
+        ("bad-header", "bad safetensors header \\(not JSON"),
+        ("wrong-dtype", "has dtype 'I32'; weights must be one of F64, F32, F16, BF16"),
+        ("fifo", "is not a regular file"),
+    ],
+)
 def test_a_corrupted_weights_file_is_refused_naming_the_file(tiny, tmp_path, kind, match):
     folder = _corrupt(kind, tiny, tmp_path / kind)
     with pytest.raises(CheckpointError, match=match) as err:
@@ -203,6 +208,7 @@ def test_the_header_check_accepts_every_shipped_weights_file():
 
 # ----------------------------------------------------------------------------- layering
 
+
 def test_model_families_weights_import_each_other_only_downwards():
     """engine/model <- engine/families <- engine/weights: every import among them (module level or inside a
     function) goes down a layer or, inside one package, leaves no cycle."""
@@ -212,8 +218,11 @@ def test_model_families_weights_import_each_other_only_downwards():
     from engine.paths import REPO_ROOT
 
     layers = ("engine.model", "engine.families", "engine.weights")
-    mods = {(pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"): p
-            for pkg in layers for p in (REPO_ROOT / pkg.replace(".", "/")).glob("*.py")}
+    mods = {
+        (pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"): p
+        for pkg in layers
+        for p in (REPO_ROOT / pkg.replace(".", "/")).glob("*.py")
+    }
 
     def layer(m: str) -> int:
         return next(i for i, pkg in enumerate(layers) if m == pkg or m.startswith(pkg + "."))
@@ -222,14 +231,20 @@ def test_model_families_weights_import_each_other_only_downwards():
     for m, path in mods.items():
         out = edges.setdefault(m, set())
         for n in ast.walk(ast.parse(Path(path).read_text())):
-            names = ([a.name for a in n.names] if isinstance(n, ast.Import) else
-                     [n.module, *(f"{n.module}.{a.name}" for a in n.names)] if isinstance(n, ast.ImportFrom) and n.module
-                     else [])
+            names = (
+                [a.name for a in n.names]
+                if isinstance(n, ast.Import)
+                else [n.module, *(f"{n.module}.{a.name}" for a in n.names)]
+                if isinstance(n, ast.ImportFrom) and n.module
+                else []
+            )
             for t in names:
                 if t in mods and t != m:
                     out.add(t)
                     pkg = t.rpartition(".")[0]
-                    if pkg in mods and pkg != m and not m.startswith(pkg + "."):  # a submodule's import runs its package first
+                    if (
+                        pkg in mods and pkg != m and not m.startswith(pkg + ".")
+                    ):  # a submodule's import runs its package first
                         out.add(pkg)
     upward = sorted(f"{m} imports {t}" for m, ts in edges.items() for t in ts if layer(t) > layer(m))
     assert not upward
@@ -237,7 +252,7 @@ def test_model_families_weights_import_each_other_only_downwards():
     def cycle_from(m: str, stack: list[str]) -> list[str] | None:
         for t in sorted(edges[m]):
             if t in stack:
-                return stack[stack.index(t):] + [t]
+                return stack[stack.index(t) :] + [t]
             found = cycle_from(t, stack + [t])
             if found:
                 return found

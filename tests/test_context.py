@@ -1,4 +1,5 @@
 """Cursor context: hole kinds per language, windows, imports and headers, positions, documents."""
+
 import pytest
 
 from dlm_lsp.fill.context import build_request, count_closed, lex_state
@@ -84,12 +85,18 @@ def test_prefix_and_suffix_are_exact_around_the_cursor_for_small_files():
 
 # ----------------------------------------------------------------------------- windows
 
+
 def _big_python() -> str:
     helpers = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(80))
     body = "".join(f"        total += helper_{i}(x)\n" for i in range(120))
-    return ("import os\nfrom collections import OrderedDict\n\n\n" + helpers
-            + "class Ledger:\n    rate = 3\n\n    def settle(\n        self,\n        x,\n    ):\n"
-            + "        total = 0\n" + body + "        |\n        return total\n\n\ndef tail():\n    pass\n")
+    return (
+        "import os\nfrom collections import OrderedDict\n\n\n"
+        + helpers
+        + "class Ledger:\n    rate = 3\n\n    def settle(\n        self,\n        x,\n    ):\n"
+        + "        total = 0\n"
+        + body
+        + "        |\n        return total\n\n\ndef tail():\n    pass\n"
+    )
 
 
 def test_window_keeps_imports_and_enclosing_headers_under_budget():
@@ -117,16 +124,43 @@ def test_window_never_starts_inside_a_sibling_body():
     assert after_imports.startswith("def helper_"), after_imports[:60]
 
 
-@pytest.mark.parametrize("lang,src,head,imp", [
-    ("go", "package main\n\nimport \"fmt\"\n\nfunc main() {\n" + "".join(f"\tx += {i}\n" for i in range(300)) + "\t|\n}\n",
-     "func main() {\n", "package main\nimport \"fmt\"\n"),
-    ("rust", "use std::io;\n\nimpl Acc {\n    fn add(&mut self) -> i32 {\n" + "".join(f"        x += {i};\n" for i in range(300))
-     + "        |\n    }\n}\n", "impl Acc {\n    fn add(&mut self) -> i32 {\n", "use std::io;\n"),
-    ("javascript", "import x from 'y';\n\nclass A {\n  run(a) {\n" + "".join(f"    a += {i};\n" for i in range(300))
-     + "    |\n  }\n}\n", "class A {\n  run(a) {\n", "import x from 'y';\n"),
-    ("typescript", "import {x} from 'y';\n\nfunction g(a: number): number {\n" + "".join(f"  a += {i};\n" for i in range(300))
-     + "  |\n}\n", "function g(a: number): number {\n", "import {x} from 'y';\n"),
-])
+@pytest.mark.parametrize(
+    "lang,src,head,imp",
+    [
+        (
+            "go",
+            'package main\n\nimport "fmt"\n\nfunc main() {\n'
+            + "".join(f"\tx += {i}\n" for i in range(300))
+            + "\t|\n}\n",
+            "func main() {\n",
+            'package main\nimport "fmt"\n',
+        ),
+        (
+            "rust",
+            "use std::io;\n\nimpl Acc {\n    fn add(&mut self) -> i32 {\n"
+            + "".join(f"        x += {i};\n" for i in range(300))
+            + "        |\n    }\n}\n",
+            "impl Acc {\n    fn add(&mut self) -> i32 {\n",
+            "use std::io;\n",
+        ),
+        (
+            "javascript",
+            "import x from 'y';\n\nclass A {\n  run(a) {\n"
+            + "".join(f"    a += {i};\n" for i in range(300))
+            + "    |\n  }\n}\n",
+            "class A {\n  run(a) {\n",
+            "import x from 'y';\n",
+        ),
+        (
+            "typescript",
+            "import {x} from 'y';\n\nfunction g(a: number): number {\n"
+            + "".join(f"  a += {i};\n" for i in range(300))
+            + "  |\n}\n",
+            "function g(a: number): number {\n",
+            "import {x} from 'y';\n",
+        ),
+    ],
+)
 def test_headers_and_imports_per_language(lang, src, head, imp):
     req = request(lang, src)
     assert req.prefix.startswith(imp)
@@ -147,6 +181,7 @@ def test_indentation_fallback_headers_for_other_languages():
 
 # ----------------------------------------------------------------------------- lexing
 
+
 def test_lexer_ignores_brackets_in_strings_and_comments():
     st = lex_state("f('(', \"[\", x  # )\n", "python")
     assert st.stack == ["("]
@@ -166,6 +201,7 @@ def test_count_closed():
 
 
 # ----------------------------------------------------------------------------- positions
+
 
 def test_utf16_columns():
     line = "s = '😀é' + x"
@@ -214,6 +250,7 @@ def test_edited_line_index_equals_a_rescan():
 
 # ----------------------------------------------------------------------------- documents
 
+
 def _change(line, ch, eline, ech, text):
     return ContentChange(text, (line, ch), (eline, ech))
 
@@ -222,8 +259,13 @@ def test_incremental_edits_match_a_fresh_parse():
     store = DocumentStore()
     src = "def f(x):\n    return x\n"
     store.open("u", "python", 1, src)
-    edits = [(1, 12, 1, 12, " + 1"), (1, 4, 1, 4, "y = 2\n    "), (0, 6, 0, 7, "value"),
-             (2, 11, 2, 12, "value"), (0, 0, 0, 0, "# é 😀\n")]
+    edits = [
+        (1, 12, 1, 12, " + 1"),
+        (1, 4, 1, 4, "y = 2\n    "),
+        (0, 6, 0, 7, "value"),
+        (2, 11, 2, 12, "value"),
+        (0, 0, 0, 0, "# é 😀\n"),
+    ]
     expected = src
     for v, (l, c, el, ec, t) in enumerate(edits, start=2):
         doc = store.change("u", v, [_change(l, c, el, ec, t)])
@@ -244,6 +286,7 @@ def test_full_change_replaces_text():
 
 
 # ----------------------------------------------------------------------------- options
+
 
 def test_options_defaults_and_bad_values():
     opts, warns = parse_options({"budgetMs": 150, "maxFillTokens": 32, "debounceMs": 20})
@@ -266,12 +309,15 @@ def test_options_defaults_and_bad_values():
     assert opts.min_confidence == InitializationOptions().min_confidence and "minConfidence" in warns[0]
 
 
-@pytest.mark.parametrize("lang,src,indent", [
-    ("python", "class A:\n    def f(self, a,\n          b):\n        |\n", 8),
-    ("python", "class A:\n    def f(self, a,\n          b):|\n", 8),
-    ("python", "if (a and\n        b):\n    x = 1\n\nif (c or\n        d):\n|\n", 4),
-    ("javascript", "function f(a,\n           b) {\n  |\n}\n", 2),
-])
+@pytest.mark.parametrize(
+    "lang,src,indent",
+    [
+        ("python", "class A:\n    def f(self, a,\n          b):\n        |\n", 8),
+        ("python", "class A:\n    def f(self, a,\n          b):|\n", 8),
+        ("python", "if (a and\n        b):\n    x = 1\n\nif (c or\n        d):\n|\n", 4),
+        ("javascript", "function f(a,\n           b) {\n  |\n}\n", 2),
+    ],
+)
 def test_block_indent_after_a_multi_line_header(lang, src, indent):
     req = request(lang, src)
     assert req.hole_kind == "block" and req.stop.block_indent == indent
@@ -284,7 +330,11 @@ def test_window_keeps_the_lines_above_when_no_statement_of_the_tree_starts_in_it
     # then starts at a textual statement start, not at the cursor's row (it lost every line above:
     # the prefix was the imports alone)
     methods = "".join(f"    def m{i}(self, x):\n        y = x * {i}\n        return y + 1\n\n" for i in range(80))
-    src = "import os\n\n\nclass Log:\n" + methods + "    def summaries(self) -> list:\n| sum(x) / len(x)))\n        return out\n"
+    src = (
+        "import os\n\n\nclass Log:\n"
+        + methods
+        + "    def summaries(self) -> list:\n| sum(x) / len(x)))\n        return out\n"
+    )
     req = request("python", src)
     assert req.prefix.endswith("        return y + 1\n\n    def summaries(self) -> list:\n"), req.prefix[-200:]
     assert req.prefix.startswith("import os\nclass Log:\n") and len(req.prefix) > 1000, req.prefix[:80]

@@ -1,5 +1,6 @@
 """The copy boost's far side (DecodeOptions.copy_far, FillJob.lookup): the document beyond the
 context window reaches the engine as text to search, never as tokens to forward."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,9 +59,11 @@ def service(tmp_path_factory):
 def test_service_fill_with_lookup_equals_the_oracle_and_copy_far_0_ignores_it(service):
     base = DecodeOptions(threshold=0.5, copy_bigram=1.0, copy_order=2, heal=False)
     changed = 0
-    cases = [("def add(a, b):\n    return ", "\n", "import os\nimport sys\nclass Point:\n    def __init__(self, x, y):\n"),
-             ("for i in range(10):\n    ", "", "print(i)\nprint(i)\nfunction f(x) { return x * 2; }\n" * 4),
-             ("class Point:\n    def ", "", "def add(a, b):\n    return a + b\n" * 6)]
+    cases = [
+        ("def add(a, b):\n    return ", "\n", "import os\nimport sys\nclass Point:\n    def __init__(self, x, y):\n"),
+        ("for i in range(10):\n    ", "", "print(i)\nprint(i)\nfunction f(x) { return x * 2; }\n" * 4),
+        ("class Point:\n    def ", "", "def add(a, b):\n    return a + b\n" * 6),
+    ]
     for prefix, suffix, lookup in cases:
         far = dataclasses.replace(base, copy_far=3.0)
         got = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=far, lookup=lookup))
@@ -158,8 +161,20 @@ def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, wi
     from engine.decode.sampler import fill
     from engine.decode.reference import reference_fill
     from engine.decode.forward import build_canvas
-    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
-                      mask_token_id=2, pad_token_id=249, eos_token_id=1, bos_token_id=3).validate()
+
+    cfg = ModelConfig(
+        vocab_size=300,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        max_seq_len=512,
+        logits_shift=shift,
+        mask_token_id=2,
+        pad_token_id=249,
+        eos_token_id=1,
+        bos_token_id=3,
+    ).validate()
     model = Transformer(cfg)
     model.init_weights(0)
     model.eval()
@@ -170,10 +185,11 @@ def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, wi
         g = torch.Generator().manual_seed(seed)
         prefix = torch.randint(4, 60, (40,), generator=g).tolist()  # a small alphabet: runs repeat
         suffix = torch.randint(4, 60, (8,), generator=g).tolist()
-        lookup = (prefix[5:25] * 3)
+        lookup = prefix[5:25] * 3
         h = sorted({prefix[-1], prefix[-2], 7, 8, 9})[:4] if heal else None
-        base = dict(threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=2.0, copy_order=3,
-                    copy_far=3.0)
+        base = dict(
+            threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=2.0, copy_order=3, copy_far=3.0
+        )
         on, off = DecodeOptions(**base, copy_chain=True), DecodeOptions(**base, copy_chain=False)
         c = build_canvas(prefix, suffix, 8, model.cfg, on, heal=h)
         c.attach_far(lookup)
@@ -250,8 +266,12 @@ class _Typist:
 
 def _folders(added=(), removed=()):
     """workspace/didChangeWorkspaceFolders params for these folder paths."""
-    return {"event": {"added": [{"uri": p.as_uri(), "name": p.name} for p in added],
-                      "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed]}}
+    return {
+        "event": {
+            "added": [{"uri": p.as_uri(), "name": p.name} for p in added],
+            "removed": [{"uri": p.as_uri(), "name": p.name} for p in removed],
+        }
+    }
 
 
 async def test_server_follows_workspace_folder_changes(tmp_path):

@@ -1,4 +1,5 @@
 """`dlm-lsp ctxbench`: the per-keystroke server work on a big file, timed without the engine."""
+
 import argparse
 import json
 

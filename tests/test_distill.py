@@ -1,6 +1,7 @@
 """engine/train/distill.py, candidate (e): a teacher with another tokenizer gives soft targets on the rows
 where both tokenizations start a token at the same character, projected onto the student's ids;
 shards append and are refused for another tokenizer or shape; training mixes them into the loss."""
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,20 @@ def student_tok(texts, tmp_path_factory):
 @pytest.fixture(scope="module")
 def teacher(texts):
     tok = train_bpe(texts[::-1][:6], 700)  # other merges: the boundaries differ in places
-    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=2048,
-                      attention="causal", logits_shift=False, mask_token_id=tok.token_id(MASK),
-                      pad_token_id=tok.token_id(PAD), eos_token_id=tok.token_id(EOS),
-                      bos_token_id=tok.token_id(BOS)).validate()
+    cfg = ModelConfig(
+        vocab_size=tok.vocab_size,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        max_seq_len=2048,
+        attention="causal",
+        logits_shift=False,
+        mask_token_id=tok.token_id(MASK),
+        pad_token_id=tok.token_id(PAD),
+        eos_token_id=tok.token_id(EOS),
+        bos_token_id=tok.token_id(BOS),
+    ).validate()
     model = Transformer(cfg)
     model.init_weights(3)
     return model.eval(), tok
@@ -89,11 +100,13 @@ def test_shards_append_and_are_refused_for_another_tokenizer_or_shape(teacher, s
     model, t_tok = teacher
     s_tok, _ = student_tok
     out = tmp_path / "targets"
-    man = distill.build_targets(model, t_tok, s_tok, texts, out, windows=3, k=4, seq_len=64, shard_windows=2,
-                                log=lambda *_: None)
+    man = distill.build_targets(
+        model, t_tok, s_tok, texts, out, windows=3, k=4, seq_len=64, shard_windows=2, log=lambda *_: None
+    )
     assert man["windows"] == 3 and man["shards"] == ["shard-00000.safetensors", "shard-00001.safetensors"]
-    man = distill.build_targets(model, t_tok, s_tok, texts, out, windows=2, k=4, seq_len=64, shard_windows=2,
-                                log=lambda *_: None)
+    man = distill.build_targets(
+        model, t_tok, s_tok, texts, out, windows=2, k=4, seq_len=64, shard_windows=2, log=lambda *_: None
+    )
     assert man["windows"] == 5 and len(man["shards"]) == 3
     assert json.loads((out / distill.MANIFEST).read_text())["rows_with_target"] == man["rows_with_target"] > 0
     t = distill.load_targets(out, s_tok)
@@ -139,22 +152,50 @@ def test_training_draws_teacher_windows_and_their_soft_targets_change_the_loss(t
         n = int((b["key_valid"][w]).sum())
         want = b["targets"][w, :n].where(masked[w, :n], b["ids"][w, :n])
         assert any(torch.equal(want.int(), data.targets.ids[i, :n]) for i in range(len(data.targets)))
-    cfg = ModelConfig(vocab_size=s_tok.vocab_size, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=256,
-                      logits_shift=True, mask_token_id=s_tok.token_id(MASK), pad_token_id=s_tok.token_id(PAD),
-                      eos_token_id=s_tok.token_id(EOS), bos_token_id=s_tok.token_id(BOS)).validate()
+    cfg = ModelConfig(
+        vocab_size=s_tok.vocab_size,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        max_seq_len=256,
+        logits_shift=True,
+        mask_token_id=s_tok.token_id(MASK),
+        pad_token_id=s_tok.token_id(PAD),
+        eos_token_id=s_tok.token_id(EOS),
+        bos_token_id=s_tok.token_id(BOS),
+    ).validate()
     student = Transformer(cfg)
     student.init_weights(0)
     off = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     with torch.no_grad():
         hard = loss_on(student, b, "cpu", off)
         assert float(loss_on(student, b, "cpu", off, kd_weight=0.5)) != pytest.approx(float(hard))
-        assert float(loss_on(student, {k: v for k, v in b.items() if not k.startswith("soft")}, "cpu", off,
-                             kd_weight=0.5)) == pytest.approx(float(hard))
+        assert float(
+            loss_on(student, {k: v for k, v in b.items() if not k.startswith("soft")}, "cpu", off, kd_weight=0.5)
+        ) == pytest.approx(float(hard))
     # the whole loop: a tiny student trains a few steps with the targets (its tokenizer is theirs)
     run = tmp_path / "run"
-    train(TrainArgs(out=str(run), tokenizer=str(s_folder), distill=str(out), kd_share=0.5, max_steps=3, max_files=10,
-                    dim=32, n_layers=2, n_heads=2, ffn_dim=64, seq_len=128, batch=4, val_examples=16, warmup=2,
-                    threads=1, progress=False))
+    train(
+        TrainArgs(
+            out=str(run),
+            tokenizer=str(s_folder),
+            distill=str(out),
+            kd_share=0.5,
+            max_steps=3,
+            max_files=10,
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            ffn_dim=64,
+            seq_len=128,
+            batch=4,
+            val_examples=16,
+            warmup=2,
+            threads=1,
+            progress=False,
+        )
+    )
     assert (run / "last" / "model.safetensors").exists()
     state = json.loads((run / "last" / "training_state.json").read_text())
     assert state["args"]["distill"] == str(out) and state["step"] == 3

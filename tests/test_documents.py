@@ -7,6 +7,7 @@ a reversed range is swapped; a column inside a surrogate pair means the position
 (as VS Code's editor validates positions). It works on UTF-16 code units, as the client does, so
 lone surrogates compare exactly.
 """
+
 import asyncio
 import random
 import re
@@ -83,6 +84,7 @@ def same_tree(doc: Document) -> bool:
 
 # ----------------------------------------------------------------------------- the position codec
 
+
 @pytest.mark.parametrize("ch", NOT_BREAKS)
 def test_only_lf_crlf_and_cr_end_lines(ch):
     text = f"a{ch}b\nc"
@@ -149,6 +151,7 @@ def test_utf16_utf8_utf32_columns():
 
 # ----------------------------------------------------------------------------- edits
 
+
 def test_a_position_inside_a_surrogate_pair_means_before_it():
     ref = RefDoc("a😀b")
     ref.edit((0, 2), (0, 2), "X")
@@ -173,8 +176,13 @@ def test_lone_halves_that_meet_become_one_character():
 def test_changes_of_the_wrong_types_are_ignored_whole():
     store = DocumentStore()
     store.open("file:///t.py", "python", 1, "abc")
-    for bad in ([ContentChange("x", (0, 0), (0, 0)), ContentChange(None)], [ContentChange("q", ("1", 0), (0, 0))],
-                [ContentChange(3)], "text", None):
+    for bad in (
+        [ContentChange("x", (0, 0), (0, 0)), ContentChange(None)],
+        [ContentChange("q", ("1", 0), (0, 0))],
+        [ContentChange(3)],
+        "text",
+        None,
+    ):
         assert store.change("file:///t.py", 2, bad).text == "abc"
         assert store.get("file:///t.py").version == 1
     assert store.change("file:///t.py", None, [ContentChange("x")]).text == "abc"
@@ -199,8 +207,14 @@ def test_the_protocol_layer_hands_changes_over_as_plain_data():
     store.open("file:///t.py", "python", 1, "abc")
     bad = ns(text="q", range=ns(start=ns(line="1", character=0), end=ns(line=0, character=0)))  # cattrs lets none in
     assert store.change("file:///t.py", 2, content_changes([bad])).version == 1
-    assert store.change("file:///t.py", 2, content_changes([types.TextDocumentContentChangePartial(
-        types.Range(pos(0, 1), pos(0, 2)), "Z")])).text == "aZc"
+    assert (
+        store.change(
+            "file:///t.py",
+            2,
+            content_changes([types.TextDocumentContentChangePartial(types.Range(pos(0, 1), pos(0, 2)), "Z")]),
+        ).text
+        == "aZc"
+    )
 
 
 def test_lone_surrogates_open_and_edit_exactly():
@@ -224,8 +238,11 @@ def test_reversed_ranges_are_swapped():
 def test_full_text_changes_and_versions():
     store = DocumentStore()
     store.open("file:///t.go", "go", 1, "package a\n")
-    doc = store.change("file:///t.go", 2, [ContentChange("x", (0, 0), (0, 0)), ContentChange("package b\n"),
-                                           ContentChange("// c\n", (1, 0), (1, 0))])
+    doc = store.change(
+        "file:///t.go",
+        2,
+        [ContentChange("x", (0, 0), (0, 0)), ContentChange("package b\n"), ContentChange("// c\n", (1, 0), (1, 0))],
+    )
     assert doc.text == "package b\n// c\n" and doc.version == 2
     assert "package_clause" in str(doc.tree.root_node) and same_tree(doc)
     assert store.change("file:///t.go", 3, []).version == 3
@@ -255,8 +272,28 @@ def test_changes_parse_once_when_the_tree_is_next_used():
     assert doc.text == "x = 100000\n" and same_tree(doc)
 
 
-PIECES = ["", "x", "yz", "\n", "\r", "\r\n", "\n\r", "😀", "é", "\ud800", "\udc00", "\ud83d", "\ude00",
-          "def f(a):\n    ", "    return a\n", "(", "'''", "#", "\t", *NOT_BREAKS]
+PIECES = [
+    "",
+    "x",
+    "yz",
+    "\n",
+    "\r",
+    "\r\n",
+    "\n\r",
+    "😀",
+    "é",
+    "\ud800",
+    "\udc00",
+    "\ud83d",
+    "\ude00",
+    "def f(a):\n    ",
+    "    return a\n",
+    "(",
+    "'''",
+    "#",
+    "\t",
+    *NOT_BREAKS,
+]
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -323,14 +360,18 @@ def test_random_edits_in_utf8_and_utf32(encoding):
 
 # ----------------------------------------------------------------------------- URIs
 
-@pytest.mark.parametrize("a,b", [
-    ("file:///a/%41.py", "file:///a/A.py"),
-    ("file:///a/%7e%2d.py", "file:///a/~-.py"),
-    ("file:///a/%3a.py", "file:///a/%3A.py"),
-    ("file:///c%3A/x.py", "file:///C:/x.py"),
-    ("file:///a%20b/%c3%a9.py", "file:///a b/é.py"),
-    ("FILE:///a.py", "file:///a.py"),
-])
+
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("file:///a/%41.py", "file:///a/A.py"),
+        ("file:///a/%7e%2d.py", "file:///a/~-.py"),
+        ("file:///a/%3a.py", "file:///a/%3A.py"),
+        ("file:///c%3A/x.py", "file:///C:/x.py"),
+        ("file:///a%20b/%c3%a9.py", "file:///a b/é.py"),
+        ("FILE:///a.py", "file:///a.py"),
+    ],
+)
 def test_spellings_of_one_uri_have_one_key(a, b):
     assert uri_key(a) == uri_key(b)
 
@@ -352,6 +393,7 @@ def test_the_store_finds_a_document_by_any_spelling():
 
 
 # ----------------------------------------------------------------------------- big documents
+
 
 def test_documents_over_the_limits_get_no_tree(monkeypatch):
     monkeypatch.setattr(documents, "MAX_PARSE_CHARS", 200)
@@ -419,15 +461,27 @@ def test_a_keystroke_on_a_2mb_document_is_cheap():
 
 # ----------------------------------------------------------------------------- the server over stdio
 
+
 async def _text_of(c, uri):
     return await c.request("dlm/documentText", {"textDocument": {"uri": uri}}, timeout=10)
 
 
 def _change(c, uri, version, start, end, text):
-    c.notify("textDocument/didChange", {
-        "textDocument": {"uri": uri, "version": version},
-        "contentChanges": [{"range": {"start": {"line": start[0], "character": start[1]},
-                                      "end": {"line": end[0], "character": end[1]}}, "text": text}]})
+    c.notify(
+        "textDocument/didChange",
+        {
+            "textDocument": {"uri": uri, "version": version},
+            "contentChanges": [
+                {
+                    "range": {
+                        "start": {"line": start[0], "character": start[1]},
+                        "end": {"line": end[0], "character": end[1]},
+                    },
+                    "text": text,
+                }
+            ],
+        },
+    )
 
 
 async def test_the_servers_copy_equals_the_clients_over_stdio():
@@ -513,13 +567,21 @@ async def test_ill_typed_sync_params_are_ignored_over_stdio():
     async with lsp_server(FAKE_SERVER, {"model": scripted(text="y")}) as c:
         uri = "file:///tmp/dlm-docs/typed.py"
         open_doc(c, uri, "abc")
-        for changes in ([{"text": None}], [{"text": 5}], [{"text": "x"}, {"text": None}],
-                        [{"range": {"start": {"line": "0", "character": 0}, "end": {"line": 0, "character": 0}}, "text": "q"}]):
+        for changes in (
+            [{"text": None}],
+            [{"text": 5}],
+            [{"text": "x"}, {"text": None}],
+            [{"range": {"start": {"line": "0", "character": 0}, "end": {"line": 0, "character": 0}}, "text": "q"}],
+        ):
             c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": 2}, "contentChanges": changes})
-        c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": "3"}, "contentChanges": [{"text": "v"}]})
+        c.notify(
+            "textDocument/didChange", {"textDocument": {"uri": uri, "version": "3"}, "contentChanges": [{"text": "v"}]}
+        )
         assert await _text_of(c, uri) == {"uri": uri, "version": 1, "text": "abc"}
-        c.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///tmp/dlm-docs/bad.py", "languageId": None,
-                                                           "version": "1", "text": 5}})
+        c.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": "file:///tmp/dlm-docs/bad.py", "languageId": None, "version": "1", "text": 5}},
+        )
         assert await _text_of(c, "file:///tmp/dlm-docs/bad.py") is None
         _change(c, uri, 2, (0, 3), (0, 3), "d")  # and well-typed ones still apply
         assert await _text_of(c, uri) == {"uri": uri, "version": 2, "text": "abcd"}

@@ -1,4 +1,5 @@
 """`dlm-lsp eval`: hole cutting (dlm_lsp/measure/holes.py), the metrics, the AR decoder, and a tiny end-to-end run."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,19 @@ import pytest
 import torch
 
 from dlm_lsp.measure.evaluate import (
-    METRIC_KEYS, OracleFiller, Sample, edit_similarity, evaluate, exact_match, fim_greedy, levenshtein, load_files,
-    percentile, repeats_suffix, score, syntax_clean,
+    METRIC_KEYS,
+    OracleFiller,
+    Sample,
+    edit_similarity,
+    evaluate,
+    exact_match,
+    fim_greedy,
+    levenshtein,
+    load_files,
+    percentile,
+    repeats_suffix,
+    score,
+    syntax_clean,
 )
 from dlm_lsp.measure.holes import KINDS, Hole, count_syntax_errors, cut_holes, parse
 from tests.tiny import make_tiny_checkpoint
@@ -101,12 +113,14 @@ def test_block_holes_on_a_known_file():
     text = SAMPLE.read_text()
     holes = cut_holes([("sample", text)], 100, seed=0)
     middles = sorted(h.middle for h in holes["block"])
-    assert middles == sorted([
-        "c = a + b\n    return c",  # two()
-        'if y:\n            return os.path.join(y, "a")\n        return None',  # method(), comment on its header
-        "await self.method(1)\n        return 2",  # async later()
-        "total = first + second\n    return total",  # wrapped(), header over several lines
-    ])  # not: one() (one-line def), nine() (9 lines), single() (1 line)
+    assert middles == sorted(
+        [
+            "c = a + b\n    return c",  # two()
+            'if y:\n            return os.path.join(y, "a")\n        return None',  # method(), comment on its header
+            "await self.method(1)\n        return 2",  # async later()
+            "total = first + second\n    return total",  # wrapped(), header over several lines
+        ]
+    )  # not: one() (one-line def), nine() (9 lines), single() (1 line)
 
 
 def test_middle_holes_have_code_after_them(stdlib_files):
@@ -198,20 +212,35 @@ def test_shown_accepted_and_the_gate_curve():
     text = "def f(a):\n    return a + 1\n\nvalue = f(2)\n"
     a = text.index("return")
     h = Hole("line", "t", text, a, text.index("\n", a))
-    right = Sample(raw="return a", shown="return a", ms=1, engine_ms=1, steps=1, tokens=2, server_kind="line",
-                   confidence=0.9)
-    wrong = Sample(raw="return b", shown="return b", ms=1, engine_ms=1, steps=1, tokens=2, server_kind="line",
-                   confidence=0.3)
+    right = Sample(
+        raw="return a", shown="return a", ms=1, engine_ms=1, steps=1, tokens=2, server_kind="line", confidence=0.9
+    )
+    wrong = Sample(
+        raw="return b", shown="return b", ms=1, engine_ms=1, steps=1, tokens=2, server_kind="line", confidence=0.3
+    )
     tiny = Sample(raw="r", shown="r", ms=1, engine_ms=1, steps=1, tokens=1, server_kind="line", confidence=0.95)
-    hidden = Sample(raw="return a + 1", shown="", ms=1, engine_ms=1, steps=1, tokens=3, server_kind="line",
-                    confidence=0.1, ungated="return a + 1")
+    hidden = Sample(
+        raw="return a + 1",
+        shown="",
+        ms=1,
+        engine_ms=1,
+        steps=1,
+        tokens=3,
+        server_kind="line",
+        confidence=0.1,
+        ungated="return a + 1",
+    )
     r = score([h] * 4, [right, wrong, tiny, hidden])
     assert r["shown"] == pytest.approx(2 / 4)  # one char is not a shown fill; the gated one is hidden
     assert r["accepted"] == pytest.approx(1 / 2)  # a prefix of the true text counts, "return b" does not
     curve = {p["gate"]: p for p in accept_curve([h] * 4, [right, wrong, tiny, hidden])}
     assert r["accepted_chars"] == pytest.approx(len("return a") / 4)  # kept characters per hole
-    assert curve[0.0] == {"gate": 0.0, "shown": 0.75, "accepted": pytest.approx(2 / 3, abs=1e-3),
-                          "chars": pytest.approx((len("return a") + len("return a + 1")) / 4)}
+    assert curve[0.0] == {
+        "gate": 0.0,
+        "shown": 0.75,
+        "accepted": pytest.approx(2 / 3, abs=1e-3),
+        "chars": pytest.approx((len("return a") + len("return a + 1")) / 4),
+    }
     assert curve[0.5] == {"gate": 0.5, "shown": 0.25, "accepted": 1.0, "chars": 2.0}
     assert curve[1.0]["shown"] == 0.0
 
@@ -243,8 +272,13 @@ def test_fim_greedy_matches_recomputing_every_token(tiny_models):
     prefix, suffix = "def add(a, b):\n    ret", "\n\nfor i in range(10):\n"
     got, healed = fim_greedy(model, tok, prefix, suffix, max_tokens=12)
     assert healed == ""
-    seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix), tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
-           tok.token_id(FIM_MIDDLE)]
+    seq = [
+        tok.token_id(FIM_PREFIX),
+        *tok.encode(prefix),
+        tok.token_id(FIM_SUFFIX),
+        *tok.encode(suffix),
+        tok.token_id(FIM_MIDDLE),
+    ]
     want = []
     with torch.no_grad():
         for _ in range(12):
@@ -264,8 +298,13 @@ def test_fim_greedy_heals_the_prefix_tail_like_the_diffusion_engine(tiny_models)
     h = tok.heal(tok.encode(prefix))
     got, healed = fim_greedy(model, tok, prefix, suffix, max_tokens=6, heal=True)
     assert h and healed == h.text and got and got[0] in h.first and tok.decode(got).startswith(h.text)
-    seq = [tok.token_id(FIM_PREFIX), *tok.encode(prefix)[: -h.k], tok.token_id(FIM_SUFFIX), *tok.encode(suffix),
-           tok.token_id(FIM_MIDDLE)]
+    seq = [
+        tok.token_id(FIM_PREFIX),
+        *tok.encode(prefix)[: -h.k],
+        tok.token_id(FIM_SUFFIX),
+        *tok.encode(suffix),
+        tok.token_id(FIM_MIDDLE),
+    ]
     with torch.no_grad():
         logits = model(torch.tensor([seq]))[0, -1]
         assert got[0] == max(h.first, key=lambda i: float(logits[i]))  # the best candidate, not the best token
@@ -279,8 +318,25 @@ def test_eval_end_to_end_writes_json_and_markdown(tiny_models, tmp_path):
 
     dlm, ar = tiny_models
     out, md = tmp_path / "eval.json", tmp_path / "eval.md"
-    rc = main(["eval", "--model", str(dlm), "--ar-model", str(ar), "--per-kind", "3", "--limit-files", "6",
-               "--threads", "1", "--json", str(out), "--md", str(md)])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(dlm),
+            "--ar-model",
+            str(ar),
+            "--per-kind",
+            "3",
+            "--limit-files",
+            "6",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--md",
+            str(md),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert set(KINDS) | {"meta", "ar"} <= set(res)
@@ -308,9 +364,28 @@ def test_eval_on_a_source_folder(tiny_models, tmp_path):
     src.mkdir()
     (src / "sample.py").write_text(SAMPLE.read_text())
     out = tmp_path / "e.json"
-    assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--per-kind", "2",
-                 "--kinds", "block", "--json", str(out), "--decode", '{"pad_left": false, "threshold": 0.8}',
-                 "--min-confidence", "0.5"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_models[0]),
+                "--source",
+                str(src),
+                "--per-kind",
+                "2",
+                "--kinds",
+                "block",
+                "--json",
+                str(out),
+                "--decode",
+                '{"pad_left": false, "threshold": 0.8}',
+                "--min-confidence",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["block"]["holes"] == 2 and "line" not in res and res["meta"]["files"] == 1
     assert res["meta"]["decode"]["pad_left"] is False and res["meta"]["decode"]["threshold"] == 0.8
@@ -324,10 +399,32 @@ def test_eval_on_a_built_corpus_heldout_packages(tiny_models, tmp_path):
     folder = tmp_path / "corpus"
     (folder / "files" / "pkg" / "pkg").mkdir(parents=True)
     (folder / "files" / "pkg" / "pkg" / "mod.py").write_text(SAMPLE.read_text())
-    (folder / "corpus.json").write_text(json.dumps({"train": [], "heldout": [], "heldout_packages": ["pkg:pkg/mod.py"]}))
+    (folder / "corpus.json").write_text(
+        json.dumps({"train": [], "heldout": [], "heldout_packages": ["pkg:pkg/mod.py"]})
+    )
     out, png = tmp_path / "e.json", tmp_path / "curve.png"
-    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "packages",
-                 "--per-kind", "2", "--kinds", "line", "--json", str(out), "--curve", str(png)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_models[0]),
+                "--corpus",
+                str(folder),
+                "--heldout",
+                "packages",
+                "--per-kind",
+                "2",
+                "--kinds",
+                "line",
+                "--json",
+                str(out),
+                "--curve",
+                str(png),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["line"]["holes"] == 2 and res["meta"]["files"] == 1 and "packages" in res["meta"]["source"]
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -352,8 +449,25 @@ def test_eval_oracle_only_loads_no_model(tmp_path):
     src.mkdir()
     (src / "sample.py").write_text(SAMPLE.read_text())
     out, samples = tmp_path / "o.json", tmp_path / "s.jsonl"
-    assert main(["eval", "--oracle-only", "--model", str(tmp_path / "no-such-model"), "--source", str(src),
-                 "--per-kind", "2", "--json", str(out), "--samples", str(samples)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--oracle-only",
+                "--model",
+                str(tmp_path / "no-such-model"),
+                "--source",
+                str(src),
+                "--per-kind",
+                "2",
+                "--json",
+                str(out),
+                "--samples",
+                str(samples),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["meta"]["oracle_only"] and all(res[k]["holes"] == 2 for k in KINDS)
     rows = [json.loads(ln) for ln in samples.read_text().splitlines()]
@@ -395,8 +509,9 @@ def test_reuse_typing_types_the_last_characters_then_fills_the_hole_with_reuse()
 
         def run_now(self, job):
             self.jobs.append(job)
-            return Fill(text="x", tokens=1, steps=1, slots=job.max_tokens, reused_tokens=len(self.jobs) - 1,
-                        forwarded_tokens=5)
+            return Fill(
+                text="x", tokens=1, steps=1, slots=job.max_tokens, reused_tokens=len(self.jobs) - 1, forwarded_tokens=5
+            )
 
     rec = Recorder()
     base = types.SimpleNamespace(service=rec, budget_ms=None, min_confidence=0.0, options=DecodeOptions(threshold=0.7))
@@ -424,8 +539,30 @@ def test_eval_reuse_typing_end_to_end(tiny_models, tmp_path):
     src.mkdir()
     (src / "sample.py").write_text(SAMPLE.read_text())
     out, md = tmp_path / "e.json", tmp_path / "e.md"
-    assert main(["eval", "--model", str(tiny_models[0]), "--source", str(src), "--per-kind", "2", "--kinds", "line",
-                 "--threads", "1", "--reuse-typing", "2", "--json", str(out), "--md", str(md)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_models[0]),
+                "--source",
+                str(src),
+                "--per-kind",
+                "2",
+                "--kinds",
+                "line",
+                "--threads",
+                "1",
+                "--reuse-typing",
+                "2",
+                "--json",
+                str(out),
+                "--md",
+                str(md),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     r = res["reuse"]
     assert r["line"]["holes"] == res["line"]["holes"] == 2 and r["typing"] == 2 and r["scored_fills"] == 2
@@ -458,12 +595,54 @@ def test_eval_gives_each_package_a_workspace_memory_and_its_jobs_name_it(tiny_mo
     monkeypatch.setattr(EngineService, "workspace_files", capture)
     monkeypatch.setattr(EngineService, "run_now", lambda self, job: (jobs.append(job), real_run(self, job))[1])
     out = tmp_path / "e.json"
-    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "packages",
-                 "--retrieve", "package", "--per-kind", "4", "--kinds", "line", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_models[0]),
+                "--corpus",
+                str(folder),
+                "--heldout",
+                "packages",
+                "--retrieve",
+                "package",
+                "--per-kind",
+                "4",
+                "--kinds",
+                "line",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert spaces == {"p:p": ["p:p/a.py", "p:p/b.py"], "q:q": ["q:q/a.py", "q:q/b.py"]}
     assert jobs and all(j.workspace == j.document.split("/", 1)[0] and j.document in keys for j in jobs)
     assert json.loads(out.read_text())["meta"]["workspace_ngram_memory"] is True
     jobs.clear()
-    assert main(["eval", "--model", str(tiny_models[0]), "--corpus", str(folder), "--heldout", "packages",
-                 "--per-kind", "2", "--kinds", "line", "--json", str(out)]) == 0
-    assert jobs and all(j.workspace is None for j in jobs) and not json.loads(out.read_text())["meta"]["workspace_ngram_memory"]
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_models[0]),
+                "--corpus",
+                str(folder),
+                "--heldout",
+                "packages",
+                "--per-kind",
+                "2",
+                "--kinds",
+                "line",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert (
+        jobs
+        and all(j.workspace is None for j in jobs)
+        and not json.loads(out.read_text())["meta"]["workspace_ngram_memory"]
+    )

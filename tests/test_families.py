@@ -2,6 +2,7 @@
 its special tokens at their real ids, its tensor names, shards with an index) loads through the
 engine and computes the logits of the matching `transformers` class run with the family's
 attention: 1e-10 in float64, 1e-4 in float32."""
+
 from __future__ import annotations
 
 import json
@@ -234,10 +235,24 @@ def test_seven_billion_shapes_build_on_the_meta_device():
     from engine.model.transformer import Transformer
 
     dream = next(f for f in F if f.name == "dream")
-    cfg = dict(architectures=["DreamModel"], model_type="Dream", hidden_size=3584, intermediate_size=18944,
-               num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-               max_position_embeddings=131072, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
-               hidden_act="silu", mask_token_id=151666, eos_token_id=151643, pad_token_id=151643)
+    cfg = dict(
+        architectures=["DreamModel"],
+        model_type="Dream",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=131072,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        mask_token_id=151666,
+        eos_token_id=151643,
+        pad_token_id=151643,
+    )
     mc = dream.engine_config(cfg, TokenFiles(cfg, {}, {}, None))
     with torch.device("meta"):
         m = Transformer(mc)
@@ -256,7 +271,7 @@ def test_dream_padded_batch_equals_the_pairwise_mask_reference(folders):
     ids = torch.full((2, L), 151643)
     valid = torch.zeros(2, L, dtype=torch.bool)
     for i, r in enumerate(rows):  # left padding, as Dream's batches
-        ids[i, L - len(r):], valid[i, L - len(r):] = r, True
+        ids[i, L - len(r) :], valid[i, L - len(r) :] = r, True
     pair = valid[:, None, :, None] & valid[:, None, None, :]
     mask = torch.zeros(2, 1, L, L, dtype=torch.float64).masked_fill(~pair, torch.finfo(torch.float64).min)
     pos = (valid.long().cumsum(-1) - 1).clamp_min(0)
@@ -267,7 +282,7 @@ def test_dream_padded_batch_equals_the_pairwise_mask_reference(folders):
         r_ids[i, : len(r)], r_valid[i, : len(r)] = r, True
     got = m(r_ids, key_valid=r_valid)
     for i, r in enumerate(rows):
-        assert (got[i, : len(r)] - want[i, L - len(r):]).abs().max().item() <= 1e-10
+        assert (got[i, : len(r)] - want[i, L - len(r) :]).abs().max().item() <= 1e-10
 
 
 def test_gqa_causal_kv_cache_decoding_equals_full_recompute(folders):

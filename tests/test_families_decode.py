@@ -3,6 +3,7 @@ family's logit shift and special ids from its files, the existing sampler; and t
 decoding at temperature 0, re-implemented here from their authors' descriptions as oracles the
 engine's fill equals token for token: LLaDA's low-confidence remasking in semi-autoregressive
 blocks, and Dream's `maskgit_plus` / `entropy` with its timestep schedule (shifted logits)."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,9 @@ def loaded(family_folders):
 
 
 @torch.no_grad()
-def llada_low_confidence_remasking(model, prompt: list[int], suffix: list[int], gen_length: int, steps: int,
-                                   block_length: int, mask_id: int) -> list[int]:
+def llada_low_confidence_remasking(
+    model, prompt: list[int], suffix: list[int], gen_length: int, steps: int, block_length: int, mask_id: int
+) -> list[int]:
     """LLaDA's sampler at temperature 0 (its generate.py, re-implemented): the canvas is split into
     blocks decoded left to right with steps // blocks steps each; a step predicts every position
     (argmax), and commits the `k` masked positions of the current block whose predicted token has
@@ -57,8 +59,16 @@ def llada_low_confidence_remasking(model, prompt: list[int], suffix: list[int], 
 
 
 @torch.no_grad()
-def dream_diffusion_generate(model, prompt: list[int], suffix: list[int], gen_length: int, steps: int, mask_id: int,
-                             alg: str = "maskgit_plus", eps: float = 1e-3) -> list[int]:
+def dream_diffusion_generate(
+    model,
+    prompt: list[int],
+    suffix: list[int],
+    gen_length: int,
+    steps: int,
+    mask_id: int,
+    alg: str = "maskgit_plus",
+    eps: float = 1e-3,
+) -> list[int]:
     """Dream's sampler at temperature 0 (generation_utils `_sample`, re-implemented): logits are
     shifted right by one (position p is predicted at p - 1); with timesteps linspace(1, eps, steps + 1)
     step i commits int(m * (1 - t_{i+1} / t_i)) of the m masked positions (all at the last step),
@@ -90,8 +100,17 @@ def test_dream_fill_equals_dream_diffusion_generate(loaded, alg, confidence, ste
     _, model, tok, cfg = loaded["dream"]
     assert cfg.logits_shift and cfg.mask_token_id == 151666
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
-    opts = DecodeOptions(selection="timesteps", steps=steps, confidence=confidence, cache=False, window=0,
-                         pad_left=False, heal=False, freeze=False, pad_stop=2.0)
+    opts = DecodeOptions(
+        selection="timesteps",
+        steps=steps,
+        confidence=confidence,
+        cache=False,
+        window=0,
+        pad_left=False,
+        heal=False,
+        freeze=False,
+        pad_stop=2.0,
+    )
     c = build_canvas(prefix, suffix, 16, cfg, opts)
     fill(model, c)
     assert c.slot_ids() == dream_diffusion_generate(model, prefix, suffix, 16, steps, cfg.mask_token_id, alg)
@@ -102,8 +121,18 @@ def test_llada_fill_equals_llada_low_confidence_remasking(loaded, steps):
     _, model, tok, cfg = loaded["llada"]
     assert not cfg.logits_shift and cfg.mask_token_id == 126336
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
-    opts = DecodeOptions(selection="topk", steps=steps, block=8, confidence="max_prob", cache=False, window=0,
-                         pad_left=False, heal=False, freeze=False, pad_stop=2.0)
+    opts = DecodeOptions(
+        selection="topk",
+        steps=steps,
+        block=8,
+        confidence="max_prob",
+        cache=False,
+        window=0,
+        pad_left=False,
+        heal=False,
+        freeze=False,
+        pad_stop=2.0,
+    )
     c = build_canvas(prefix, suffix, 16, cfg, opts)
     fill(model, c)
     want = llada_low_confidence_remasking(model, prefix, suffix, 16, steps, 8, cfg.mask_token_id)
@@ -139,7 +168,9 @@ def test_block_causal_families_decode_block_by_block(loaded):
         fill_step(model, [c])
         committed.append({(c.start + int(i)) // cfg.block_size for i in torch.nonzero(before & ~c.masked).flatten()})
     assert all(len(b) == 1 for b in committed) and [min(b) for b in committed] == sorted(min(b) for b in committed)
-    assert fill(model, build_canvas(prefix, suffix, 12, cfg, opts)).ids == reference_fill(model, prefix, suffix, 12, opts)
+    assert fill(model, build_canvas(prefix, suffix, 12, cfg, opts)).ids == reference_fill(
+        model, prefix, suffix, 12, opts
+    )
 
 
 def test_shifted_family_needs_a_token_before_the_hole_and_takes_bos_from_its_files(loaded):
@@ -185,8 +216,9 @@ def _cut_at(ids: list[int], stop: int) -> list[int]:
 
 
 @torch.no_grad()
-def sdar_block_diffusion_generate(model, prompt: list[int], gen_length: int, mask_id: int, block: int, steps: int,
-                                  threshold: float, stop: int) -> list[int]:
+def sdar_block_diffusion_generate(
+    model, prompt: list[int], gen_length: int, mask_id: int, block: int, steps: int, threshold: float, stop: int
+) -> list[int]:
     """SDAR's sampler (JetAstra/SDAR generate.py `block_diffusion_generate`, re-implemented) with
     greedy picks in place of sampling (its temperature -> 0): the sequence is padded with masks to
     whole blocks; each block from the prompt's last one on is denoised with `steps` steps, step s
@@ -219,8 +251,9 @@ def sdar_block_diffusion_generate(model, prompt: list[int], gen_length: int, mas
 
 
 @torch.no_grad()
-def fast_dllm_v2_generate(model, prompt: list[int], gen_end: int, mask_id: int, block: int, sub: int, threshold: float,
-                          stop: int) -> list[int]:
+def fast_dllm_v2_generate(
+    model, prompt: list[int], gen_end: int, mask_id: int, block: int, sub: int, threshold: float, stop: int
+) -> list[int]:
     """Fast-dLLM v2's `generate()` (its modeling file, re-implemented; temperature 0, no sub-block
     cache), up to position `gen_end` (a block boundary): a prompt ending on a block boundary first
     gets its next token from the last position's logits (autoregressive); then block by block the
@@ -265,8 +298,14 @@ def fast_dllm_v2_generate(model, prompt: list[int], gen_end: int, mask_id: int, 
 def _exact(**kw) -> DecodeOptions:
     """Options under which the engine's loop is the authors' loop: no cache or window, no padding
     rules, nothing committed early as padding."""
-    return DecodeOptions(**{**dict(cache=False, window=0, pad_left=False, heal=False, freeze=False, pad_stop=2.0,
-                                   confidence="max_prob"), **kw})
+    return DecodeOptions(
+        **{
+            **dict(
+                cache=False, window=0, pad_left=False, heal=False, freeze=False, pad_stop=2.0, confidence="max_prob"
+            ),
+            **kw,
+        }
+    )
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.05, 1.0])
@@ -285,7 +324,9 @@ def test_sdar_fill_equals_sdar_block_diffusion_generate(loaded, threshold, prefi
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.02, 1.0])
-@pytest.mark.parametrize("prefix_text", [PREFIX, "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n" * 2])
+@pytest.mark.parametrize(
+    "prefix_text", [PREFIX, "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n" * 2]
+)
 def test_fast_dllm_v2_fill_equals_its_block_and_sub_block_generate(loaded, threshold, prefix_text):
     _, model, tok, cfg = loaded["fast-dllm-v2"]
     bs, sub = cfg.block_size, cfg.sub_block_size
@@ -315,7 +356,9 @@ def test_fast_dllm_v2_prompt_on_a_block_boundary_starts_autoregressively(loaded)
     fill_step(model, [c])
     assert c.tokens_per_step == [1] and not bool(c.masked[0]) and bool(c.masked[1:].all())
     fill(model, c)
-    want = fast_dllm_v2_generate(model, prefix, 4 * bs, cfg.mask_token_id, bs, cfg.sub_block_size, 0.0, cfg.eos_token_id)
+    want = fast_dllm_v2_generate(
+        model, prefix, 4 * bs, cfg.mask_token_id, bs, cfg.sub_block_size, 0.0, cfg.eos_token_id
+    )
     assert _cut_at(c.slot_ids(), cfg.eos_token_id) == _cut_at(want, cfg.eos_token_id)
 
 
@@ -323,8 +366,17 @@ def test_fast_dllm_v2_prompt_on_a_block_boundary_starts_autoregressively(loaded)
 
 
 @torch.no_grad()
-def dreamon_sample(model, prompt: list[int], n_mask: int, suffix: list[int], max_new: int, mask_id: int, expand_id: int,
-                   eos_id: int, alg: str) -> tuple[list[int], dict]:
+def dreamon_sample(
+    model,
+    prompt: list[int],
+    n_mask: int,
+    suffix: list[int],
+    max_new: int,
+    mask_id: int,
+    expand_id: int,
+    eos_id: int,
+    alg: str,
+) -> tuple[list[int], dict]:
     """DreamOn's `_sample` (its generation_utils, re-implemented) at temperature 0 with one token
     per step: the canvas is `prompt` (BOS + prefix) + n_mask masks + `suffix` (suffix + EOS);
     each step predicts every mask with logits shifted right by one, bans the expand token once the
@@ -400,8 +452,17 @@ def test_dreamon_fill_equals_dreamon_sample(dreamon, monkeypatch, alg, confidenc
     c = build_canvas(prefix, suffix, max_new, cfg, DecodeOptions(confidence=confidence))  # the family pins the rest
     assert c.n == min(start, max_new) and int(c.ids[0]) == cfg.bos_token_id and int(c.ids[-1]) == cfg.eos_token_id
     r = fill(model, c)
-    want, seen = dreamon_sample(model, [cfg.bos_token_id] + prefix, min(start, max_new), suffix + [cfg.eos_token_id],
-                                max_new, cfg.mask_token_id, cfg.expand_token_id, cfg.eos_token_id, alg)
+    want, seen = dreamon_sample(
+        model,
+        [cfg.bos_token_id] + prefix,
+        min(start, max_new),
+        suffix + [cfg.eos_token_id],
+        max_new,
+        cfg.mask_token_id,
+        cfg.expand_token_id,
+        cfg.eos_token_id,
+        alg,
+    )
     assert c.slot_ids() == want and c.n == len(want) <= max_new
     assert r.steps == seen["steps"] and r.tokens_per_step == [1] * r.steps
     assert cfg.mask_token_id not in want and cfg.expand_token_id not in want
@@ -415,8 +476,17 @@ def test_dreamon_decoding_grows_and_shrinks_the_middle(dreamon, monkeypatch):
     steer(0.8)
     monkeypatch.setattr(dm, "START_SLOTS", 12)
     prefix, suffix = tok.encode(PREFIX), tok.encode(SUFFIX)
-    _, seen = dreamon_sample(model, [cfg.bos_token_id] + prefix, 12, suffix + [cfg.eos_token_id], 20, cfg.mask_token_id,
-                             cfg.expand_token_id, cfg.eos_token_id, "maskgit_plus")
+    _, seen = dreamon_sample(
+        model,
+        [cfg.bos_token_id] + prefix,
+        12,
+        suffix + [cfg.eos_token_id],
+        20,
+        cfg.mask_token_id,
+        cfg.expand_token_id,
+        cfg.eos_token_id,
+        "maskgit_plus",
+    )
     assert seen["expand"] >= 1 and seen["delete"] >= 1, seen
     sizes = []
     c = build_canvas(prefix, suffix, 20, cfg, DecodeOptions())

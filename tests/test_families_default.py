@@ -1,6 +1,7 @@
 """The project's own checkpoint format through the generalised architecture: logits and fills equal,
 bit for bit, what the code computed before families existed (tests/data/default_logits.safetensors,
 captured by tests/data/default_logits_capture.py at the commit named in its metadata)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -89,8 +90,10 @@ def _shipped(name: str) -> Path:
         weights = folder / "model.safetensors"
         if weights.is_file() and hashlib.sha256(weights.read_bytes()).hexdigest() == META[f"{name}_sha256"]:
             return folder
-    pytest.skip(f"no committed folder holds the weights models/{name} had when the fixture was captured; "
-                "rerun tests/data/default_logits_capture.py at a commit before any architecture change")
+    pytest.skip(
+        f"no committed folder holds the weights models/{name} had when the fixture was captured; "
+        "rerun tests/data/default_logits_capture.py at a commit before any architecture change"
+    )
 
 
 @torch.no_grad()
@@ -103,7 +106,9 @@ def test_shipped_models_compute_what_they_did(name):
     if name == "default":
         pre = tok.encode("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        ")
         suf = tok.encode("\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n")
-        for key, o in (("default_fill_ids", DecodeOptions()),
-                       ("default_fill_nocache_ids", DecodeOptions(cache=False, window=0, heal=False))):
+        for key, o in (
+            ("default_fill_ids", DecodeOptions()),
+            ("default_fill_nocache_ids", DecodeOptions(cache=False, window=0, heal=False)),
+        ):
             r = fill(m, build_canvas(pre, suf, 12, cfg, o))
             assert r.ids == REF[key].long().tolist()[:-1]

@@ -4,6 +4,7 @@ reordered causal canvas, at temperature 0, equals a plain full-recompute loop ru
 `transformers` Qwen3ForCausalLM class on reordered ids and position ids, token for token and step
 for step; the rule's parameters matter (guards); the engine's infill extension, cancel, deadline,
 batching and the service work on it; WeDLM-7B's Qwen2-style layout computes what Qwen2ForCausalLM does."""
+
 from __future__ import annotations
 
 import copy
@@ -62,9 +63,20 @@ def rule(monkeypatch):
 
 
 @torch.no_grad()
-def wedlm_stream_generate(hf, prompt: list[int], max_tokens: int, mask_id: int, stop: set[int], window: int = 16,
-                          threshold: float | None = 0.4, penalty: float = 0.02, suffix: list[int] | None = None,
-                          order: str = "logical", rule: str = "entropy", confidence: float = 0.9):
+def wedlm_stream_generate(
+    hf,
+    prompt: list[int],
+    max_tokens: int,
+    mask_id: int,
+    stop: set[int],
+    window: int = 16,
+    threshold: float | None = 0.4,
+    penalty: float = 0.02,
+    suffix: list[int] | None = None,
+    order: str = "logical",
+    rule: str = "entropy",
+    confidence: float = 0.9,
+):
     """WeDLM's streaming decoding at temperature 0 (its WeDLMDecoder + Sampler), full recompute with
     a transformers model. Generated position p (0-based, after the prompt) sits at position id
     len(prompt) + p. The window starts as `window` masks; each step:
@@ -144,8 +156,15 @@ def _opts(**kw) -> DecodeOptions:
 
 # ---------------------------------------------------------------- equal to the authors' loop
 
-CASES = [(0, 8, dict()), (1, 12, dict()), (0, 12, dict(threshold=None)), (1, 10, dict(threshold=1.0)),
-         (0, 16, dict(threshold=2.0)), (1, 12, dict(threshold=2.0, penalty=0.2)), (0, 12, dict(window=4, threshold=1.5))]
+CASES = [
+    (0, 8, dict()),
+    (1, 12, dict()),
+    (0, 12, dict(threshold=None)),
+    (1, 10, dict(threshold=1.0)),
+    (0, 16, dict(threshold=2.0)),
+    (1, 12, dict(threshold=2.0, penalty=0.2)),
+    (0, 12, dict(window=4, threshold=1.5)),
+]
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -188,8 +207,12 @@ def test_the_rule_matters(wq):
     tokens in commit order) and a max-probability threshold each change at least one fill, so the
     equality above pins the authors' rule."""
     _, _, tok, cfg, hf = wq
-    variants = {"window 4": dict(window=4), "no penalty": dict(penalty=0.0), "commit order": dict(order="commit"),
-                "max prob": dict(rule="max_prob", confidence=0.5)}
+    variants = {
+        "window 4": dict(window=4),
+        "no penalty": dict(penalty=0.0),
+        "commit order": dict(order="commit"),
+        "max prob": dict(rule="max_prob", confidence=0.5),
+    }
     differs = {k: False for k in variants}
     for prompt, n, params in CASES[:5]:
         prefix = tok.encode(PROMPTS[prompt])
@@ -323,10 +346,22 @@ def test_service_fills_with_wedlm(wq):
 def test_wedlm_7b_layout_equals_qwen2(tmp_path):
     """WeDLM-7B (Qwen2.5 base) has `attention_bias: true, qk_norm: false` in the same WeDLM config:
     q/k/v biases, no o_proj bias, no q/k norm - what Qwen2ForCausalLM computes."""
-    spec = Spec("wedlm-7b", "Qwen2ForCausalLM",
-                _qwen("wedlm", ["WeDLMForCausalLM"], False, attention_bias=True, qk_norm=False, mask_token_id=None,
-                      eos_token_id=151643, pad_token_id=151643, bos_token_id=151643),
-                {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645})
+    spec = Spec(
+        "wedlm-7b",
+        "Qwen2ForCausalLM",
+        _qwen(
+            "wedlm",
+            ["WeDLMForCausalLM"],
+            False,
+            attention_bias=True,
+            qk_norm=False,
+            mask_token_id=None,
+            eos_token_id=151643,
+            pad_token_id=151643,
+            bos_token_id=151643,
+        ),
+        {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645},
+    )
     folder = write_checkpoint(spec, tmp_path / "w7", seed=11)
     assert json.loads((folder / "config.json").read_text())["qk_norm"] is False
     model, _, cfg = load_family(folder, "cpu", torch.float64)

@@ -7,6 +7,7 @@ server is driven in process (`DlmServer.fill_at`) with the real engine on a tiny
 real process over stdio (`dlm-lsp serve`, or the scripted engine in dlm_lsp/measure/fuzz/scripted_engine.py).
 Limits are generous ("answered within 5 s"): they tell a hang from an answer, not fast from slow.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -79,11 +80,14 @@ def job(n: int = 6, **kw) -> FillJob:
 # ----------------------------------------------------------------------------- the engine alone
 
 
-@pytest.mark.parametrize("error,match", [
-    (RuntimeError("injected step failure"), "decoding failed: injected step failure"),
-    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB"), "out of memory while decoding"),
-    (MemoryError(), "out of memory while decoding"),
-])
+@pytest.mark.parametrize(
+    "error,match",
+    [
+        (RuntimeError("injected step failure"), "decoding failed: injected step failure"),
+        (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB"), "out of memory while decoding"),
+        (MemoryError(), "out of memory while decoding"),
+    ],
+)
 def test_a_step_that_raises_fails_its_job_and_the_next_is_served(service, monkeypatch, caplog, error, match):
     svc = service()
 
@@ -199,8 +203,10 @@ async def _ask(server, limit: float = 5.0):
 
 async def test_server_answers_a_request_whose_step_never_ends_and_serves_the_next(folder, monkeypatch):
     fault = Fault(monkeypatch, block_forever, times=1)
-    server = await _server(lambda m, d, on_state: EngineService(m, d, on_state, stall_s=1.0),
-                           {"model": str(folder), "postprocess": False, "budgetMs": 300})
+    server = await _server(
+        lambda m, d, on_state: EngineService(m, d, on_state, stall_s=1.0),
+        {"model": str(folder), "postprocess": False, "budgetMs": 300},
+    )
     try:
         t0 = time.monotonic()
         assert await _ask(server) is None  # budget + grace: empty, while the step still blocks
@@ -294,18 +300,22 @@ def _break(kind: str, src, dst):
     return dst
 
 
-@pytest.mark.parametrize("kind,match", [
-    ("truncated", "model.safetensors is truncated"),
-    ("huge-header", "over the 100 MB limit"),
-    ("pickle-only", "only pickle weights \\(pytorch_model.bin\\)"),
-    ("missing", "no model.safetensors in"),
-])
+@pytest.mark.parametrize(
+    "kind,match",
+    [
+        ("truncated", "model.safetensors is truncated"),
+        ("huge-header", "over the 100 MB limit"),
+        ("pickle-only", "only pickle weights \\(pytorch_model.bin\\)"),
+        ("missing", "no model.safetensors in"),
+    ],
+)
 async def test_a_broken_model_file_is_an_error_state_and_the_server_stays_up(folder, tmp_path, kind, match):
     import re
 
     broken = _break(kind, folder, tmp_path / kind)
-    async with lsp_server(REAL_SERVER, {"model": str(broken), "budgetMs": 300}, wait_ready=False,
-                          log_path=tmp_path / "server.log") as c:
+    async with lsp_server(
+        REAL_SERVER, {"model": str(broken), "budgetMs": 300}, wait_ready=False, log_path=tmp_path / "server.log"
+    ) as c:
         st = await c.wait_notification("dlm/status", lambda p: p["state"] in ("ready", "error"), timeout=TIMEOUT)
         assert st["state"] == "error" and re.search(match, st["message"]) and str(broken) in st["message"]
         msg = await c.wait_notification("window/showMessage", lambda p: p["type"] == 1, timeout=10)

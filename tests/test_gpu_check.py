@@ -1,4 +1,5 @@
 """scripts/gpu_check.sh in its tiny mode (CPU, fp32, tiny shapes): the very code the GPU runs."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_check_tiny_mode_runs_and_writes_json(tmp_path):
-    env = {**os.environ, "TINY": "1", "OUT": str(tmp_path), "PY": sys.executable, "OMP_NUM_THREADS": "1",
-           "TRITON_INTERPRET": "1"}  # the kernel section runs its smallest cases through the interpreter
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+    env = {
+        **os.environ,
+        "TINY": "1",
+        "OUT": str(tmp_path),
+        "PY": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "TRITON_INTERPRET": "1",
+    }  # the kernel section runs its smallest cases through the interpreter
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh")], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert res["mode"] == "tiny" and res["ok"]

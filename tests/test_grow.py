@@ -1,6 +1,7 @@
 """engine/train/grow.py: a grown checkpoint computes what its source computed (new blocks add nothing until
 trained), its optimizer file carries the old blocks' moments to their new places and none for the new
 blocks, and `train --resume` continues it on the same plan."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,21 @@ from engine.weights.load import load_checkpoint, read_state_dict
 from engine.train.grow import grow_checkpoint, layer_plan
 from engine.train.loop import OPTIMIZER_FILE, TrainArgs, load_optimizer, load_raw_weights, train
 
-TINY = dict(max_files=10, dim=32, n_layers=3, n_heads=2, ffn_dim=64, seq_len=128, vocab=512, batch=4,
-            val_examples=16, warmup=2, threads=1, progress=False, total_hours=100.0)
+TINY = dict(
+    max_files=10,
+    dim=32,
+    n_layers=3,
+    n_heads=2,
+    ffn_dim=64,
+    seq_len=128,
+    vocab=512,
+    batch=4,
+    val_examples=16,
+    warmup=2,
+    threads=1,
+    progress=False,
+    total_hours=100.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,4 +89,6 @@ def test_train_resumes_a_grown_checkpoint(trained, tmp_path):
     train(TrainArgs(out=str(out), resume=str(tmp_path / "g"), max_steps=7, **{**TINY, "n_layers": 4}))
     sd = read_state_dict(out / "last")
     assert sd["layers.1.attn.wo.weight"].any()  # the new block learned something
-    assert json.loads((out / "last" / "training_state.json").read_text())["step"] == 4 + 7  # max_steps counts this run's steps
+    assert (
+        json.loads((out / "last" / "training_state.json").read_text())["step"] == 4 + 7
+    )  # max_steps counts this run's steps

@@ -3,6 +3,7 @@ loopback port, driven over real sockets with httpx and raw sockets. The scripted
 (dlm_lsp/measure/fuzz/scripted_engine.py) gives exact timing: cancel on disconnect, deadlines, a stuck engine.
 `dlm-lsp http` as a process on a tiny checkpoint (the real engine) is tested in
 tests/test_http_engine.py, where the language server uses it as its engine."""
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,9 @@ class Running(ThreadServer):
 
 def post(url: str, body, path: str = "/v1/completions", headers: dict | None = None, timeout: float = 20):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(url + path, content=data, headers={"content-type": "application/json", **(headers or {})},
-                      timeout=timeout)
+    return httpx.post(
+        url + path, content=data, headers={"content-type": "application/json", **(headers or {})}, timeout=timeout
+    )
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -70,19 +72,48 @@ def post(url: str, body, path: str = "/v1/completions", headers: dict | None = N
 
 def test_parse_body_reads_both_shapes_and_refuses_bad_fields():
     lim = Limits()
-    p = parse_body(json.dumps({"prompt": ["x = "], "suffix": None, "stop": "\n", "max_tokens": 8,
-                               "temperature": 0.5, "stream": True, "stream_options": {"include_usage": True},
-                               "deadline_ms": 250, "language": "go", "postprocess": False}).encode(), "openai", lim)
-    assert (p.prompt, p.suffix, p.stop, p.max_tokens, p.temperature, p.stream, p.include_usage) == \
-        ("x = ", "", ["\n"], 8, 0.5, True, True)
+    p = parse_body(
+        json.dumps(
+            {
+                "prompt": ["x = "],
+                "suffix": None,
+                "stop": "\n",
+                "max_tokens": 8,
+                "temperature": 0.5,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "deadline_ms": 250,
+                "language": "go",
+                "postprocess": False,
+            }
+        ).encode(),
+        "openai",
+        lim,
+    )
+    assert (p.prompt, p.suffix, p.stop, p.max_tokens, p.temperature, p.stream, p.include_usage) == (
+        "x = ",
+        "",
+        ["\n"],
+        8,
+        0.5,
+        True,
+        True,
+    )
     assert (p.deadline_ms, p.language, p.postprocess) == (250, "go", False)
     m = parse_body(json.dumps({"prompt": "a", "suffix": "b", "model": "m", "stop": ["\n\n"]}).encode(), "mercury", lim)
     assert (m.prompt, m.suffix, m.model, m.stop) == ("a", "b", "m", ["\n\n"])
-    bad = [({"prompt": 3}, "prompt"), ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
-           ({"prompt": "a", "max_tokens": True}, "max_tokens"), ({"prompt": "a", "temperature": 3}, "temperature"),
-           ({"prompt": "a", "stop": [""]}, "stop"), ({"prompt": "a", "stop": ["x"] * 17}, "stop"),
-           ({"prompt": "a", "n": 2}, "n"), ({"prompt": "a", "deadline_ms": 5}, "deadline_ms"),
-           ({"prompt": "a", "stream": "yes"}, "stream"), ({"prompt": "a", "suffix": 1}, "suffix")]
+    bad = [
+        ({"prompt": 3}, "prompt"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "a", "max_tokens": True}, "max_tokens"),
+        ({"prompt": "a", "temperature": 3}, "temperature"),
+        ({"prompt": "a", "stop": [""]}, "stop"),
+        ({"prompt": "a", "stop": ["x"] * 17}, "stop"),
+        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "deadline_ms": 5}, "deadline_ms"),
+        ({"prompt": "a", "stream": "yes"}, "stream"),
+        ({"prompt": "a", "suffix": 1}, "suffix"),
+    ]
     for body, param in bad:
         with pytest.raises(ApiError) as e:
             parse_body(json.dumps(body).encode(), "openai", lim)
@@ -113,16 +144,18 @@ def test_pipeline_infers_the_hole_and_post_processes_like_the_server():
     assert small.job.max_tokens == 5
     exact = pipe.prepare(parse_body(json.dumps({"prompt": PROMPT, "slots": 7}).encode(), "openai", Limits()))
     assert exact.job.max_tokens == 7  # a client that sized the hole itself
-    bounded = pipe.prepare(parse_body(json.dumps({"prompt": PROMPT, "slots": 40, "max_tokens": 9}).encode(), "openai",
-                                      Limits()))
+    bounded = pipe.prepare(
+        parse_body(json.dumps({"prompt": PROMPT, "slots": 40, "max_tokens": 9}).encode(), "openai", Limits())
+    )
     assert bounded.job.max_tokens == 9
     block = pipe.prepare(parse_body(json.dumps({"prompt": "def f(x):\n", "suffix": ""}).encode(), "openai", Limits()))
     assert block.request.hole_kind == "block" and block.job.max_tokens == 64
     middle = pipe.prepare(parse_body(json.dumps({"prompt": "x = f(", "suffix": ")\n"}).encode(), "openai", Limits()))
     assert middle.request.hole_kind in ("middle", "args")
     # stop sequences cut the engine's text; postprocess false keeps the rest as it came
-    raw = pipe.prepare(parse_body(json.dumps({"prompt": PROMPT, "postprocess": False, "stop": ["b"]}).encode(),
-                                  "openai", Limits()))
+    raw = pipe.prepare(
+        parse_body(json.dumps({"prompt": PROMPT, "postprocess": False, "stop": ["b"]}).encode(), "openai", Limits())
+    )
     got = pipe.complete(raw, Fill(text=" a + b\n  c", tokens=16, steps=2, slots=16))
     assert (got.text, got.finish_reason) == (" a + ", "stop")
     full = pipe.complete(raw, Fill(text="xyz", tokens=16, steps=2, slots=16))
@@ -160,7 +193,11 @@ def test_completions_in_both_shapes_with_timing_and_usage():
         assert body["choices"][0]["text"] == "a + b" and body["choices"][0]["finish_reason"] in ("stop", "length")
         d = body["dlm"]
         assert d["steps"] == 4 and d["hole_kind"] == "line" and d["slots"] == 16 and d["compute_ms"] > 0
-        assert d["total_ms"] >= d["compute_ms"] and set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+        assert d["total_ms"] >= d["compute_ms"] and set(body["usage"]) == {
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+        }
         m = post(s.url, {"prompt": PROMPT, "suffix": SUFFIX, "model": "dlm-test"}, path="/v1/fim/completions")
         assert m.status_code == 200 and m.json()["choices"][0]["text"] == "a + b"
         assert {"reasoning_tokens", "cached_input_tokens"} <= set(m.json()["usage"])
@@ -173,11 +210,14 @@ def test_completions_in_both_shapes_with_timing_and_usage():
 
 def test_stream_is_server_sent_events_ending_in_done():
     with Running() as s:
-        with httpx.stream("POST", s.url + "/v1/completions", timeout=20,
-                          json={"prompt": PROMPT, "suffix": SUFFIX, "stream": True,
-                                "stream_options": {"include_usage": True}}) as r:
+        with httpx.stream(
+            "POST",
+            s.url + "/v1/completions",
+            timeout=20,
+            json={"prompt": PROMPT, "suffix": SUFFIX, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+            events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
         assert "".join(c["choices"][0]["text"] or "" for c in chunks if c["choices"]) == "a + b"
@@ -218,8 +258,10 @@ def test_a_client_that_disconnects_cancels_its_engine_job():
     with Running("scripted:steps=2000,step_ms=5") as s:
         body = json.dumps({"prompt": PROMPT, "deadline_ms": 30000}).encode()
         c = socket.create_connection(("127.0.0.1", s.port))
-        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        c.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
         end = time.monotonic() + 10
         while not s.engine.jobs and time.monotonic() < end:
             time.sleep(0.01)
@@ -238,7 +280,7 @@ def test_a_client_that_disconnects_cancels_its_engine_job():
 def test_a_client_that_leaves_while_sending_its_body_is_no_server_error():
     with Running() as s:
         c = socket.create_connection(("127.0.0.1", s.port))
-        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        c.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"prompt": ')
         time.sleep(0.2)
         c.close()
         end = time.monotonic() + 5
@@ -306,6 +348,12 @@ def test_requests_wait_for_the_model_then_answer_503_while_it_loads():
 
 def test_refuses_a_non_loopback_address_without_a_token():
     env = {k: v for k, v in os.environ.items() if k != "DLM_HTTP_TOKEN"}
-    r = subprocess.run([sys.executable, "-m", "dlm_lsp", "http", "--host", "0.0.0.0", "--port", "0"],
-                       capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "dlm_lsp", "http", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+    )
     assert r.returncode == 2 and "without a token" in r.stderr

@@ -3,6 +3,7 @@ real `dlm-lsp http` process on a tiny checkpoint, against the in-process API wit
 engine (exact timing for cancel and deadline), and the `mercury` flavour against a local stand-in
 that speaks Inception's documented /v1/fim/completions shape (no network). The language server
 runs as a real process over stdio with the endpoint as its engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,21 @@ class MercuryStandIn:
     client that leaks this project's extension fields to it fails. `delays` holds the seconds each
     next request waits before answering; a request whose client leaves meanwhile is `aborted`."""
 
-    KNOWN = {"prompt", "suffix", "model", "max_tokens", "top_p", "top_k", "frequency_penalty", "presence_penalty",
-             "repetition_penalty", "stop", "stream", "stream_options", "temperature"}
+    KNOWN = {
+        "prompt",
+        "suffix",
+        "model",
+        "max_tokens",
+        "top_p",
+        "top_k",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "stop",
+        "stream",
+        "stream_options",
+        "temperature",
+    }
 
     def __init__(self, text: str = "a + b"):
         self.text, self.delays = text, []
@@ -52,14 +66,24 @@ class MercuryStandIn:
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.aborted = 0
-        self.app = Starlette(routes=[Route("/v1/models", self.models), Route("/v1/fim/completions", self.fim,
-                                                                              methods=["POST"])])
+        self.app = Starlette(
+            routes=[Route("/v1/models", self.models), Route("/v1/fim/completions", self.fim, methods=["POST"])]
+        )
         self.server = ThreadServer(self.app, ready_path="/v1/models", ready_status=401)
 
     def _auth(self, request: Request):
         if request.headers.get("authorization") != f"Bearer {KEY}":
-            return JSONResponse({"error": {"message": "Incorrect API key provided", "type": "authentication_error",
-                                           "param": None, "code": "invalid_api_key"}}, status_code=401)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "Incorrect API key provided",
+                        "type": "authentication_error",
+                        "param": None,
+                        "code": "invalid_api_key",
+                    }
+                },
+                status_code=401,
+            )
         return None
 
     async def models(self, request: Request):
@@ -74,9 +98,17 @@ class MercuryStandIn:
         self.headers.append(dict(request.headers))
         extra = sorted(set(body) - self.KNOWN)
         if extra or not isinstance(body.get("prompt"), str) or not isinstance(body.get("model"), str):
-            return JSONResponse({"error": {"message": f"bad request: unknown {extra}" if extra else "bad request",
-                                           "type": "invalid_request_error", "param": None, "code": None}},
-                                status_code=400)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"bad request: unknown {extra}" if extra else "bad request",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status_code=400,
+            )
         if self.fail_next:
             return PlainTextResponse("Internal Server Error", status_code=self.fail_next.pop(0))
         delay = self.delays.pop(0) if self.delays else 0.0
@@ -86,12 +118,22 @@ class MercuryStandIn:
                 self.aborted += 1
                 return JSONResponse({}, status_code=499)
             await asyncio.sleep(0.01)
-        return JSONResponse({
-            "id": "cmpl-standin", "object": "text_completion", "created": int(time.time()), "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop", "text": self.text}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15, "reasoning_tokens": 0,
-                      "cached_input_tokens": 0},
-        })
+        return JSONResponse(
+            {
+                "id": "cmpl-standin",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop", "text": self.text}],
+                "usage": {
+                    "prompt_tokens": 12,
+                    "completion_tokens": 3,
+                    "total_tokens": 15,
+                    "reasoning_tokens": 0,
+                    "cached_input_tokens": 0,
+                },
+            }
+        )
 
     def __enter__(self):
         self.server.__enter__()
@@ -103,8 +145,12 @@ class MercuryStandIn:
 
 
 def job(prefix: str = PROMPT, suffix: str = "\n", deadline_s: float | None = 30.0, slots: int = 16) -> FillJob:
-    return FillJob(prefix=prefix, suffix=suffix, max_tokens=slots,
-                   deadline=None if deadline_s is None else time.monotonic() + deadline_s)
+    return FillJob(
+        prefix=prefix,
+        suffix=suffix,
+        max_tokens=slots,
+        deadline=None if deadline_s is None else time.monotonic() + deadline_s,
+    )
 
 
 def wait(pred, timeout: float = 10.0, what: str = "condition"):
@@ -125,8 +171,15 @@ def test_the_engine_option_takes_an_endpoint_but_never_a_key():
     assert not w
     opts, w = parse_options({"engine": {"url": "https://api.example.test/v1", "api": "mercury", "apiKeyEnv": "MY_KEY"}})
     assert opts.engine["api"] == "mercury" and opts.engine["apiKeyEnv"] == "MY_KEY" and not w
-    for bad in ({"url": "http://x/v1", "apiKey": "sk-1"}, {"url": "ftp://x"}, {"url": "http://u:p@x/v1"},
-                {"url": "http://x", "api": "grpc"}, {"url": "http://x", "apiKeyEnv": "$(rm)"}, 42, "gpu-farm"):
+    for bad in (
+        {"url": "http://x/v1", "apiKey": "sk-1"},
+        {"url": "ftp://x"},
+        {"url": "http://u:p@x/v1"},
+        {"url": "http://x", "api": "grpc"},
+        {"url": "http://x", "apiKeyEnv": "$(rm)"},
+        42,
+        "gpu-farm",
+    ):
         opts, w = parse_options({"engine": bad})
         assert opts.engine is None and w and "engine" in w[0], bad
     opts, w = parse_options({"engine": {"url": "http://x/v1", "apiKey": "sk-1"}})
@@ -138,9 +191,11 @@ def test_the_engine_option_takes_an_endpoint_but_never_a_key():
 
 
 def test_a_serve_on_an_http_engine_imports_no_torch():
-    code = ("import sys; from dlm_lsp.server import default_engine_factory; "
-            "e = default_engine_factory(None, 'cpu', None, engine={'url': 'http://127.0.0.1:9/v1', 'api': 'openai-fim', "
-            "'apiKeyEnv': None, 'model': None}); print(type(e).__name__, 'torch' in sys.modules)")
+    code = (
+        "import sys; from dlm_lsp.server import default_engine_factory; "
+        "e = default_engine_factory(None, 'cpu', None, engine={'url': 'http://127.0.0.1:9/v1', 'api': 'openai-fim', "
+        "'apiKeyEnv': None, 'model': None}); print(type(e).__name__, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120)
     assert out.stdout.split() == ["HttpEngine", "False"], out.stderr
 
@@ -162,15 +217,20 @@ async def test_a_dlm_lsp_http_process_is_the_language_servers_engine(tmp_path):
     model = make_tiny_checkpoint(tmp_path / "tiny", printable=True)
     with http_process(model) as url:
         # the API itself, both shapes, with the real engine and pipeline
-        r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "suffix": "\n\nprint(1)\n", "postprocess": False,
-                                                     "deadline_ms": 5000}, timeout=60)
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"prompt": PROMPT, "suffix": "\n\nprint(1)\n", "postprocess": False, "deadline_ms": 5000},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         b = r.json()
         assert b["model"] == "tiny" and b["choices"][0]["text"] and b["usage"]["prompt_tokens"] > 0
         assert b["dlm"]["steps"] >= 1 and len(b["dlm"]["tokens_per_step"]) == b["dlm"]["steps"]
         assert sum(b["dlm"]["tokens_per_step"]) >= b["usage"]["completion_tokens"]
         assert b["dlm"]["forwarded_tokens"] > b["dlm"]["steps"] and b["dlm"]["reused_tokens"] == 0  # rows run
-        r = httpx.post(url + "/v1/fim/completions", json={"prompt": PROMPT, "suffix": "\n", "model": "tiny"}, timeout=60)
+        r = httpx.post(
+            url + "/v1/fim/completions", json={"prompt": PROMPT, "suffix": "\n", "model": "tiny"}, timeout=60
+        )
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
         eng = HttpEngine(url).start()
         try:
@@ -259,8 +319,13 @@ def test_mercury_flavour_speaks_the_documented_shape(monkeypatch):
             fill = eng.submit(job(prefix="x = ", suffix="\n", slots=12)).result(10)
             assert (fill.text, fill.tokens, fill.cancelled) == ("a + b", 3, False)
             body = m.requests[-1]
-            assert body == {"prompt": "x = ", "suffix": "\n", "max_tokens": 12, "stream": False,
-                            "model": "mercury-edit-2"}
+            assert body == {
+                "prompt": "x = ",
+                "suffix": "\n",
+                "max_tokens": 12,
+                "stream": False,
+                "model": "mercury-edit-2",
+            }
             assert m.headers[-1]["authorization"] == f"Bearer {KEY}"
             # a backend that went away behind a proxy: retried once; twice is an error
             m.fail_next.append(502)

@@ -7,6 +7,7 @@ kernel case runs in one child process started with the variable set (`_child` be
 tests here compare what it sends back, one test per case. Interpreted programs cost ~1 ms each and
 per loop trip: shapes stay small and vocabulary blocks large.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,7 +35,9 @@ DTYPES = {  # name -> (dtype, atol, rtol): inputs in dtype, maths in fp32 on bot
 NAMES = ("max_prob", "argmax", "top2_prob", "entropy")
 
 # (M, D, V, dtype name, ban, launch overrides); BLOCK_V=256 never divides V: the last block is partial
-SHAPES = [(M, D, V, dt, 7, {"block_v": 256}) for M, D, V, dt in itertools.product((1, 3, 7), (32, 48), (300, 1000), DTYPES)]
+SHAPES = [
+    (M, D, V, dt, 7, {"block_v": 256}) for M, D, V, dt in itertools.product((1, 3, 7), (32, 48), (300, 1000), DTYPES)
+]
 LAUNCH = [  # several programs per row over the vocabulary (merged in torch), D loops of several trips
     (5, 48, 1000, "fp32", -1, {"split": 2, "block_v": 128}),
     (5, 48, 1000, "fp32", -1, {"split": 3, "block_v": 128, "block_d": 16}),
@@ -73,7 +76,9 @@ def _compare(got, want, atol, rtol):
         close = torch.isclose(a.double(), b.double(), atol=atol, rtol=rtol)
         if not bool(close.all()):
             rows = (~close).nonzero().flatten().tolist()
-            raise AssertionError(f"{name} differs at rows {rows}: kernel {a[rows].tolist()} reference {b[rows].tolist()}")
+            raise AssertionError(
+                f"{name} differs at rows {rows}: kernel {a[rows].tolist()} reference {b[rows].tolist()}"
+            )
 
 
 # ---------------------------------------------------------------- the child (TRITON_INTERPRET=1)
@@ -118,11 +123,17 @@ def _e2e_io():
 def interpreted():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     env.pop("DLM_KERNELS", None)
-    proc = subprocess.run([sys.executable, "-c", "import tests.test_kernels as t; t._child()"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import tests.test_kernels as t; t._child()"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, f"kernel child failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
@@ -148,7 +159,9 @@ def test_sampler_through_the_kernel_matches_the_oracle(interpreted):
     res = interpreted["sampler"]
     assert res["kernel_calls"] > 0, "the kernel was not used"
     prefix, suffix = _e2e_io()
-    assert res["ids"] == reference_fill(peaked_model(pad=249), prefix, suffix, 5, DecodeOptions(threshold=0.5, cache=False))
+    assert res["ids"] == reference_fill(
+        peaked_model(pad=249), prefix, suffix, 5, DecodeOptions(threshold=0.5, cache=False)
+    )
 
 
 # ---------------------------------------------------------------- reference and dispatch (in process)
@@ -175,7 +188,9 @@ def test_combine_splits_equals_one_pass():
         m = part.max(1).values
         e = torch.exp(part - m[:, None])
         top = part.topk(2, dim=1)
-        states.append((m, e.sum(1), ((part - m[:, None]) * e).sum(1), top.values[:, 0], top.indices[:, 0], top.values[:, 1]))
+        states.append(
+            (m, e.sum(1), ((part - m[:, None]) * e).sum(1), top.values[:, 0], top.indices[:, 0], top.values[:, 1])
+        )
     stacked = [torch.stack(x) for x in zip(*states)]
     stacked[4] = stacked[4] + torch.arange(3)[:, None] * 30  # split-local -> global token ids
     got = ks._combine_splits(*stacked)
@@ -246,9 +261,10 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
     fill, found on the first H200 lease), so the kernel is compiled down to a cubin here too."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_CHILD], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    for dt, stages in json.loads(line[len("RESULT "):]).items():
+    for dt, stages in json.loads(line[len("RESULT ") :]).items():
         assert {"ttir", "ptx", "cubin"} <= set(stages), dt

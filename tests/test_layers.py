@@ -3,6 +3,7 @@ included, read from the source, and held against the rules. A failure names the 
 
 Imports under `if TYPE_CHECKING:` are left out: they never run, and only annotate.
 """
+
 from __future__ import annotations
 
 import ast
@@ -160,12 +161,16 @@ def violations(mods: dict[str, Module]) -> list[str]:
         where = str(m.path)
         for target, line in m.imports:
             if any(_external(target, lib) for lib in LSP_LIBS) and m.name not in LSP_FACES:
-                bad.append(f"{where}:{line}: imports {target}: only dlm_lsp/server.py and dlm_lsp/protocol.py speak LSP")
+                bad.append(
+                    f"{where}:{line}: imports {target}: only dlm_lsp/server.py and dlm_lsp/protocol.py speak LSP"
+                )
             if _external(target, TREE_SITTER) or target.startswith(TREE_SITTER + "_"):
                 if not _under(m.name, "dlm_lsp"):
                     bad.append(f"{where}:{line}: imports {target}: only dlm_lsp/ reads syntax trees")
             if _under(target, "dlm_lsp.measure") and not _under(m.name, "dlm_lsp.measure") and m.name != CLI:
-                bad.append(f"{where}:{line}: imports {target}: only dlm_lsp/measure and the CLI's table use measure programs")
+                bad.append(
+                    f"{where}:{line}: imports {target}: only dlm_lsp/measure and the CLI's table use measure programs"
+                )
             if _external(target, "tests") or _external(target, "scripts"):
                 bad.append(f"{where}:{line}: imports {target}: the product never imports tests/ or scripts/")
         for text, line in m.paths:
@@ -174,7 +179,10 @@ def violations(mods: dict[str, Module]) -> list[str]:
         if _under(m.name, "engine.serve") or _under(m.name, "engine.decode"):
             layer_rules.append(("engine.train", "serving and decoding never load training code"))
         if _under(m.name, "engine.train"):
-            layer_rules += [("engine.decode", "training never loads decoding"), ("engine.serve", "training never loads serving")]
+            layer_rules += [
+                ("engine.decode", "training never loads decoding"),
+                ("engine.serve", "training never loads serving"),
+            ]
         if layer_rules:
             for target, chain in reach(mods, m.name).items():
                 for layer, why in layer_rules:
@@ -184,8 +192,10 @@ def violations(mods: dict[str, Module]) -> list[str]:
             for target, chain in reach(mods, m.name).items():
                 if target in loads_torch:
                     lib, line = loads_torch[target]
-                    bad.append(f"{where}: loads {lib} ({mods[target].path.name}:{line}): engine/clients never loads torch: "
-                               + " -> ".join(chain or ["itself"]))
+                    bad.append(
+                        f"{where}: loads {lib} ({mods[target].path.name}:{line}): engine/clients never loads torch: "
+                        + " -> ".join(chain or ["itself"])
+                    )
     for comp in cycles(mods):
         bad.append("import circle: " + " <-> ".join(comp))
     return sorted(set(bad))
@@ -211,8 +221,10 @@ def test_the_command_table_names_modules_that_exist():
 def test_the_clients_run_without_torch():
     """What the layer rule reads from the source, checked in a process: the remote engines import
     without torch."""
-    code = ("import sys; import engine.clients.remote, engine.clients.http_engine, engine.clients.wire; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import engine.clients.remote, engine.clients.http_engine, engine.clients.wire; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -253,25 +265,54 @@ CLEAN = {
 }
 
 BREAKS = {  # invariant -> (file, text that breaks it, what the report must say)
-    "decode loads training": ("engine/decode/canvas.py", "def f():\n    from engine.train import loop\n",
-                              "serving and decoding never load training code"),
-    "serve loads training through decode": ("engine/decode/sampler.py", "from engine.train.loop import x\n",
-                                            "serving and decoding never load training code"),
+    "decode loads training": (
+        "engine/decode/canvas.py",
+        "def f():\n    from engine.train import loop\n",
+        "serving and decoding never load training code",
+    ),
+    "serve loads training through decode": (
+        "engine/decode/sampler.py",
+        "from engine.train.loop import x\n",
+        "serving and decoding never load training code",
+    ),
     "training loads serving": ("engine/train/loop.py", "import engine.serve.service\n", "training never loads serving"),
-    "training loads decoding": ("engine/train/extra.py", "from engine.decode.sampler import step\n",
-                                "training never loads decoding"),
-    "clients load torch": ("engine/clients/wire.py", "def f():\n    import torch\n", "engine/clients never loads torch"),
-    "clients load torch through another module": ("engine/clients/remote.py", "from engine.decode import canvas\n",
-                                                  "engine/clients never loads torch"),
+    "training loads decoding": (
+        "engine/train/extra.py",
+        "from engine.decode.sampler import step\n",
+        "training never loads decoding",
+    ),
+    "clients load torch": (
+        "engine/clients/wire.py",
+        "def f():\n    import torch\n",
+        "engine/clients never loads torch",
+    ),
+    "clients load torch through another module": (
+        "engine/clients/remote.py",
+        "from engine.decode import canvas\n",
+        "engine/clients never loads torch",
+    ),
     "pygls outside the server": ("dlm_lsp/fill/documents.py", "from lsprotocol import types\n", "speak LSP"),
     "tree-sitter in the engine": ("engine/holes.py", "import tree_sitter_python\n", "only dlm_lsp/ reads syntax trees"),
-    "measure imported by the server": ("dlm_lsp/server.py", "import pygls\nfrom dlm_lsp.measure.evaluate import x\n",
-                                       "only dlm_lsp/measure and the CLI"),
-    "the product imports tests": ("dlm_lsp/measure/fuzz.py", "from tests.lsp_fake_server import main\n",
-                                  "never imports tests/ or scripts/"),
-    "the product reads a test file": ("dlm_lsp/measure/fuzz.py", "from pathlib import Path\nP = Path('x') / 'tests' / 'a.py'\n",
-                                      "never reads tests/ or scripts/"),
-    "an import circle": ("engine/decode/canvas.py", "import torch\nfrom engine.decode import sampler\n", "import circle"),
+    "measure imported by the server": (
+        "dlm_lsp/server.py",
+        "import pygls\nfrom dlm_lsp.measure.evaluate import x\n",
+        "only dlm_lsp/measure and the CLI",
+    ),
+    "the product imports tests": (
+        "dlm_lsp/measure/fuzz.py",
+        "from tests.lsp_fake_server import main\n",
+        "never imports tests/ or scripts/",
+    ),
+    "the product reads a test file": (
+        "dlm_lsp/measure/fuzz.py",
+        "from pathlib import Path\nP = Path('x') / 'tests' / 'a.py'\n",
+        "never reads tests/ or scripts/",
+    ),
+    "an import circle": (
+        "engine/decode/canvas.py",
+        "import torch\nfrom engine.decode import sampler\n",
+        "import circle",
+    ),
 }
 
 

@@ -1,5 +1,6 @@
 """engine/model/transformer.py and engine/decode/autoregressive.py: the cached-context path, batching masks, and greedy
 decoding with a KV cache against full recomputation."""
+
 from __future__ import annotations
 
 import pytest
@@ -103,12 +104,18 @@ def test_batched_context_with_ctx_valid_equals_single_rows():
         torch.testing.assert_close(h[i, : a1 - a0], singles[i], atol=1e-5, rtol=1e-5)
     # the same context in buffers with room after it (k_buf, v_buf, Lc): the call writes its own K/V
     # there instead of concatenating, and gets the same hidden states and the same returned K/V
-    bufs = [(torch.full((2, k.shape[1], Lc + A + 3, k.shape[3]), float("nan")), torch.full((2, v.shape[1], Lc + A + 3,
-            v.shape[3]), float("nan"))) for k, v in ctx]
+    bufs = [
+        (
+            torch.full((2, k.shape[1], Lc + A + 3, k.shape[3]), float("nan")),
+            torch.full((2, v.shape[1], Lc + A + 3, v.shape[3]), float("nan")),
+        )
+        for k, v in ctx
+    ]
     for (kb, vb), (k, v) in zip(bufs, ctx):
         kb[:, :, :Lc], vb[:, :, :Lc] = k, v
-    h2, kv2 = m.hidden(ids, pos=pos, key_valid=valid, ctx=[(kb, vb, Lc) for kb, vb in bufs], ctx_valid=ctx_valid,
-                       return_kv=True)
+    h2, kv2 = m.hidden(
+        ids, pos=pos, key_valid=valid, ctx=[(kb, vb, Lc) for kb, vb in bufs], ctx_valid=ctx_valid, return_kv=True
+    )
     _, kv1 = m.hidden(ids, pos=pos, key_valid=valid, ctx=ctx, ctx_valid=ctx_valid, return_kv=True)
     torch.testing.assert_close(h2, h, atol=1e-6, rtol=1e-6)
     for (kb, vb), (k1, v1), (k2, v2) in zip(bufs, kv1, kv2):

@@ -1,5 +1,6 @@
 """Identifier-aware decoding (DecodeOptions.names, engine/bias/names.py): a fill's identifiers are names
 that exist in the job's text, the keywords and builtins, or the model's corpus names."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,8 @@ def test_the_healed_slot_checks_its_whole_identifier():
     assert b.heal_row('s = "self.', ids) is None  # inside a string
     # the partial name spans the prefix and the slot: "re" + "sp..."
     row = names.NameBias(names.Vocab(["", "sponse", "spond"], set()), [names.NameSet({"response"})], 2.0).heal_row(
-        "x = re", [1, 2])
+        "x = re", [1, 2]
+    )
     assert row.tolist() == [0.0, 0.0, -2.0]
 
 
@@ -102,16 +104,36 @@ def _oracle(service, job: FillJob):
     heal = tok.heal(p_ids) if job.options.heal else None
     if heal:
         p_ids = p_ids[: -heal.k]
-    bias = names.NameBias(names.vocab_for(tok), [names.NameSet(names.names_in(job.prefix, job.suffix, job.lookup)),
-                                                 service.corpus_names], job.options.names, tok.decode(p_ids[-48:]), tok.decode)
-    return reference.reference_fill(service.model, p_ids, s_ids, job.max_tokens + (1 if heal else 0), job.options,
-                                  heal=heal and heal.first, heal_then=heal and heal.then, names=bias)
+    bias = names.NameBias(
+        names.vocab_for(tok),
+        [names.NameSet(names.names_in(job.prefix, job.suffix, job.lookup)), service.corpus_names],
+        job.options.names,
+        tok.decode(p_ids[-48:]),
+        tok.decode,
+    )
+    return reference.reference_fill(
+        service.model,
+        p_ids,
+        s_ids,
+        job.max_tokens + (1 if heal else 0),
+        job.options,
+        heal=heal and heal.first,
+        heal_then=heal and heal.then,
+        names=bias,
+    )
 
 
 def test_service_fill_with_names_equals_the_oracle_and_changes_fills(service):
-    cases = [("import os\ndef total(items):\n    s = 0\n    for item in items:\n        s += item\n    return s\n\ntot = tot", ""),
-             ("class Point:\n    def __init__(self, xcoord, ycoord):\n        self.xcoord = xc", "\n"),
-             ("values = [first_value, second_value]\nprint(sec", ")\n"), ("tot = tot", ""), ("import os\nos.pa", "")]
+    cases = [
+        (
+            "import os\ndef total(items):\n    s = 0\n    for item in items:\n        s += item\n    return s\n\ntot = tot",
+            "",
+        ),
+        ("class Point:\n    def __init__(self, xcoord, ycoord):\n        self.xcoord = xc", "\n"),
+        ("values = [first_value, second_value]\nprint(sec", ")\n"),
+        ("tot = tot", ""),
+        ("import os\nos.pa", ""),
+    ]
     changed = 0
     for heal in (False, True):
         base = DecodeOptions(threshold=0.5, heal=heal, names=0.0)
@@ -129,8 +151,10 @@ def test_names_off_builds_no_bias(service):
     job = FillJob(prefix="abc = ab", max_tokens=4, options=DecodeOptions(names=0.0, heal=False))
     act = service._admit(job, __import__("concurrent.futures").futures.Future())
     assert act.canvas.names is None
-    act = service._admit(dataclasses.replace(job, options=DecodeOptions(names=1.5, heal=False)),
-                         __import__("concurrent.futures").futures.Future())
+    act = service._admit(
+        dataclasses.replace(job, options=DecodeOptions(names=1.5, heal=False)),
+        __import__("concurrent.futures").futures.Future(),
+    )
     assert isinstance(act.canvas.names, names.NameBias) and act.canvas.names.weight == 1.5
     assert torch.is_tensor(act.canvas.names.vocab.id_start)
 
@@ -182,14 +206,23 @@ def test_bracket_rule_rows():
     assert b.slot_row([], [1, 2]) is None  # the healed slot: names only (off here)
     assert names.line_brackets("f('(', [x  # (", 0) == [("(", True), ("[", True)]
     assert names.line_brackets("g(a)[b", 3) == [("[", True)] and names.line_brackets("g(a)[b", 5) == [("[", False)]
-    assert names.NameBias(vocab, [], 0.0, base="s = '(", brackets=2.0, ends=(9,)).slot_row([], None) is None  # in a string
-    both = names.NameBias(names.Vocab(TEXTS, special={0}), [names.NameSet({"response"})], 3.0, base="f(resp", brackets=1.0)
+    assert (
+        names.NameBias(vocab, [], 0.0, base="s = '(", brackets=2.0, ends=(9,)).slot_row([], None) is None
+    )  # in a string
+    both = names.NameBias(
+        names.Vocab(TEXTS, special={0}), [names.NameSet({"response"})], 3.0, base="f(resp", brackets=1.0
+    )
     assert both.slot_row([], None) is not None and float(both.slot_row([], None).min()) == -3.0
 
 
 def test_service_fill_with_brackets_equals_the_oracle(service):
     tok = service.tok
-    cases = [("result = compute(alpha, beta", ")\n"), ("items = [first, (second", ""), ("call(x)[", "\n"), ("d = {'a': (1", "")]
+    cases = [
+        ("result = compute(alpha, beta", ")\n"),
+        ("items = [first, (second", ""),
+        ("call(x)[", "\n"),
+        ("d = {'a': (1", ""),
+    ]
     changed = 0
     for heal in (False, True):
         for nm in (0.0, 4.0):
@@ -204,11 +237,26 @@ def test_service_fill_with_brackets_equals_the_oracle(service):
                     p_ids = p_ids[: -h.k]
                 known = names.known_names(prefix, suffix, "") if nm else names.NameSet(())
                 stops = list(tok.newline_ids())
-                bias = names.NameBias(names.vocab_for(tok), [known, service.corpus_names], nm, tok.decode(p_ids[-48:]),
-                                      tok.decode, brackets=20.0,
-                                      ends=(service.cfg.pad_token_id, service.cfg.eos_token_id) + tuple(stops))
-                want = reference.reference_fill(service.model, p_ids, s_ids, 6 + (1 if h else 0), on, heal=h and h.first,
-                                              heal_then=h and h.then, stop_ids=stops, names=bias)
+                bias = names.NameBias(
+                    names.vocab_for(tok),
+                    [known, service.corpus_names],
+                    nm,
+                    tok.decode(p_ids[-48:]),
+                    tok.decode,
+                    brackets=20.0,
+                    ends=(service.cfg.pad_token_id, service.cfg.eos_token_id) + tuple(stops),
+                )
+                want = reference.reference_fill(
+                    service.model,
+                    p_ids,
+                    s_ids,
+                    6 + (1 if h else 0),
+                    on,
+                    heal=h and h.first,
+                    heal_then=h and h.then,
+                    stop_ids=stops,
+                    names=bias,
+                )
                 assert got.token_ids == want, (heal, nm, prefix)
                 plain = service.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=base))
                 changed += got.token_ids != plain.token_ids

@@ -1,6 +1,7 @@
 """The corpus n-gram memory (engine/bias/ngram.py, DecodeOptions.ngram): its counting against a plain
 counter, its file (safetensors, checked, tied to the tokenizer), and its place in decoding (the
 service's fills equal the oracle's; the model's per-kind setting)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,8 +64,12 @@ def test_count_order_equals_a_plain_counter(seed):
 def _table() -> ngram.NgramTable:
     runs = {(5, 6, 7, 8): ([9, 10], [0.5, 0.25]), (6, 7, 8): ([11, -1], [0.75, 0.0]), (1, 2, 3): ([4, -1], [1.0, 0.0])}
     items = sorted((ngram.context_hash(c), n, p) for c, (n, p) in runs.items())
-    return ngram.NgramTable(np.array([h for h, _, _ in items], dtype=np.uint64), np.array([n for _, n, _ in items]),
-                            np.array([p for _, _, p in items], dtype=np.float32), (3, 4))
+    return ngram.NgramTable(
+        np.array([h for h, _, _ in items], dtype=np.uint64),
+        np.array([n for _, n, _ in items]),
+        np.array([p for _, _, p in items], dtype=np.float32),
+        (3, 4),
+    )
 
 
 def test_the_longest_stored_context_gives_the_bias_and_ends_break_runs():
@@ -97,16 +102,25 @@ def test_the_file_round_trips_and_is_refused_when_bad_or_for_another_tokenizer(t
         ngram.load_table(folder)
     from safetensors.numpy import save_file
 
-    save_file({"ctx": t.ctx.astype(np.int64), "next": t.nxt, "prob": t.prob}, str(folder / ngram.NGRAM_FILE),
-              metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"})
+    save_file(
+        {"ctx": t.ctx.astype(np.int64), "next": t.nxt, "prob": t.prob},
+        str(folder / ngram.NGRAM_FILE),
+        metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"},
+    )
     with pytest.raises(ngram.NgramError, match="'I64'"):  # the header is checked before safetensors parses it
         ngram.load_table(folder)
-    save_file({"ctx": t.ctx, "prob": t.prob}, str(folder / ngram.NGRAM_FILE),
-              metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"})
+    save_file(
+        {"ctx": t.ctx, "prob": t.prob},
+        str(folder / ngram.NGRAM_FILE),
+        metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"},
+    )
     with pytest.raises(ngram.NgramError, match="expected tensors"):
         ngram.load_table(folder)
-    save_file({"ctx": t.ctx, "next": t.prob.astype(np.float16), "prob": t.prob}, str(folder / ngram.NGRAM_FILE),
-              metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"})
+    save_file(
+        {"ctx": t.ctx, "next": t.prob.astype(np.float16), "prob": t.prob},
+        str(folder / ngram.NGRAM_FILE),
+        metadata={"tokenizer_sha256": ngram.tokenizer_digest(folder), "orders": "[3, 4]"},
+    )
     with pytest.raises(ngram.NgramError, match="expected tensors"):  # ids stored as floats
         ngram.load_table(folder)
     t.save(folder / ngram.NGRAM_FILE, ngram.tokenizer_digest(folder))
@@ -138,8 +152,22 @@ def served(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ngram")
     folder = make_tiny_checkpoint(root / "m", seed=5)
-    assert cli(["ngram", "--corpus", _corpus(root / "corpus"), "--model", str(folder), "--orders", "2,3,4",
-                "--min-count", "2"]) == 0
+    assert (
+        cli(
+            [
+                "ngram",
+                "--corpus",
+                _corpus(root / "corpus"),
+                "--model",
+                str(folder),
+                "--orders",
+                "2,3,4",
+                "--min-count",
+                "2",
+            ]
+        )
+        == 0
+    )
     svc = EngineService(str(folder), device="cpu", threads=1)
     svc.load()
     return svc
@@ -148,17 +176,30 @@ def served(tmp_path_factory):
 def test_the_command_writes_a_table_the_service_loads(served):
     assert served.ngram is not None and len(served.ngram) > 20 and served.ngram.orders == (4, 3, 2)
     ids = served.tok.encode("def add(a, b):\n    return a")
-    hit = next(served.ngram.next_probs(tuple(ids[: i + 1])) for i in range(len(ids) - 1, 0, -1)
-               if served.ngram.next_probs(tuple(ids[: i + 1])) is not None)
+    hit = next(
+        served.ngram.next_probs(tuple(ids[: i + 1]))
+        for i in range(len(ids) - 1, 0, -1)
+        if served.ngram.next_probs(tuple(ids[: i + 1])) is not None
+    )
     assert hit[0].size >= 1 and 0 < hit[1].sum() <= 1.0
 
 
-CASES = [("def add(a, b):\n    return ", "\n"), ("import os\nimport ", ""), ("for i in range(10):\n    ", ""),
-         ("class Point:\n    def __init__(self, x, y):\n        self.", "\n")]
+CASES = [
+    ("def add(a, b):\n    return ", "\n"),
+    ("import os\nimport ", ""),
+    ("for i in range(10):\n    ", ""),
+    ("class Point:\n    def __init__(self, x, y):\n        self.", "\n"),
+]
 
 
-@pytest.mark.parametrize("extra", [dict(cache=False, window=0), dict(cache=True, refresh_every=1, window=3, copy_bigram=1.0, copy_order=2),
-                                   dict(cache=True, refresh_every=1, window=16, heal=True)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(cache=False, window=0),
+        dict(cache=True, refresh_every=1, window=3, copy_bigram=1.0, copy_order=2),
+        dict(cache=True, refresh_every=1, window=16, heal=True),
+    ],
+)
 def test_service_fills_with_the_memory_equal_the_oracle_and_it_changes_fills(served, extra):
     base = DecodeOptions(threshold=0.5, heal=False, ngram=0.0, **{k: v for k, v in extra.items() if k != "heal"})
     base = dataclasses.replace(base, heal=extra.get("heal", False))
@@ -170,8 +211,16 @@ def test_service_fills_with_the_memory_equal_the_oracle_and_it_changes_fills(ser
         heal = served.tok.heal(p_ids) if on.heal else None
         if heal:
             p_ids = p_ids[: -heal.k]
-        want = reference.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
-                                      heal=heal and heal.first, heal_then=heal and heal.then)
+        want = reference.reference_fill(
+            served.model,
+            p_ids,
+            s_ids,
+            8 + (1 if heal else 0),
+            on,
+            ngram=served.ngram,
+            heal=heal and heal.first,
+            heal_then=heal and heal.then,
+        )
         assert got.token_ids == [t for t in want][: len(got.token_ids)] and len(got.token_ids) == len(want)
         off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
         changed += got.token_ids != off.token_ids
@@ -220,8 +269,22 @@ def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
     from engine.serve.service import EngineService
 
     folder = make_tiny_checkpoint(tmp_path / "r", attention="causal", canvas="reorder", seed=2)
-    assert cli(["ngram", "--corpus", _corpus(tmp_path / "corpus"), "--model", str(folder), "--orders", "2,3",
-                "--min-count", "2"]) == 0
+    assert (
+        cli(
+            [
+                "ngram",
+                "--corpus",
+                _corpus(tmp_path / "corpus"),
+                "--model",
+                str(folder),
+                "--orders",
+                "2,3",
+                "--min-count",
+                "2",
+            ]
+        )
+        == 0
+    )
     svc = EngineService(str(folder), device="cpu", threads=1)
     svc.load()
     changed = 0
@@ -230,7 +293,9 @@ def test_the_reorder_layout_takes_the_memory_as_the_oracle_does(tmp_path):
         got = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=on))
         p_ids, s_ids = svc.tok.encode_batch([prefix, suffix])
         assert got.token_ids == reference.reference_fill(svc.model, p_ids, s_ids, 6, on, ngram=svc.ngram)
-        off = svc.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=dataclasses.replace(on, ngram=0.0)))
+        off = svc.run_now(
+            FillJob(prefix=prefix, suffix=suffix, max_tokens=6, options=dataclasses.replace(on, ngram=0.0))
+        )
         changed += got.token_ids != off.token_ids
     assert changed
     lookup = "def add(a, b):\n    return a + b\n" * 3
@@ -268,11 +333,18 @@ def test_local_ngram_equals_the_corpus_rule_counted_plainly(seed):
     assert ngram.LocalNgram([]).next_probs((1, 2, 3)) is None and len(ngram.LocalNgram([[], None])) == 0
 
 
-@pytest.mark.parametrize("extra", [dict(cache=False, window=0), dict(cache=True, refresh_every=1, window=3, copy_bigram=1.0, copy_order=2),
-                                   dict(cache=True, refresh_every=1, window=16, heal=True, ngram=4.0)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(cache=False, window=0),
+        dict(cache=True, refresh_every=1, window=3, copy_bigram=1.0, copy_order=2),
+        dict(cache=True, refresh_every=1, window=16, heal=True, ngram=4.0),
+    ],
+)
 def test_service_fills_with_the_local_ngram_equal_the_oracle_and_it_changes_fills(served, extra):
-    base = DecodeOptions(threshold=0.5, heal=False, local_ngram=0.0,
-                         **{"ngram": 0.0, **{k: v for k, v in extra.items() if k != "heal"}})
+    base = DecodeOptions(
+        threshold=0.5, heal=False, local_ngram=0.0, **{"ngram": 0.0, **{k: v for k, v in extra.items() if k != "heal"}}
+    )
     base = dataclasses.replace(base, heal=extra.get("heal", False))
     lookup = "def add(a, b):\n    return a + b\n" * 3 + "import os\nimport sys\nimport os.path\n" * 2
     changed = 0
@@ -284,9 +356,17 @@ def test_service_fills_with_the_local_ngram_equal_the_oracle_and_it_changes_fill
             heal = served.tok.heal(p_ids) if on.heal else None
             if heal:
                 p_ids = p_ids[: -heal.k]
-            want = reference.reference_fill(served.model, p_ids, s_ids, 8 + (1 if heal else 0), on, ngram=served.ngram,
-                                          heal=heal and heal.first, heal_then=heal and heal.then,
-                                          lookup=served.tok.encode(look) if look else None)
+            want = reference.reference_fill(
+                served.model,
+                p_ids,
+                s_ids,
+                8 + (1 if heal else 0),
+                on,
+                ngram=served.ngram,
+                heal=heal and heal.first,
+                heal_then=heal and heal.then,
+                lookup=served.tok.encode(look) if look else None,
+            )
             assert got.token_ids == want, (prefix, look)
             off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base, lookup=look))
             changed += got.token_ids != off.token_ids
@@ -329,7 +409,9 @@ def test_the_workspace_ngram_is_the_rule_over_the_other_files_counted_plainly(se
     checked = 0
     for exclude in ("p/f0.py", "p/f3.py", None):
         view = mem.view(exclude)
-        plain = ngram.LocalNgram([ids for k, ids in files.items() if k != exclude], orders=(2, 3, 4), min_count=2, top=2)
+        plain = ngram.LocalNgram(
+            [ids for k, ids in files.items() if k != exclude], orders=(2, 3, 4), min_count=2, top=2
+        )
         for _ in range(200):
             run = tuple(rng.integers(0, 4, size=int(rng.integers(1, 6))).tolist())
             want, got = plain.next_probs(run), view.next_probs(run)
@@ -349,8 +431,12 @@ def test_service_fills_with_the_workspace_ngram_equal_the_oracle_and_it_changes_
     """The service's fills with a job naming a workspace memory (EngineService.workspace_files) and
     its document equal the oracle's plain counting over the other files (the workspace only where
     the fill's own n-gram has no context), and change fills; the job and its names cross the wire."""
-    files = {"w/a.py": "def add(a, b):\n    return a + b\n" * 3, "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
-             "w/self.py": "import json\n" * 4, "w/gone.py": "import gone\n" * 3}
+    files = {
+        "w/a.py": "def add(a, b):\n    return a + b\n" * 3,
+        "w/b.py": "import os\nimport sys\nimport os.path\n" * 2,
+        "w/self.py": "import json\n" * 4,
+        "w/gone.py": "import gone\n" * 3,
+    }
     got = served.workspace_files("w", files)
     assert got == {"files": 4, "tokens": sum(len(served.tok.encode(t)) for t in files.values()), "refused": 0}
     assert served.workspace_files("w", {"w/gone.py": None})["files"] == 3
@@ -360,8 +446,11 @@ def test_service_fills_with_the_workspace_ngram_equal_the_oracle_and_it_changes_
         base = DecodeOptions(threshold=0.5, heal=False, ngram=0.0, local_ngram=local, workspace_ngram=0.0)
         on = dataclasses.replace(base, workspace_ngram=8.0)
         for prefix, suffix in CASES:
-            job = wire.job_from_message(wire.job_message(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on,
-                                                                 workspace="w", document="w/self.py")))
+            job = wire.job_from_message(
+                wire.job_message(
+                    FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on, workspace="w", document="w/self.py")
+                )
+            )
             assert (job.workspace, job.document) == ("w", "w/self.py")
             fill = served.run_now(job)
             p_ids, s_ids = served.tok.encode_batch([prefix, suffix])
@@ -369,8 +458,10 @@ def test_service_fills_with_the_workspace_ngram_equal_the_oracle_and_it_changes_
             assert fill.token_ids == want, (local, prefix)
             off = served.run_now(FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=base))
             changed += fill.token_ids != off.token_ids
-            for bare in (FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on),  # no memory named: no effect
-                         FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on, workspace="nowhere")):
+            for bare in (
+                FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on),  # no memory named: no effect
+                FillJob(prefix=prefix, suffix=suffix, max_tokens=8, options=on, workspace="nowhere"),
+            ):
                 assert served.run_now(bare).token_ids == off.token_ids
     assert changed
     served.workspace_drop("w")

@@ -1,4 +1,5 @@
 """Training examples: masked diffusion and the server-shaped infill canvas."""
+
 import random
 
 import pytest
@@ -7,7 +8,10 @@ from engine.train.objective import SpecialIds, infill_example, mdlm_example
 from tests.tiny import make_tiny_checkpoint
 
 IDS = SpecialIds(mask=2, pad=0, eos=1)
-TEXT = "def area(w, h):\n    size = w * h\n    return size\n\n\nclass Box:\n    def __init__(self, w):\n        self.w = w\n" * 3
+TEXT = (
+    "def area(w, h):\n    size = w * h\n    return size\n\n\nclass Box:\n    def __init__(self, w):\n        self.w = w\n"
+    * 3
+)
 
 
 def _tok(tmp_path):

@@ -1,5 +1,6 @@
 """dlm_lsp/measure/paired.py (`dlm-lsp paired`): two eval --samples runs on the same holes, compared hole
 by hole; and the samples' own "exact" / "kept_chars" fields, which must agree with the eval's scored tables."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,23 @@ def oracle_run(tmp_path_factory):
     (tmp / "src").mkdir()
     (tmp / "src" / "sample.py").write_text(SAMPLE.read_text())
     out, samples = tmp / "o.json", tmp / "a.jsonl"
-    assert main(["eval", "--oracle-only", "--source", str(tmp / "src"), "--per-kind", "6", "--json", str(out),
-                 "--samples", str(samples)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--oracle-only",
+                "--source",
+                str(tmp / "src"),
+                "--per-kind",
+                "6",
+                "--json",
+                str(out),
+                "--samples",
+                str(samples),
+            ]
+        )
+        == 0
+    )
     return tmp, json.loads(out.read_text()), [json.loads(ln) for ln in samples.read_text().splitlines()]
 
 

@@ -1,12 +1,26 @@
 """Post-processing: every rule on its own, then the whole pipeline with the syntax check."""
+
 import pytest
 
 from dlm_lsp.fill.context import build_request
 from dlm_lsp.fill.documents import Document
 from dlm_lsp.fill.postprocess import (
-    SyntaxCheck, balance_brackets, count_errors, cut_block, cut_degenerate, cut_repetition, cut_to_clean,
-    finish, leading_closers, own_brackets_closed, repeats_line_above, repeats_suffix, similar, strip_specials,
-    trim_tail_overlap, within_distance,
+    SyntaxCheck,
+    balance_brackets,
+    count_errors,
+    cut_block,
+    cut_degenerate,
+    cut_repetition,
+    cut_to_clean,
+    finish,
+    leading_closers,
+    own_brackets_closed,
+    repeats_line_above,
+    repeats_suffix,
+    similar,
+    strip_specials,
+    trim_tail_overlap,
+    within_distance,
 )
 
 
@@ -28,6 +42,7 @@ def run(lang: str, src: str, raw: str, filters: bool = True):
 
 
 # ----------------------------------------------------------------------------- small rules
+
 
 def test_strip_specials():
     assert strip_specials("x = 1<|pad|><|pad|>") == "x = 1"
@@ -139,7 +154,9 @@ def test_syntax_check_counts_only_new_errors():
 
 
 def _big_module(n_funcs: int = 300) -> str:
-    body = "".join(f'def f{i}(a, b):\n    """Doc {i}."""\n    c = a + b * {i}\n    return c\n\n\n' for i in range(n_funcs))
+    body = "".join(
+        f'def f{i}(a, b):\n    """Doc {i}."""\n    c = a + b * {i}\n    return c\n\n\n' for i in range(n_funcs)
+    )
     return "import os\n\n\nclass Big:\n" + "".join("    " + ln + "\n" if ln else "\n" for ln in body.split("\n")) + body
 
 
@@ -149,14 +166,22 @@ def test_syntax_check_parses_a_bounded_region_of_a_big_file():
     # the cursor inside a method of a class far larger than the region limit
     offset = text.index("c = a + b * 150") + len("c = a + b")
     mid = " * 150"
-    doc = Document("file:///t.py", "python", 1, text[:offset] + text[offset + len(mid):])
+    doc = Document("file:///t.py", "python", 1, text[:offset] + text[offset + len(mid) :])
     check = SyntaxCheck(doc.text, doc.tree, doc.parser, offset)
     whole = SyntaxCheck(doc.text, doc.tree, doc.parser, offset, region_limit=0)
     a, b = check.region
     assert 0 < b - a <= 12_000 and doc.text[a:offset].lstrip().startswith("def f150")
     assert whole.region is None
-    for fill, ok in [(mid, True), (" * (150", False), (" *", False), (mid + "\n        d = 1", True),
-                     (mid + ")", False), (' + """x', False), (' + """x"""', True), (" + '''", False)]:
+    for fill, ok in [
+        (mid, True),
+        (" * (150", False),
+        (" *", False),
+        (mid + "\n        d = 1", True),
+        (mid + ")", False),
+        (' + """x', False),
+        (' + """x"""', True),
+        (" + '''", False),
+    ]:
         assert check(fill) is ok and whole(fill) is ok, fill
 
 
@@ -173,31 +198,38 @@ def test_syntax_check_region_on_a_blank_line_after_a_body():
 
 # ----------------------------------------------------------------------------- the pipeline
 
-@pytest.mark.parametrize("src,raw,text,repl,line", [
-    ("x = foo(|)\n", "a, b)", "a, b)", 1, "x = foo(a, b)"),
-    ("x = foo(|)\n", "a, b).strip()", "a, b).strip()", 1, "x = foo(a, b).strip()"),
-    ("def f(|):\n    pass\n", "a, b):", "a, b)", 1, "def f(a, b):"),
-    ("def f(x):\n    if x|:\n        pass\n", " > 0:", " > 0", 0, "    if x > 0:"),
-    ("def f(x):\n    y = x +|\n", " 1\n    return y", " 1", 0, "    y = x + 1"),
-    ("x = [1, |]\n", "2, 3]]", "2, 3]", 1, "x = [1, 2, 3]"),
-    ("x = foo(bar(|))\n", "a), b)", "a), b)", 2, "x = foo(bar(a), b)"),
-    ("print(max(|))\n", "items, 2)", "items, 2)", 1, "print(max(items, 2))"),
-    ("print(max(|))\n", "items, 2))", "items, 2))", 2, "print(max(items, 2))"),
-    ("def f(x):\n    |\n", "\n    return x", "return x", 0, "    return x"),
-])
+
+@pytest.mark.parametrize(
+    "src,raw,text,repl,line",
+    [
+        ("x = foo(|)\n", "a, b)", "a, b)", 1, "x = foo(a, b)"),
+        ("x = foo(|)\n", "a, b).strip()", "a, b).strip()", 1, "x = foo(a, b).strip()"),
+        ("def f(|):\n    pass\n", "a, b):", "a, b)", 1, "def f(a, b):"),
+        ("def f(x):\n    if x|:\n        pass\n", " > 0:", " > 0", 0, "    if x > 0:"),
+        ("def f(x):\n    y = x +|\n", " 1\n    return y", " 1", 0, "    y = x + 1"),
+        ("x = [1, |]\n", "2, 3]]", "2, 3]", 1, "x = [1, 2, 3]"),
+        ("x = foo(bar(|))\n", "a), b)", "a), b)", 2, "x = foo(bar(a), b)"),
+        ("print(max(|))\n", "items, 2)", "items, 2)", 1, "print(max(items, 2))"),
+        ("print(max(|))\n", "items, 2))", "items, 2))", 2, "print(max(items, 2))"),
+        ("def f(x):\n    |\n", "\n    return x", "return x", 0, "    return x"),
+    ],
+)
 def test_finish_single_fills(src, raw, text, repl, line):
     fin, got_line, _ = run("python", src, raw)
     assert (fin.text, fin.replace_len) == (text, repl)
     assert got_line == line
 
 
-@pytest.mark.parametrize("src,raw,why", [
-    ("def f(x):\n    |\n    return y\n", "return y", "repeats the code after the cursor"),
-    ("def f(x):\n    y = 1\n    |\n", "y = 1", "repeats the line above"),
-    ("def f(x):\n    y = x +|\n", " (1", "adds syntax errors"),
-    ("def f(x):\n    y = x +|\n", "<|pad|><|pad|>", "empty"),
-    ("def f(x):\n    |\n", "ARARARARARARARARARARARAR", "empty"),
-])
+@pytest.mark.parametrize(
+    "src,raw,why",
+    [
+        ("def f(x):\n    |\n    return y\n", "return y", "repeats the code after the cursor"),
+        ("def f(x):\n    y = 1\n    |\n", "y = 1", "repeats the line above"),
+        ("def f(x):\n    y = x +|\n", " (1", "adds syntax errors"),
+        ("def f(x):\n    y = x +|\n", "<|pad|><|pad|>", "empty"),
+        ("def f(x):\n    |\n", "ARARARARARARARARARARARAR", "empty"),
+    ],
+)
 def test_finish_drops(src, raw, why):
     fin, _, _ = run("python", src, raw)
     assert fin.text == "" and fin.replace_len == 0
@@ -216,12 +248,15 @@ def test_finish_block_syntax_cut_to_longest_clean_prefix():
     assert fin.dropped is None
 
 
-@pytest.mark.parametrize("lang,src,raw,expect", [
-    ("go", "package main\n\nfunc main() {\n\tx := 1\n\t|\n}\n", "fmt.Println(x)\n}", "fmt.Println(x)"),
-    ("rust", "fn main() {\n    let v = vec![1, |];\n}\n", "2, 3];", "2, 3]"),  # replaces the "]"
-    ("javascript", "function f(a) {\n  return g(a, |);\n}\n", "b);", "b)"),
-    ("typescript", "function f(a: number): number {\n  |\n}\n", "return a * 2;\n}\n", "return a * 2;"),
-])
+@pytest.mark.parametrize(
+    "lang,src,raw,expect",
+    [
+        ("go", "package main\n\nfunc main() {\n\tx := 1\n\t|\n}\n", "fmt.Println(x)\n}", "fmt.Println(x)"),
+        ("rust", "fn main() {\n    let v = vec![1, |];\n}\n", "2, 3];", "2, 3]"),  # replaces the "]"
+        ("javascript", "function f(a) {\n  return g(a, |);\n}\n", "b);", "b)"),
+        ("typescript", "function f(a: number): number {\n  |\n}\n", "return a * 2;\n}\n", "return a * 2;"),
+    ],
+)
 def test_finish_other_languages(lang, src, raw, expect):
     fin, line, text = run(lang, src, raw)
     assert fin.text == expect
@@ -242,15 +277,19 @@ def test_finish_without_filters_keeps_text():
 # Each case is a true middle from the held-out split (dlm-lsp eval --oracle-only) that the pipeline
 # used to shorten or drop, reduced to a few lines; the protections they touch are checked alongside.
 
-@pytest.mark.parametrize("src,raw", [
-    # a line hole whose rest of line opens a call continued on the next lines
-    ("class T:\n    def test(self):\n        self|\n            1, 2)\n", ".assertEqual("),
-    ("class T:\n    def test(self):\n        d|\n            'w'))\n", "efects.append(errors.Defect(\"E \""),
-    # ... or a string the next lines close
-    ('PATTERN|\n    x\n"""\n', ' = """'),
-    # a lone quote that, after the two before the cursor, opens a docstring
-    ('""|\nModule doc.\n"""\nimport os\n', '"'),
-])
+
+@pytest.mark.parametrize(
+    "src,raw",
+    [
+        # a line hole whose rest of line opens a call continued on the next lines
+        ("class T:\n    def test(self):\n        self|\n            1, 2)\n", ".assertEqual("),
+        ("class T:\n    def test(self):\n        d|\n            'w'))\n", 'efects.append(errors.Defect("E "'),
+        # ... or a string the next lines close
+        ('PATTERN|\n    x\n"""\n', ' = """'),
+        # a lone quote that, after the two before the cursor, opens a docstring
+        ('""|\nModule doc.\n"""\nimport os\n', '"'),
+    ],
+)
 def test_finish_keeps_brackets_and_strings_the_code_below_closes(src, raw):
     fin, _, text = run("python", src, raw)
     assert (fin.text, fin.replace_len, fin.dropped) == (raw, 0, None)
@@ -277,12 +316,15 @@ def test_balance_brackets_fill_closes_the_brackets_the_code_below_leaves_open():
     assert count_errors(Document("file:///t", "python", 1, text).tree.root_node) == 0
 
 
-@pytest.mark.parametrize("src,raw,line", [
-    # the tail ")" closes the fill's own call, not the one the rest of the line closes
-    ("f(a, |)\n", "C()", "f(a, C())"),
-    ("new = g((new,) + tuple|)\n", "(after)", "new = g((new,) + tuple(after))"),
-    ("g(a, |)\n", "os.path.basename(name)", "g(a, os.path.basename(name))"),
-])
+@pytest.mark.parametrize(
+    "src,raw,line",
+    [
+        # the tail ")" closes the fill's own call, not the one the rest of the line closes
+        ("f(a, |)\n", "C()", "f(a, C())"),
+        ("new = g((new,) + tuple|)\n", "(after)", "new = g((new,) + tuple(after))"),
+        ("g(a, |)\n", "os.path.basename(name)", "g(a, os.path.basename(name))"),
+    ],
+)
 def test_finish_keeps_a_tail_that_closes_the_fills_own_brackets(src, raw, line):
     fin, got, _ = run("python", src, raw)
     assert (fin.text, fin.replace_len, got) == (raw, 0, line)
@@ -299,8 +341,11 @@ def test_degenerate_runs_that_are_code():
 def test_finish_block_after_a_multi_line_header():
     fin, _, _ = run("python", "def f(a,\n      b):\n    |\n", "x = a\n    return x")
     assert fin.text == "x = a\n    return x"
-    fin, _, _ = run("python", "class A:\n    def f(self, a,\n          b=1):\n        |\n\n    def g(self):\n        pass\n",
-                    "self.a = a\n        self.b = b\n    def h(self):")
+    fin, _, _ = run(
+        "python",
+        "class A:\n    def f(self, a,\n          b=1):\n        |\n\n    def g(self):\n        pass\n",
+        "self.a = a\n        self.b = b\n    def h(self):",
+    )
     assert fin.text == "self.a = a\n        self.b = b"  # still cut at the dedent
 
 

@@ -5,6 +5,7 @@ right code, nothing that ends the process except `exit`, and no "Error in server
 After each bad frame a valid `dlm/stats` request (the probe) must be answered: the server is alive
 and back in sync with the stream.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +43,7 @@ def feed_in_chunks(data: bytes, size: int, framer: Framer | None = None) -> list
     return out + f.eof()
 
 
-BODIES = [b'{"a": 1}', b"{}", "{\"t\": \"\u00e9\\r\\n\u2603\"}".encode(), b"x" * 3000]
+BODIES = [b'{"a": 1}', b"{}", '{"t": "\u00e9\\r\\n\u2603"}'.encode(), b"x" * 3000]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 4096, 10**6])
@@ -53,21 +54,28 @@ def test_framer_bodies_across_chunk_boundaries(size):
 
 def test_framer_header_variants():
     # other headers, any case, LF-only line endings, spaces around the value
-    stream = (b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\nContent-Length: 2\r\n\r\n{}"
-              b"content-length:3\n\n[1]" b"CONTENT-LENGTH:   4  \r\n\r\n1234" b"Content-Length: 0\r\n\r\n")
+    stream = (
+        b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\nContent-Length: 2\r\n\r\n{}"
+        b"content-length:3\n\n[1]"
+        b"CONTENT-LENGTH:   4  \r\n\r\n1234"
+        b"Content-Length: 0\r\n\r\n"
+    )
     assert feed_in_chunks(stream, 5) == [b"{}", b"[1]", b"1234", b""]
 
 
-@pytest.mark.parametrize("header,why", [
-    (b"Content-Length: 1000000000000\r\n\r\n", "limit"),
-    (b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n", "not a byte count"),
-    (b"Content-Length: -5\r\n\r\n", "not a byte count"),
-    (b"Content-Length: 12abc\r\n\r\n", "not a byte count"),
-    (b"Content-Length: \r\n\r\n", "not a byte count"),
-    (b"Content-Length: 0x10\r\n\r\n", "not a byte count"),
-    (b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n", "two Content-Length"),
-    (b"Content-Type: text/plain\r\n\r\n", "without Content-Length"),
-])
+@pytest.mark.parametrize(
+    "header,why",
+    [
+        (b"Content-Length: 1000000000000\r\n\r\n", "limit"),
+        (b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n", "not a byte count"),
+        (b"Content-Length: -5\r\n\r\n", "not a byte count"),
+        (b"Content-Length: 12abc\r\n\r\n", "not a byte count"),
+        (b"Content-Length: \r\n\r\n", "not a byte count"),
+        (b"Content-Length: 0x10\r\n\r\n", "not a byte count"),
+        (b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n", "two Content-Length"),
+        (b"Content-Type: text/plain\r\n\r\n", "without Content-Length"),
+    ],
+)
 @pytest.mark.parametrize("size", [1, 13, 10**6])
 def test_framer_skips_a_bad_header_and_resynchronizes(header, why, size):
     out = feed_in_chunks(header + frame(b'{"ok": 1}'), size)
@@ -85,15 +93,18 @@ def test_framer_limit_is_the_body_size():
     assert Framer().max_body == MAX_MESSAGE_BYTES == 64 * 1024 * 1024
 
 
-@pytest.mark.parametrize("garbage", [
-    b"hello\r\n",
-    b"\x00\xff\xfe\r\n\r\n\n",
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a header block without Content-Length
-    b'{"jsonrpc": "2.0"}',  # glued to the next header, no newline
-    b"Content-Length: 5\r\nnot a header\r\n\r\n",  # a header block broken by garbage
-    b"z" * (3 * MAX_HEADER_LINE),  # a line too long to be a header
-    b"q" * (MAX_HEADER_LINE - 3) + b"\r\n",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"hello\r\n",
+        b"\x00\xff\xfe\r\n\r\n\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a header block without Content-Length
+        b'{"jsonrpc": "2.0"}',  # glued to the next header, no newline
+        b"Content-Length: 5\r\nnot a header\r\n\r\n",  # a header block broken by garbage
+        b"z" * (3 * MAX_HEADER_LINE),  # a line too long to be a header
+        b"q" * (MAX_HEADER_LINE - 3) + b"\r\n",
+    ],
+)
 @pytest.mark.parametrize("size", [1, 100, 10**6])
 def test_framer_skips_garbage(garbage, size):
     out = feed_in_chunks(garbage + frame(b"[1]") + frame(b"[2]"), size)
@@ -130,25 +141,28 @@ def test_framer_eof_reports_a_cut_message():
 # ----------------------------------------------------------------------------- envelopes
 
 
-@pytest.mark.parametrize("data,kind,msg_id,problem", [
-    (request(1), "request", 1, None),
-    (request("a"), "request", "a", None),
-    ({"jsonrpc": "2.0", "method": "x"}, "notification", None, None),
-    ({"jsonrpc": "2.0", "id": 3, "result": None}, "response", 3, None),
-    ({"jsonrpc": "2.0", "id": None, "error": {"code": 1, "message": "m"}}, "response", None, None),
-    ({"jsonrpc": "2.0", "id": [3], "result": 1}, "response", None, "id must be"),
-    ([request(1)], "invalid", None, "batch"),
-    ("hello", "invalid", None, "JSON object"),
-    (None, "invalid", None, "JSON object"),
-    ({"jsonrpc": "1.0", "id": 4, "method": "x"}, "invalid", 4, "jsonrpc"),
-    ({"id": 4, "method": "x"}, "invalid", 4, "jsonrpc"),
-    ({"jsonrpc": "2.0", "id": 1.5, "method": "x"}, "invalid", None, "id must be"),
-    ({"jsonrpc": "2.0", "id": True, "method": "x"}, "invalid", None, "id must be"),
-    ({"jsonrpc": "2.0", "id": None, "method": "x"}, "invalid", None, "id must be"),
-    ({"jsonrpc": "2.0", "id": 5, "method": 5}, "invalid", 5, "method must be"),
-    ({"jsonrpc": "2.0", "method": None}, "invalid", None, "method must be"),
-    ({"jsonrpc": "2.0", "id": 6}, "invalid", None, "neither"),
-])
+@pytest.mark.parametrize(
+    "data,kind,msg_id,problem",
+    [
+        (request(1), "request", 1, None),
+        (request("a"), "request", "a", None),
+        ({"jsonrpc": "2.0", "method": "x"}, "notification", None, None),
+        ({"jsonrpc": "2.0", "id": 3, "result": None}, "response", 3, None),
+        ({"jsonrpc": "2.0", "id": None, "error": {"code": 1, "message": "m"}}, "response", None, None),
+        ({"jsonrpc": "2.0", "id": [3], "result": 1}, "response", None, "id must be"),
+        ([request(1)], "invalid", None, "batch"),
+        ("hello", "invalid", None, "JSON object"),
+        (None, "invalid", None, "JSON object"),
+        ({"jsonrpc": "1.0", "id": 4, "method": "x"}, "invalid", 4, "jsonrpc"),
+        ({"id": 4, "method": "x"}, "invalid", 4, "jsonrpc"),
+        ({"jsonrpc": "2.0", "id": 1.5, "method": "x"}, "invalid", None, "id must be"),
+        ({"jsonrpc": "2.0", "id": True, "method": "x"}, "invalid", None, "id must be"),
+        ({"jsonrpc": "2.0", "id": None, "method": "x"}, "invalid", None, "id must be"),
+        ({"jsonrpc": "2.0", "id": 5, "method": 5}, "invalid", 5, "method must be"),
+        ({"jsonrpc": "2.0", "method": None}, "invalid", None, "method must be"),
+        ({"jsonrpc": "2.0", "id": 6}, "invalid", None, "neither"),
+    ],
+)
 def test_check_envelope(data, kind, msg_id, problem):
     got = check_envelope(data)
     assert got[:2] == (kind, msg_id)
@@ -176,6 +190,7 @@ class RawClient(LspClient):
 
     async def answer(self, msg_id, timeout: float = 10) -> dict:
         """The response (result or error) to `msg_id`."""
+
         async def find():
             while True:
                 for m in self.received:
@@ -183,6 +198,7 @@ class RawClient(LspClient):
                         return m
                 self._got.clear()
                 await self._got.wait()
+
         return await asyncio.wait_for(find(), timeout)
 
     async def probe(self, raw: bytes = b"") -> list[dict]:
@@ -215,8 +231,11 @@ def responses(msgs: list[dict]) -> list[tuple]:
 
 
 def error_popups(c: RawClient) -> list:
-    return [p for _, m, p in c.notifications if m in ("window/showMessage", "window/logMessage")
-            and "Error in server" in str((p or {}).get("message"))]
+    return [
+        p
+        for _, m, p in c.notifications
+        if m in ("window/showMessage", "window/logMessage") and "Error in server" in str((p or {}).get("message"))
+    ]
 
 
 BAD_FRAMES = {
@@ -240,7 +259,9 @@ async def test_bad_frames_are_skipped_and_the_server_resynchronizes():
             assert c.proc.returncode is None, name
         # the header, then the body in pieces: one message
         body = json.dumps(request(92)).encode()
-        for piece in [b"Content-Le", b"ngth: %d\r" % len(body), b"\n\r\n"] + [body[i : i + 7] for i in range(0, len(body), 7)]:
+        for piece in [b"Content-Le", b"ngth: %d\r" % len(body), b"\n\r\n"] + [
+            body[i : i + 7] for i in range(0, len(body), 7)
+        ]:
             c.send_bytes(piece)
             await c.proc.stdin.drain()
             await asyncio.sleep(0.01)
@@ -291,9 +312,22 @@ ENVELOPES = [  # (body, expected id, expected error code)
     (json.dumps(request(35, method=5)).encode(), 35, -32600),
     (json.dumps({"jsonrpc": "2.0", "method": ["x"], "params": "bar"}).encode(), None, -32600),
     (json.dumps(request(36, method="foo/bar")).encode(), 36, -32601),
-    (json.dumps(request("s37", method="textDocument/hover",
-                        params={"textDocument": {"uri": URI}, "position": {"line": 0, "character": 0}})).encode(), "s37", -32601),
-    (json.dumps(request(38, method="textDocument/didClose", params={"textDocument": {"uri": URI}})).encode(), 38, -32601),
+    (
+        json.dumps(
+            request(
+                "s37",
+                method="textDocument/hover",
+                params={"textDocument": {"uri": URI}, "position": {"line": 0, "character": 0}},
+            )
+        ).encode(),
+        "s37",
+        -32601,
+    ),
+    (
+        json.dumps(request(38, method="textDocument/didClose", params={"textDocument": {"uri": URI}})).encode(),
+        38,
+        -32601,
+    ),
     (json.dumps(request(39, method="textDocument/inlineCompletion", params={"textDocument": 5})).encode(), 39, -32602),
     (json.dumps(request(40, method="textDocument/inlineCompletion", params="x")).encode(), 40, -32602),
     (json.dumps({**request(41), "extra": {"jsonrpc": "2.0", "id": 42, "method": "x"}}).encode(), 41, None),
@@ -312,13 +346,22 @@ async def test_notifications_are_never_answered_nor_shown():
     async with server() as c:
         open_doc(c, URI, SRC)
         for method, params in [
-            ("foo/bar", {}), ("$/unknown", {"x": 1}), ("$/cancelRequest", None), ("$/cancelRequest", {"id": [1]}),
-            ("$/cancelRequest", {"id": 12345}), ("textDocument/didOpen", {"textDocument": 5}),
-            ("textDocument/didOpen", "text"), ("textDocument/didChange", {"textDocument": {"uri": 3}}),
-            ("textDocument/didChange", {"textDocument": {"uri": "file:///not/open.py", "version": 2},
-                                        "contentChanges": [{"text": "x"}]}),
+            ("foo/bar", {}),
+            ("$/unknown", {"x": 1}),
+            ("$/cancelRequest", None),
+            ("$/cancelRequest", {"id": [1]}),
+            ("$/cancelRequest", {"id": 12345}),
+            ("textDocument/didOpen", {"textDocument": 5}),
+            ("textDocument/didOpen", "text"),
+            ("textDocument/didChange", {"textDocument": {"uri": 3}}),
+            (
+                "textDocument/didChange",
+                {"textDocument": {"uri": "file:///not/open.py", "version": 2}, "contentChanges": [{"text": "x"}]},
+            ),
             ("textDocument/didClose", {"textDocument": {"uri": "file:///not/open.py"}}),
-            ("workspace/didChangeConfiguration", 7), ("initialized", {}), ("textDocument/completion", {}),
+            ("workspace/didChangeConfiguration", 7),
+            ("initialized", {}),
+            ("textDocument/completion", {}),
         ]:
             before = await c.probe(frame({"jsonrpc": "2.0", "method": method, "params": params}))
             assert responses(before) == [], method
@@ -355,8 +398,10 @@ async def test_nested_request_like_objects_are_params_not_messages():
     async with server() as c:
         before = await c.probe(frame(request(60, params={"x": nested, "y": [dict(nested, id=778)]})))
         assert responses(before) == [(60, None)]
-        c.notify("workspace/didChangeConfiguration",
-                 {"settings": {"dlm": {"debounceMs": 0}, "x": dict(nested, id=779, method="shutdown")}})
+        c.notify(
+            "workspace/didChangeConfiguration",
+            {"settings": {"dlm": {"debounceMs": 0}, "x": dict(nested, id=779, method="shutdown")}},
+        )
         open_doc(c, URI, SRC)
         assert (await inline(c, URI, 1, 4))[0]["insertText"] == "x = 1"  # not shut down
         await c.probe()
@@ -369,8 +414,11 @@ async def test_nested_request_like_objects_are_params_not_messages():
 
 async def test_requests_before_initialize_get_server_not_initialized():
     async with server(init=False) as c:
-        for method, params in [("dlm/stats", {}), ("shutdown", None),
-                               ("textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}})]:
+        for method, params in [
+            ("dlm/stats", {}),
+            ("shutdown", None),
+            ("textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}}),
+        ]:
             with pytest.raises(LspError) as err:
                 await c.request(method, params, timeout=10)
             assert err.value.code == -32002, method
@@ -399,14 +447,19 @@ async def test_after_shutdown_only_exit_is_honoured():
     async with server() as c:
         open_doc(c, URI, SRC)
         assert await c.request("shutdown", None, timeout=10) is None
-        for method, params in [("dlm/stats", {}), ("shutdown", None),
-                               ("initialize", {"processId": None, "rootUri": None, "capabilities": {}}),
-                               ("textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}})]:
+        for method, params in [
+            ("dlm/stats", {}),
+            ("shutdown", None),
+            ("initialize", {"processId": None, "rootUri": None, "capabilities": {}}),
+            ("textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}}),
+        ]:
             with pytest.raises(LspError) as err:
                 await c.request(method, params, timeout=10)
             assert err.value.code == -32600, method
         start = len(c.received)
-        c.notify("textDocument/didChange", {"textDocument": {"uri": URI, "version": 2}, "contentChanges": [{"text": ""}]})
+        c.notify(
+            "textDocument/didChange", {"textDocument": {"uri": URI, "version": 2}, "contentChanges": [{"text": ""}]}
+        )
         c.notify("exit")
         assert await asyncio.wait_for(c.proc.wait(), 10) == 0
         assert responses(c.received[start:]) == []
@@ -431,7 +484,9 @@ async def test_exit_code(cmd, steps, code):
 async def test_exit_with_a_fill_in_flight_and_end_of_input():
     async with server(options={"model": scripted(steps=10_000, step_ms=10), "budgetMs": 60_000}) as c:
         open_doc(c, URI, SRC)
-        c.send_request("textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}})
+        c.send_request(
+            "textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}}
+        )
         await asyncio.sleep(0.2)
         c.notify("exit")
         assert await asyncio.wait_for(c.proc.wait(), 10) == 1

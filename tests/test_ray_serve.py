@@ -3,6 +3,7 @@ checkpoint behind Serve's HTTP proxy speak the same API as `dlm-lsp http`; reque
 both; a replica killed mid-load is replaced and every request is still answered (a fill, or an
 error status from the proxy: never a hang or a dropped connection); the language server's remote
 engine works against it. One cluster for the whole module (its start is most of the cost)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,10 +44,28 @@ def cluster(tmp_path_factory):
     model = make_tiny_checkpoint(tmp_path_factory.mktemp("ray") / "tiny", printable=True)
     port = free_port()
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "dlm_lsp", "ray-serve", "--model", str(model), "--replicas", "2",
-                             "--port", str(port), "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dlm_lsp",
+            "ray-serve",
+            "--model",
+            str(model),
+            "--replicas",
+            "2",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         line = proc.stdout.readline()  # printed once the application is ready
         if not line:
@@ -69,8 +88,11 @@ def test_the_same_api_and_requests_spread_over_both_replicas(cluster):
     h = httpx.get(cluster + "/health", timeout=30)
     assert h.status_code == 200 and h.json()["status"] == "ready"
     assert httpx.get(cluster + "/v1/models", timeout=30).json()["data"][0]["id"] == "tiny"
-    r = httpx.post(cluster + "/v1/fim/completions", json={"prompt": "def f(x):\n    return ", "suffix": "\n",
-                                                          "postprocess": False}, timeout=60)
+    r = httpx.post(
+        cluster + "/v1/fim/completions",
+        json={"prompt": "def f(x):\n    return ", "suffix": "\n", "postprocess": False},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["text"] and r.json()["dlm"]["steps"] >= 1
     report = asyncio.run(loadtest.run(cluster, clients=4, seconds=4, deadline_ms=2000))
     assert report["ok"] >= 8 and report["statuses"] == {"200": report["ok"]}, report

@@ -1,6 +1,7 @@
 """Recipe (c), causal diffusion with reordering (engine/decode/reorder.py): the training layout, the exact
 cached decode against the full-recompute oracle, the engine's semantics on it (deadline, cancel,
 healing, batching), per-keystroke reuse, and a smoke training run the engine then serves."""
+
 from __future__ import annotations
 
 import itertools
@@ -27,8 +28,10 @@ PAD = 249  # a token the peaked seed-0 model predicts often: padding and early e
 
 def _io(seed: int, n_prefix: int = 13, n_suffix: int = 6):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(4, 300, (n_prefix,), generator=g).tolist(),
-            torch.randint(4, 300, (n_suffix,), generator=g).tolist())
+    return (
+        torch.randint(4, 300, (n_prefix,), generator=g).tolist(),
+        torch.randint(4, 300, (n_suffix,), generator=g).tolist(),
+    )
 
 
 def _reorder_model(seed: int = 0):
@@ -55,8 +58,11 @@ def model(models):
 def test_config_canvas_needs_causal_unshifted_attention():
     assert ModelConfig.from_dict({"attention": "causal", "canvas": "reorder"}).canvas == "reorder"
     assert ModelConfig.from_dict({}).canvas is None
-    for bad in ({"canvas": "reorder"}, {"attention": "causal", "canvas": "reorder", "logits_shift": True},
-                {"attention": "causal", "canvas": "sideways"}):
+    for bad in (
+        {"canvas": "reorder"},
+        {"attention": "causal", "canvas": "reorder", "logits_shift": True},
+        {"attention": "causal", "canvas": "sideways"},
+    ):
         with pytest.raises(ConfigError, match="canvas"):
             ModelConfig.from_dict(bad)
 
@@ -135,7 +141,9 @@ def test_infill_example_layout(holes):
 def test_auxiliary_next_token_targets_never_see_their_answer():
     ids, tgt = [5, 6, 2, 7, 8, 9, 2, 2, 10], [-1, -1, 11, -1, -1, -1, 12, 13, -1]
     groups = [0, 0, 2, 0, 1, 1, 2, 2, 0]
-    ex = reorder_objective.layout(ids, tgt, [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0], groups, mask_id=2, ar_weight=0.6)
+    ex = reorder_objective.layout(
+        ids, tgt, [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0], groups, mask_id=2, ar_weight=0.6
+    )
     assert ex.pos == [0, 1, 3, 8, 4, 5, 2, 6, 7]
     phys = {p: r for r, p in enumerate(ex.pos)}
     ar = {ex.pos[r]: (t, w) for r, (i, t, w) in enumerate(zip(ex.ids, ex.targets, ex.weight)) if i != 2 and t >= 0}
@@ -176,12 +184,19 @@ def test_the_layout_matters(model):
 CASES = list(itertools.product(("threshold", "topk"), (False, True), (0, 3), (False, True)))
 
 
-@pytest.mark.parametrize("sel,cache,window,pad_left", CASES,
-                         ids=[f"{s}-{'cache' if c else 'nocache'}-w{w}{'-padleft' if p else ''}" for s, c, w, p in CASES])
+@pytest.mark.parametrize(
+    "sel,cache,window,pad_left",
+    CASES,
+    ids=[f"{s}-{'cache' if c else 'nocache'}-w{w}{'-padleft' if p else ''}" for s, c, w, p in CASES],
+)
 def test_cached_decode_matches_oracle(models, sel, cache, window, pad_left):
-    for model, (seed, n, pad_stop) in itertools.product(models.values(), ((0, 3, 0.9), (1, 7, 0.3), (2, 12, 0.9), (3, 9, 0.3))):
+    for model, (seed, n, pad_stop) in itertools.product(
+        models.values(), ((0, 3, 0.9), (1, 7, 0.3), (2, 12, 0.9), (3, 9, 0.3))
+    ):
         prefix, suffix = _io(seed)
-        o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, window=window, pad_left=pad_left)
+        o = DecodeOptions(
+            selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, window=window, pad_left=pad_left
+        )
         want = reference_fill(model, prefix, suffix, n, o)
         c = build_canvas(prefix, suffix, n, model.cfg, o)
         got = fill(model, c)
@@ -193,9 +208,13 @@ def test_cached_decode_matches_oracle(models, sel, cache, window, pad_left):
 def test_semi_ar_blocks_and_margin_confidence_match_oracle(models):
     for model, seed in itertools.product(models.values(), (4, 5)):
         prefix, suffix = _io(seed)
-        for o in (DecodeOptions(threshold=0.5, block=2, window=0, pad_left=False),
-                  DecodeOptions(confidence="margin", threshold=0.3, pad_stop=0.3)):
-            assert fill(model, build_canvas(prefix, suffix, 9, model.cfg, o)).ids == reference_fill(model, prefix, suffix, 9, o)
+        for o in (
+            DecodeOptions(threshold=0.5, block=2, window=0, pad_left=False),
+            DecodeOptions(confidence="margin", threshold=0.3, pad_stop=0.3),
+        ):
+            assert fill(model, build_canvas(prefix, suffix, 9, model.cfg, o)).ids == reference_fill(
+                model, prefix, suffix, 9, o
+            )
 
 
 def test_oracle_cases_commit_out_of_order_and_in_parallel(model):
@@ -217,7 +236,9 @@ def test_committed_slots_kv_are_exact(model):
     """After some cached steps the canvas's cache equals the K/V of one full forward over the same
     reordered rows (context, then the committed slots in cache order)."""
     prefix, suffix = _io(5, n_prefix=20)
-    c = build_canvas(prefix, suffix, 10, model.cfg, DecodeOptions(selection="topk", steps=5, pad_stop=2.0, pad_left=False))
+    c = build_canvas(
+        prefix, suffix, 10, model.cfg, DecodeOptions(selection="topk", steps=5, pad_stop=2.0, pad_left=False)
+    )
     for _ in range(3):
         sampler.step(model, [c])
     with torch.inference_mode():
@@ -355,18 +376,36 @@ def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
     src.mkdir()
     for i, text in enumerate(CORPUS[:4] * 3):
         (src / f"m{i}.py").write_text(text * 8)
-    args = TrainArgs(out=str(tmp_path / "run"), objective="reorder", holes=4, max_files=10, max_steps=5, batch=2,
-                     sources=[str(src)], stdlib=False,
-                     seq_len=128, dim=32, n_layers=2, n_heads=2, ffn_dim=64, tokenizer=str(tiny), val_examples=16,
-                     progress=False, minutes=5, reorder_ar=0.5)
+    args = TrainArgs(
+        out=str(tmp_path / "run"),
+        objective="reorder",
+        holes=4,
+        max_files=10,
+        max_steps=5,
+        batch=2,
+        sources=[str(src)],
+        stdlib=False,
+        seq_len=128,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        tokenizer=str(tiny),
+        val_examples=16,
+        progress=False,
+        minutes=5,
+        reorder_ar=0.5,
+    )
     out = train(args)
     _, _, cfg = load_checkpoint(out / "best")
     assert cfg.canvas == "reorder" and cfg.attention == "causal"
     svc = EngineService(str(out / "best"), device="cpu", threads=1)
     svc.load()
     assert isinstance(svc.cfg, ModelConfig) and svc.cfg.canvas == "reorder"
-    jobs = [FillJob(prefix="def add(a, b):\n    return", suffix="\n", max_tokens=8),
-            FillJob(prefix="import os\nimport", max_tokens=5, options=DecodeOptions(window=2))]
+    jobs = [
+        FillJob(prefix="def add(a, b):\n    return", suffix="\n", max_tokens=8),
+        FillJob(prefix="import os\nimport", max_tokens=5, options=DecodeOptions(window=2)),
+    ]
     one = [svc.run_now(j) for j in jobs]
     assert all(f.steps >= 1 and f.slots >= 5 for f in one)
     # per-keystroke reuse through the service: a typed sequence with a session key fills as without
@@ -378,14 +417,18 @@ def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
     assert keyed[0].reused_tokens == 0 and sum(f.reused_tokens > 0 for f in keyed) >= 10
     svc.start()  # the worker batches jobs submitted together
     try:
-        futs = [svc.submit(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=j.max_tokens, options=j.options))
-                for j in jobs]
+        futs = [
+            svc.submit(FillJob(prefix=j.prefix, suffix=j.suffix, max_tokens=j.max_tokens, options=j.options))
+            for j in jobs
+        ]
         assert [f.result(timeout=60).token_ids for f in futs] == [f.token_ids for f in one]
     finally:
         svc.close()
     # an AR checkpoint resumes into recipe (c) unchanged; a bidirectional one is refused
     ar = train(TrainArgs(**{**args.__dict__, "out": str(tmp_path / "ar"), "objective": "ar", "max_steps": 1}))
-    again = train(TrainArgs(**{**args.__dict__, "out": str(tmp_path / "c"), "resume": str(ar / "last"), "max_steps": 1}))
+    again = train(
+        TrainArgs(**{**args.__dict__, "out": str(tmp_path / "c"), "resume": str(ar / "last"), "max_steps": 1})
+    )
     assert load_checkpoint(again / "last")[2].canvas == "reorder"
     with pytest.raises(SystemExit, match="canvas"):
         train(TrainArgs(**{**args.__dict__, "out": str(tmp_path / "x"), "resume": str(tiny), "max_steps": 1}))
@@ -411,7 +454,9 @@ def tiny_services(tmp_path_factory):
 
     out = {}
     for name, kw in (("reorder", dict(attention="causal", canvas="reorder")), ("bidirectional", {})):
-        svc = EngineService(str(make_tiny_checkpoint(tmp_path_factory.mktemp(name) / "m", **kw)), device="cpu", threads=1)
+        svc = EngineService(
+            str(make_tiny_checkpoint(tmp_path_factory.mktemp(name) / "m", **kw)), device="cpu", threads=1
+        )
         svc.load()
         out[name] = svc
     return out
@@ -445,8 +490,12 @@ TYPED = _typed()
 def test_fill_counts_the_rows_it_forwards_and_what_reuse_saved(tiny_services, monkeypatch):
     svc = tiny_services["reorder"]
     cut = 300
-    job = lambda k, session: FillJob(prefix=TYPED[: cut + k], suffix=TYPED[cut + 20 : cut + 60], max_tokens=8,  # noqa: E731
-                                     session=session)
+    job = lambda k, session: FillJob(
+        prefix=TYPED[: cut + k],
+        suffix=TYPED[cut + 20 : cut + 60],
+        max_tokens=8,  # noqa: E731
+        session=session,
+    )
     before = dict(svc.stats)
     first, rows = _counted(svc, monkeypatch, job(0, "doc"))
     assert first.reused_tokens == 0 and first.forwarded_tokens == rows == first.recompute_tokens > 0
@@ -476,12 +525,19 @@ def test_a_bidirectional_fill_counts_its_rows_and_reuses_only_approximately(tiny
 
     svc = tiny_services["bidirectional"]
     for k in (0, 1):
-        f, rows = _counted(svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc",
-                                                     options=DecodeOptions(reuse=False)))
+        f, rows = _counted(
+            svc,
+            monkeypatch,
+            FillJob(
+                prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc", options=DecodeOptions(reuse=False)
+            ),
+        )
         assert f.reused_tokens == 0 and f.forwarded_tokens == rows == f.recompute_tokens
         assert f.forwarded_tokens > f.steps  # the first forward alone ran the whole canvas
     for k in (0, 1):
-        f, rows = _counted(svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc2"))
+        f, rows = _counted(
+            svc, monkeypatch, FillJob(prefix=TYPED[: 300 + k], suffix="\n", max_tokens=8, session="doc2")
+        )
         assert f.forwarded_tokens == rows and f.recompute_tokens == rows + f.reused_tokens
         assert (f.reused_tokens > 0) == (k == 1)  # the second keystroke reuses the first one's context
 

@@ -1,4 +1,5 @@
 """`dlm-lsp replay`: typing a file into the real server process and measuring it."""
+
 import json
 import os
 import subprocess
@@ -10,10 +11,26 @@ from dlm_lsp.measure.replay import _percentile, replay, write_histogram
 from tests.lsp_helpers import FAKE_SERVER, REPO, scripted
 from tests.tiny import make_tiny_checkpoint
 
-KEYS = {"requests", "answered", "cancelled", "typed_through", "p50_ms", "p95_ms", "max_ms", "wasted_step_share",
-        "next_text_match"}
-ROW_KEYS = {"engine_jobs_run", "forwarded_tokens_mean", "forwarded_tokens_p95", "recompute_tokens_mean",
-            "recompute_tokens_p95", "forwarded_ratio", "reuse_share"}
+KEYS = {
+    "requests",
+    "answered",
+    "cancelled",
+    "typed_through",
+    "p50_ms",
+    "p95_ms",
+    "max_ms",
+    "wasted_step_share",
+    "next_text_match",
+}
+ROW_KEYS = {
+    "engine_jobs_run",
+    "forwarded_tokens_mean",
+    "forwarded_tokens_p95",
+    "recompute_tokens_mean",
+    "recompute_tokens_p95",
+    "forwarded_ratio",
+    "reuse_share",
+}
 
 
 async def test_replay_counts_typing_through_and_matches(tmp_path):
@@ -21,8 +38,13 @@ async def test_replay_counts_typing_through_and_matches(tmp_path):
     # typed next, so the following keystrokes are served from the shown fill without the engine
     src = tmp_path / "hello.py"
     src.write_text("hello_world = 1\n")
-    res = await replay(str(src), cps=10, max_chars=100, model=scripted(steps=2, step_ms=5, text="ello_world = 1"),
-                       server_cmd=FAKE_SERVER)
+    res = await replay(
+        str(src),
+        cps=10,
+        max_chars=100,
+        model=scripted(steps=2, step_ms=5, text="ello_world = 1"),
+        server_cmd=FAKE_SERVER,
+    )
     assert KEYS <= set(res)
     assert res["requests"] == 16
     assert res["typed_through"] == 13  # "e" .. "=" + " " : every proper prefix of the fill
@@ -42,8 +64,9 @@ async def test_replay_at_types_a_span_back_into_the_existing_file(tmp_path):
     # cursor's line and column
     src = tmp_path / "x.py"
     src.write_text("zq = 111\nbb = 2\ncc = 3\n")
-    res = await replay(str(src), cps=5, max_chars=7, at=9, model=scripted(steps=1, step_ms=1, echo=12),
-                       server_cmd=FAKE_SERVER)
+    res = await replay(
+        str(src), cps=5, max_chars=7, at=9, model=scripted(steps=1, step_ms=1, echo=12), server_cmd=FAKE_SERVER
+    )
     assert res["at"] == 9 and res["chars"] == 7 and res["requests"] == 7
     fills = {f["i"]: f["fill"] for f in res["shown_fills"]}
     assert fills[1].startswith("zq ="), fills  # "zq = 111\nb": the head was there
@@ -57,8 +80,14 @@ async def test_replay_fast_typing_wastes_and_cancels(tmp_path):
     # break, which no running job survives
     src = tmp_path / "x.py"
     src.write_text("a\n" * 10)
-    res = await replay(str(src), cps=40, max_chars=20, model=scripted(steps=8, step_ms=20, text="zz"),
-                       server_cmd=FAKE_SERVER, budget_ms=5000)
+    res = await replay(
+        str(src),
+        cps=40,
+        max_chars=20,
+        model=scripted(steps=8, step_ms=20, text="zz"),
+        server_cmd=FAKE_SERVER,
+        budget_ms=5000,
+    )
     assert res["requests"] == 20
     assert res["cancelled"] >= 15
     assert res["wasted_step_share"] > 0.0
@@ -72,8 +101,14 @@ async def test_replay_typing_along_a_slow_fill(tmp_path):
     # 20 keystrokes at 20/s: the fill lands while typing goes on even when a loaded machine slows
     # the job several-fold (10 keystrokes at 40/s ended before it on a busy CI run)
     src.write_text("abcdefghijklmnopqrstuvwxyz\n")
-    res = await replay(str(src), cps=20, max_chars=20, model=scripted(steps=8, step_ms=20, text="bcdefghijklmnopqrstuvwxyz"),
-                       server_cmd=FAKE_SERVER, budget_ms=5000)
+    res = await replay(
+        str(src),
+        cps=20,
+        max_chars=20,
+        model=scripted(steps=8, step_ms=20, text="bcdefghijklmnopqrstuvwxyz"),
+        server_cmd=FAKE_SERVER,
+        budget_ms=5000,
+    )
     assert res["typed_along"] >= 1 and res["typed_through"] >= 1
     assert res["engine_jobs"] <= 3 and res["wasted_step_share"] == 0.0
 
@@ -81,8 +116,15 @@ async def test_replay_typing_along_a_slow_fill(tmp_path):
 async def test_replay_with_client_cancel(tmp_path):
     src = tmp_path / "x.py"
     src.write_text("abcdefghij\n")
-    res = await replay(str(src), cps=40, max_chars=10, cancel=True, model=scripted(steps=8, step_ms=20, text="zz"),
-                       server_cmd=FAKE_SERVER, budget_ms=5000)
+    res = await replay(
+        str(src),
+        cps=40,
+        max_chars=10,
+        cancel=True,
+        model=scripted(steps=8, step_ms=20, text="zz"),
+        server_cmd=FAKE_SERVER,
+        budget_ms=5000,
+    )
     assert res["requests"] == 10 and res["cancelled"] >= 7
     assert res["errors"] == 0  # RequestCancelled answers are cancellations, not errors
 
@@ -96,8 +138,21 @@ def test_histogram_png(tmp_path):
 def test_replay_command_with_the_default_model(tmp_path):
     """`dlm-lsp replay` end to end: real server, real model, JSON and PNG written."""
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    cmd = [sys.executable, "-m", "dlm_lsp", "replay", "examples/tide_log.py", "--max-chars", "30", "--cps", "20",
-           "--json", str(out), "--png", str(png)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlm_lsp",
+        "replay",
+        "examples/tide_log.py",
+        "--max-chars",
+        "30",
+        "--cps",
+        "20",
+        "--json",
+        str(out),
+        "--png",
+        str(png),
+    ]
     if os.environ.get("DLM_LSP_TEST_MODEL"):
         cmd += ["--model", os.environ["DLM_LSP_TEST_MODEL"]]
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -115,8 +170,14 @@ async def test_replay_reports_tokens_forwarded_per_keystroke(tmp_path):
     src = tmp_path / "x.py"
     src.write_text("abcdefghijkl\n")
     for reused in (170, 0):
-        res = await replay(str(src), cps=20, max_chars=12, server_cmd=FAKE_SERVER, budget_ms=5000,
-                           model=scripted(steps=2, step_ms=5, text="zz", forwarded=200 - reused, reused=reused))
+        res = await replay(
+            str(src),
+            cps=20,
+            max_chars=12,
+            server_cmd=FAKE_SERVER,
+            budget_ms=5000,
+            model=scripted(steps=2, step_ms=5, text="zz", forwarded=200 - reused, reused=reused),
+        )
         assert ROW_KEYS <= set(res)
         jobs = res["engine_jobs_run"]
         assert 6 <= jobs <= res["engine_jobs"] <= 12

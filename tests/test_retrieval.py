@@ -1,4 +1,5 @@
 """Cross-file snippets (dlm_lsp/fill/retrieval.py) and the workspace index (dlm_lsp/fill/workspace.py)."""
+
 from __future__ import annotations
 
 import os
@@ -10,14 +11,26 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from dlm_lsp.fill.documents import Document, uri_key
-from dlm_lsp.fill.retrieval import (CHUNK_LINES, MAX_CHUNK_CHARS, SnippetIndex, cross_file_text, identifiers, query_text,
-                               snippet_text, windows)
+from dlm_lsp.fill.retrieval import (
+    CHUNK_LINES,
+    MAX_CHUNK_CHARS,
+    SnippetIndex,
+    cross_file_text,
+    identifiers,
+    query_text,
+    snippet_text,
+    windows,
+)
 from dlm_lsp.fill.workspace import WorkspaceIndex, nearness, root_paths
 
 
 def _module(name: str, body_names: list[str], lines: int = 60) -> str:
-    rows = [f"def {name}_{i}({body_names[i % len(body_names)]}):" if i % 6 == 0 else
-            f"    {body_names[i % len(body_names)]} = {body_names[(i + 1) % len(body_names)]} + {i}" for i in range(lines)]
+    rows = [
+        f"def {name}_{i}({body_names[i % len(body_names)]}):"
+        if i % 6 == 0
+        else f"    {body_names[i % len(body_names)]} = {body_names[(i + 1) % len(body_names)]} + {i}"
+        for i in range(lines)
+    ]
     return "\n".join(rows) + "\n"
 
 
@@ -47,7 +60,8 @@ def test_identifiers_and_windows():
     rows = ["x" * 300 + f" name_{i}" for i in range(30)] + [""]  # a window of long lines is cut
     text = "\n".join(rows)
     assert [(line, t) for line, t in windows(text)] == [
-        (s, "\n".join(rows[s : s + CHUNK_LINES])[:MAX_CHUNK_CHARS]) for s in range(0, 31 - CHUNK_LINES + 12, 12)]
+        (s, "\n".join(rows[s : s + CHUNK_LINES])[:MAX_CHUNK_CHARS]) for s in range(0, 31 - CHUNK_LINES + 12, 12)
+    ]
     text = "a\nb\nc\nd\ne\nf"
     assert query_text(text, 5, lines=1, after=1) == "\nb\nc\nd\ne"  # 1 line above, the cursor's line, below
     assert query_text(text, 4, lines=0, after=0) == "\nc" and query_text(text, 0, lines=3, after=0) == "a"
@@ -114,17 +128,20 @@ def _tree(root, files: dict[str, str | bytes]):
 
 
 def test_workspace_walks_only_what_it_should(tmp_path):
-    _tree(tmp_path, {
-        "pkg/util.py": "def checksum_value(data_block):\n    return data_block\n",
-        "pkg/big.py": "x_big = 1\n" * 30_000,  # over MAX_FILE_BYTES
-        "pkg/bin.py": b"\x00\x01binary_thing = 1\n",
-        "pkg/latin.py": "caf\xe9_name = 1\n".encode("latin-1"),
-        ".git/hooks.py": "hidden_name = 1\n",
-        "node_modules/lib.py": "dep_name = 1\n",
-        ".venv/lib/x.py": "venv_name = 1\n",
-        "notes.md": "markdown_name\n",
-        "web/app.ts": "const typed_name = 1;\n",
-    })
+    _tree(
+        tmp_path,
+        {
+            "pkg/util.py": "def checksum_value(data_block):\n    return data_block\n",
+            "pkg/big.py": "x_big = 1\n" * 30_000,  # over MAX_FILE_BYTES
+            "pkg/bin.py": b"\x00\x01binary_thing = 1\n",
+            "pkg/latin.py": "caf\xe9_name = 1\n".encode("latin-1"),
+            ".git/hooks.py": "hidden_name = 1\n",
+            "node_modules/lib.py": "dep_name = 1\n",
+            ".venv/lib/x.py": "venv_name = 1\n",
+            "notes.md": "markdown_name\n",
+            "web/app.ts": "const typed_name = 1;\n",
+        },
+    )
     os.symlink(tmp_path / "pkg/util.py", tmp_path / "pkg/link.py")
     ws = WorkspaceIndex([tmp_path], serves=lambda lang: lang == "python", yield_s=0)
     assert ws.scan() == 1 and ws.disk_files("python") == 1 and ws.disk_files("typescript") == 0
@@ -208,6 +225,7 @@ def test_root_paths(tmp_path):
     class Folder:
         def __init__(self, uri):
             self.uri = uri
+
     assert root_paths(tmp_path.as_uri(), None) == [tmp_path]
     assert root_paths(None, [Folder(tmp_path.as_uri()), Folder(tmp_path.as_uri()), Folder("https://x/y")]) == [tmp_path]
     assert root_paths("file:///no/such/dir", None) == [] and root_paths(None, None) == [] and root_paths(3, None) == []
@@ -217,9 +235,11 @@ def test_eval_retrieval_scopes():
     from dlm_lsp.measure.evaluate import package_files, retrieval_fn
     from dlm_lsp.measure.holes import Hole
 
-    files = {"p:pkg/a.py": "def use():\n    return shared_helper_name(1)\n",
-             "p:pkg/b.py": "def shared_helper_name(x):\n    return x\n",
-             "q:q/c.py": "def shared_helper_name(y):\n    return y\n"}
+    files = {
+        "p:pkg/a.py": "def use():\n    return shared_helper_name(1)\n",
+        "p:pkg/b.py": "def shared_helper_name(x):\n    return x\n",
+        "q:q/c.py": "def shared_helper_name(y):\n    return y\n",
+    }
     assert package_files(files)["p:pkg/a.py"] == ["p:pkg/b.py"] and package_files(files)["q:q/c.py"] == []
     fn = retrieval_fn(files, "package")
     text = files["p:pkg/a.py"]
@@ -263,6 +283,7 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
 
     def names(got):
         return [str(p.relative_to(tmp_path)) for p, _ in got]
+
     assert ws.scan() == 3 and names(ws.files()) == ["aa/f0.py", "aa/f1.py", "aa/f2.py"]  # no focus yet: walk order
     here = tmp_path / "zz/sub/new.py"
     ws.focus([here.as_uri(), "untitled:Untitled-1"])  # URIs that are not files are ignored
@@ -276,8 +297,9 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
     monkeypatch.setattr(W, "MEMORY_CHARS", 40)  # bytes: three of these files
     ws = WorkspaceIndex([tmp_path], max_files=100, yield_s=0, rescan_s=3600)
     got = []
-    ws.on_files = lambda ch: got.append({str(Path(unquote(urlparse(k).path)).relative_to(tmp_path)): v
-                                         for k, v in ch.items()})
+    ws.on_files = lambda ch: got.append(
+        {str(Path(unquote(urlparse(k).path)).relative_to(tmp_path)): v for k, v in ch.items()}
+    )
     me = (tmp_path / "mm/new.py").as_uri()
     text = "x = middle_1\n"
     assert ws.cross_file(me, text, len(text), "python", [], 24000) is None  # nothing indexed yet; the focus is set
@@ -293,8 +315,13 @@ def test_a_binding_limit_keeps_the_files_nearest_the_focus(tmp_path, monkeypatch
     ws.scan()
     # order: zz/sub (the newest folder), aa (the open document's, whose editor text is never sent),
     # mm, then zz/g.py (a step away); 11 + 11 + 12 bytes fit, the next 12 does not
-    assert got[-1] == {"mm/f0.py": None, "mm/f1.py": None, "mm/f2.py": None,
-                       "zz/sub/f0.py": "zeta_0 = 0\n", "zz/sub/f1.py": "zeta_1 = 1\n"}
+    assert got[-1] == {
+        "mm/f0.py": None,
+        "mm/f1.py": None,
+        "mm/f2.py": None,
+        "zz/sub/f0.py": "zeta_0 = 0\n",
+        "zz/sub/f1.py": "zeta_1 = 1\n",
+    }
     assert [v is None for v in got[-1].values()] == [True] * 3 + [False] * 2  # room is made before files come
     ws.scan()
     assert len(got) == 2  # nothing changed: nothing sent
@@ -352,7 +379,11 @@ def test_headless_complete_gives_the_engine_the_workspace_memory(tmp_path):
     complete(str(tmp_path / "a.py"), 3, 9, engine=Keeping(), workspace=str(tmp_path))
     complete(str(tmp_path / "a.py"), 3, 9, engine=Engine(), workspace=str(tmp_path))
     assert sorted(k.rsplit("/", 1)[-1] for k in sent["workspace"]) == ["a.py", "helpers.py"]
-    assert jobs[0].workspace == "workspace" and jobs[0].document.endswith("/a.py") and jobs[0].document in sent["workspace"]
+    assert (
+        jobs[0].workspace == "workspace"
+        and jobs[0].document.endswith("/a.py")
+        and jobs[0].document in sent["workspace"]
+    )
     assert jobs[1].workspace is None and jobs[1].document is None
     # a workspace past the memory's budget: the files nearest the filled one go first
     (tmp_path / "aaa").mkdir()
@@ -362,6 +393,7 @@ def test_headless_complete_gives_the_engine_the_workspace_memory(tmp_path):
     (tmp_path / "zzz/b.py").write_text("value = \n")
     sent.clear()
     import dlm_lsp.fill.workspace as W
+
     old, W.MEMORY_CHARS = W.MEMORY_CHARS, 40
     try:
         complete(str(tmp_path / "zzz/b.py"), 1, 9, engine=Keeping(), workspace=str(tmp_path))
@@ -396,6 +428,7 @@ def test_the_walk_sends_changed_and_removed_files_to_the_memory_once(tmp_path):
 
     def broken(ch):
         raise RuntimeError("engine gone")
+
     ws.set_sink(broken)
     ws.scan()  # logged, not raised
     ws.on_files = lambda ch: got.append({k.rsplit("/", 1)[-1]: v for k, v in ch.items()})

@@ -6,6 +6,7 @@ shifted keystroke leaves); the staleness policy (budget of changed tokens, curso
 options) recomputes in full; a keystroke forwards only the changed tokens and the canvas; a failed
 or cancelled request leaves the session's entry whole; the exact reorder path is untouched.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,7 +44,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory):
-    s = EngineService(str(peaked_checkpoint(tmp_path_factory.mktemp("reuse") / "peaked", seed=2)), device="cpu", threads=1)
+    s = EngineService(
+        str(peaked_checkpoint(tmp_path_factory.mktemp("reuse") / "peaked", seed=2)), device="cpu", threads=1
+    )
     s.load()
     return s
 
@@ -102,7 +105,9 @@ def test_reuse_needs_full_attention_and_a_cached_context(model):
 def test_the_exact_reorder_path_is_unchanged_with_reuse_on(tmp_path):
     from tests.tiny import make_tiny_checkpoint
 
-    s = EngineService(str(make_tiny_checkpoint(tmp_path / "m", attention="causal", canvas="reorder")), device="cpu", threads=1)
+    s = EngineService(
+        str(make_tiny_checkpoint(tmp_path / "m", attention="causal", canvas="reorder")), device="cpu", threads=1
+    )
     s.load()
     for k in range(3):
         keyed, plain = s.run_now(_job(k, "doc", ON)), s.run_now(_job(k, None, OFF))
@@ -116,8 +121,11 @@ def test_the_exact_reorder_path_is_unchanged_with_reuse_on(tmp_path):
 def test_an_unchanged_request_after_a_full_forward_is_a_full_recompute(model):
     prefix, suffix = _ids(10, 60), _ids(11, 20)
     store = ReuseCache()
-    first, again, plain = (_keyed(model, prefix, suffix, ON, store), _keyed(model, prefix, suffix, ON, store),
-                           build_canvas(prefix, suffix, 8, model.cfg, ON))
+    first, again, plain = (
+        _keyed(model, prefix, suffix, ON, store),
+        _keyed(model, prefix, suffix, ON, store),
+        build_canvas(prefix, suffix, 8, model.cfg, ON),
+    )
     h_first, h_again, h_plain = (fwd.forward(model, [c])[0] for c in (first, again, plain))
     assert first.reused == 0 and again.reused == 80 and store.stats["reused"] == 1
     assert torch.equal(h_first[0], h_plain[0])  # a new session's first forward is today's full forward
@@ -151,9 +159,13 @@ def test_rerotated_keys_equal_keys_recomputed_at_the_new_positions(model, delta)
 
     old = torch.arange(20, 20 + L)
     new = old + delta
-    torch.testing.assert_close(rerotate(keys(old), model.rope_cos, model.rope_sin, old, new), keys(new), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        rerotate(keys(old), model.rope_cos, model.rope_sin, old, new), keys(new), atol=2e-5, rtol=1e-5
+    )
     mixed = old + torch.arange(L) % 5 - 2  # a delta per row, some zero
-    torch.testing.assert_close(rerotate(keys(old), model.rope_cos, model.rope_sin, old, mixed), keys(mixed), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        rerotate(keys(old), model.rope_cos, model.rope_sin, old, mixed), keys(mixed), atol=2e-5, rtol=1e-5
+    )
 
 
 def test_a_shifted_suffix_reuses_its_keys_rotated_to_the_new_positions(model, monkeypatch):
@@ -253,7 +265,9 @@ def test_best_run_searching_near_diagonals_first_gives_the_whole_search_answer()
         new = new[shift:] if shift > 0 else torch.cat([torch.randint(0, vocab, (-shift,), generator=g), new])
         for _ in range(int(torch.randint(0, 4, (1,), generator=g))):  # a few edits anywhere
             if new.numel():
-                new[int(torch.randint(0, new.numel(), (1,), generator=g))] = int(torch.randint(0, vocab, (1,), generator=g))
+                new[int(torch.randint(0, new.numel(), (1,), generator=g))] = int(
+                    torch.randint(0, vocab, (1,), generator=g)
+                )
         for ms in (4, 16, 64):
             assert best_run(new, old, ms) == best_run(new, old, ms, near=ms), (trial, ms)
 
@@ -293,7 +307,9 @@ def test_a_cursor_jump_another_text_or_another_model_recompute_in_full(model):
     assert outcome(prefix[:30], prefix[30:] + suffix) == "full_jump"  # 45 tokens back: a jump
     assert outcome(prefix, suffix) == "full_jump"  # and forward again
     assert outcome(prefix, suffix) == "reused"
-    assert outcome(prefix[:10] + _ids(52, 40) + prefix[10:], suffix) == "full_jump"  # 40 tokens pasted before the cursor
+    assert (
+        outcome(prefix[:10] + _ids(52, 40) + prefix[10:], suffix) == "full_jump"
+    )  # 40 tokens pasted before the cursor
     assert outcome(_ids(53, 80), _ids(54, 20)) == "full_jump"  # another text under the same key
     # options that steer only the steps keep the entry (a hole kind changing while typing)
     assert outcome(_ids(53, 80), _ids(54, 20), dataclasses.replace(ON, threshold=0.6, stop_newline=True)) == "reused"

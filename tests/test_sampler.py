@@ -1,5 +1,6 @@
 """The sampler: pure pieces, the fast loop against the naive oracle, variable length, the context
 cache, cancel and deadline."""
+
 from __future__ import annotations
 
 import itertools
@@ -27,8 +28,10 @@ PAD = 249
 
 def _io(seed: int, n_prefix: int = 13, n_suffix: int = 6, vocab: int = 300):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(4, vocab, (n_prefix,), generator=g).tolist(),
-            torch.randint(4, vocab, (n_suffix,), generator=g).tolist())
+    return (
+        torch.randint(4, vocab, (n_prefix,), generator=g).tolist(),
+        torch.randint(4, vocab, (n_suffix,), generator=g).tolist(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +103,26 @@ def test_shifted_model_with_empty_prefix_gets_bos():
 
 
 ORACLE_CASES = [
-    pytest.param(sel, conf, cache, shift, n, block, pad_left,
-                 id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}-b{block}"
-                    + ("-padleft" if pad_left else ""))
+    pytest.param(
+        sel,
+        conf,
+        cache,
+        shift,
+        n,
+        block,
+        pad_left,
+        id=f"{sel}-{conf}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-n{n}-b{block}"
+        + ("-padleft" if pad_left else ""),
+    )
     for sel, conf, cache, shift, n, block, pad_left in itertools.product(
-        ("threshold", "topk"), ("max_prob", "margin", "neg_entropy"), (False, True), (False, True), (3, 7), (0, 2),
-        (False, True))
+        ("threshold", "topk"),
+        ("max_prob", "margin", "neg_entropy"),
+        (False, True),
+        (False, True),
+        (3, 7),
+        (0, 2),
+        (False, True),
+    )
 ]
 
 
@@ -115,8 +132,17 @@ def test_fast_loop_matches_oracle(models, sel, conf, cache, shift, n, block, pad
     tau = {"max_prob": 0.5, "margin": 0.3, "neg_entropy": -1.5}[conf]
     for seed, pad_stop in ((n, 0.9), (n + 100, 0.3)):
         prefix, suffix = _io(seed)
-        o = DecodeOptions(selection=sel, confidence=conf, threshold=tau, pad_stop=pad_stop, cache=cache, refresh_every=1,
-                          block=block, pad_left=pad_left, window=0)
+        o = DecodeOptions(
+            selection=sel,
+            confidence=conf,
+            threshold=tau,
+            pad_stop=pad_stop,
+            cache=cache,
+            refresh_every=1,
+            block=block,
+            pad_left=pad_left,
+            window=0,
+        )
         want = reference_fill(model, prefix, suffix, n, o)
         got = fill(model, build_canvas(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
@@ -129,8 +155,10 @@ def test_oracle_cases_exercise_padding_and_parallel_commits(models):
     dropped = early = parallel = 0
     for shift, n, seed in itertools.product((False, True), (3, 7), (3, 7, 103, 107)):
         prefix, suffix = _io(seed)
-        for o in (DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False, pad_left=False, window=0),
-                  DecodeOptions(threshold=0.5, cache=False, pad_left=False, window=0)):
+        for o in (
+            DecodeOptions(threshold=0.5, pad_stop=0.3, cache=False, pad_left=False, window=0),
+            DecodeOptions(threshold=0.5, cache=False, pad_left=False, window=0),
+        ):
             r = fill(models[shift], build_canvas(prefix, suffix, n, models[shift].cfg, o))
             dropped += len(r.ids) < n
             parallel += max(r.tokens_per_step) > 1
@@ -147,15 +175,19 @@ def test_steps_budget_with_threshold_selection(models):
 
 def test_topk_default_schedule_commits_two_per_step(models):
     prefix, suffix = _io(6)
-    r = fill(models[False], build_canvas(prefix, suffix, 8, models[False].cfg, DecodeOptions(selection="topk", cache=False)))
+    r = fill(
+        models[False], build_canvas(prefix, suffix, 8, models[False].cfg, DecodeOptions(selection="topk", cache=False))
+    )
     assert r.tokens_per_step == [2, 2, 2, 2] or r.steps < 4  # (padding may end it sooner)
 
 
 def test_temperature_sampling_is_reproducible_with_a_seed(models):
     prefix, suffix = _io(8)
     m = models[False]
-    runs = [fill(m, build_canvas(prefix, suffix, 7, m.cfg, DecodeOptions(temperature=1.0, seed=s, pad_stop=2.0))).ids
-            for s in (1, 1, 2, 3, 4)]
+    runs = [
+        fill(m, build_canvas(prefix, suffix, 7, m.cfg, DecodeOptions(temperature=1.0, seed=s, pad_stop=2.0))).ids
+        for s in (1, 1, 2, 3, 4)
+    ]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs[1:]}) > 1
 
@@ -235,8 +267,13 @@ def test_cached_fill_is_complete_and_close_to_uncached(models):
 def test_refresh_every_k_steps(models, every):
     m = Counting(models[False])
     prefix, suffix = _io(15, n_prefix=25)
-    c = build_canvas(prefix, suffix, 7, m.cfg, DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0,
-                                                            pad_left=False, window=0))
+    c = build_canvas(
+        prefix,
+        suffix,
+        7,
+        m.cfg,
+        DecodeOptions(selection="topk", steps=7, refresh_every=every, pad_stop=2.0, pad_left=False, window=0),
+    )
     r = fill(m, c)
     full = [i for i, call in enumerate(m.calls) if call[1] == c.ids.shape[0]]
     assert r.steps == 7 and full == list(range(0, 7, every))
@@ -250,8 +287,10 @@ def test_batched_full_forward_equals_single(models, shift):
 
     m = models[shift]
     o = DecodeOptions()
-    make = lambda: [build_canvas(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o)  # noqa: E731
-                    for i, n in enumerate((4, 7, 2))]
+    make = lambda: [
+        build_canvas(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o)  # noqa: E731
+        for i, n in enumerate((4, 7, 2))
+    ]
     with torch.inference_mode():
         batched, singles = make(), make()
         hb = forward_full(m, batched)
@@ -269,8 +308,15 @@ def test_batched_steps_equal_single_steps(models, shift):
     """Three canvases of different lengths in one batch (padding, key_valid, ctx_valid, positions)
     give the same fills as each alone, with caching on and off."""
     jobs = [(_io(20 + i, n_prefix=10 + 7 * i, n_suffix=3 * i), n) for i, n in enumerate((5, 9, 3))]
-    _batched_equals_alone(models[shift], jobs, (DecodeOptions(threshold=0.5, cache=False), DecodeOptions(threshold=0.5),
-                                                DecodeOptions(selection="topk", freeze=False)))
+    _batched_equals_alone(
+        models[shift],
+        jobs,
+        (
+            DecodeOptions(threshold=0.5, cache=False),
+            DecodeOptions(threshold=0.5),
+            DecodeOptions(selection="topk", freeze=False),
+        ),
+    )
 
 
 def _batched_equals_alone(m, jobs, options) -> None:
@@ -317,8 +363,16 @@ def test_surplus_slots_stop_early_as_padding():
 
 def test_unsure_padding_does_not_stop_early():
     m = _mock(3, real_logit=8.0, pad_logit=2.0, start=4)  # padding p=0.13 < pad_stop
-    r = fill(m, build_canvas([5, 6, 7, 8], [], 10, m.cfg, DecodeOptions(selection="topk", steps=10, cache=False,
-                                                                       pad_left=False, window=0)))
+    r = fill(
+        m,
+        build_canvas(
+            [5, 6, 7, 8],
+            [],
+            10,
+            m.cfg,
+            DecodeOptions(selection="topk", steps=10, cache=False, pad_left=False, window=0),
+        ),
+    )
     assert r.ids == [10, 11, 12] and r.steps == 10
 
 
@@ -376,8 +430,11 @@ def test_deadline_bounds_a_slow_fill():
     took = time.monotonic() - t0
     assert r.deadline_hit and not bool(c.masked.any()) and 2 <= r.steps < 10
     assert took < 0.15 + 0.2  # at most about one step past the budget, even on a loaded machine
-    far = fill(m, build_canvas([5, 6], [], 3, cfg, DecodeOptions(selection="topk", steps=3, cache=False)),
-               deadline=time.monotonic() + 60)
+    far = fill(
+        m,
+        build_canvas([5, 6], [], 3, cfg, DecodeOptions(selection="topk", steps=3, cache=False)),
+        deadline=time.monotonic() + 60,
+    )
     assert not far.deadline_hit and far.steps == 3
 
 
@@ -388,8 +445,14 @@ def test_canvas_never_exceeds_the_training_window():
     c = build_canvas(prefix, suffix, 8, cfg, DecodeOptions(), context_tokens=512)
     assert c.ids.shape[0] == 64
     assert c.ids[: c.start].tolist() == prefix[-c.start :]  # the prefix keeps its end
-    unclamped = build_canvas(prefix, suffix, 8, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64),
-                             DecodeOptions(), context_tokens=512)
+    unclamped = build_canvas(
+        prefix,
+        suffix,
+        8,
+        ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, ffn_dim=64),
+        DecodeOptions(),
+        context_tokens=512,
+    )
     assert unclamped.ids.shape[0] > 64
 
 
@@ -405,7 +468,12 @@ def test_semi_ar_blocks_commit_left_to_right_and_padding_ends_the_fill():
     # mock: 3 real tokens, then padding, padding more confident than text (the cascade's cause)
     model = _mock(n_real=3, real_logit=3.0, pad_logit=9.0, start=3)
     prefix, suffix = [5, 6, 7], [8]
-    plain = fill(model, build_canvas(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False, window=0)))
+    plain = fill(
+        model,
+        build_canvas(
+            prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, pad_left=False, window=0)
+        ),
+    )
     semi = fill(model, build_canvas(prefix, suffix, 8, model.cfg, DecodeOptions(threshold=0.99, cache=False, block=2)))
     assert semi.ids == reference_fill(model, prefix, suffix, 8, DecodeOptions(threshold=0.99, cache=False, block=2))
     assert len(semi.ids) == 3  # text in slots 0-2, then padding ends the fill
@@ -433,6 +501,7 @@ def test_end_at_padding_with_an_end_id_cuts_text_further_right():
     # masked slots 0..4 predict: text, pad, text, pad, text; slots 1 and 2 are picked
 
     from engine.decode.canvas import trim_fill
+
     pred = [11.0, 0.0, 12.0, 0.0, 13.0]
     pick, values = _end_at_padding([1, 2], pred, torch.tensor([11, 0, 12, 0, 13]), (0, 1), pad_id=0)
     assert pick == [1, 2, 3, 4] and values.tolist() == [11, 0, 0, 0, 0]  # slot 2's text becomes padding
@@ -446,10 +515,14 @@ def test_end_at_padding_with_an_end_id_cuts_text_further_right():
 def test_fill_confidence_is_the_geometric_mean_of_the_committed_text_probabilities():
     import math
 
-    sure = fill(_mock(3, real_logit=8.0, pad_logit=7.0, start=4),
-                build_canvas([5, 6, 7, 8], [], 10, _mock(3, 8.0, 7.0, 4).cfg, DecodeOptions(cache=False)))
-    unsure = fill(_mock(3, real_logit=2.0, pad_logit=7.0, start=4),
-                  build_canvas([5, 6, 7, 8], [], 10, _mock(3, 2.0, 7.0, 4).cfg, DecodeOptions(cache=False, pad_left=True)))
+    sure = fill(
+        _mock(3, real_logit=8.0, pad_logit=7.0, start=4),
+        build_canvas([5, 6, 7, 8], [], 10, _mock(3, 8.0, 7.0, 4).cfg, DecodeOptions(cache=False)),
+    )
+    unsure = fill(
+        _mock(3, real_logit=2.0, pad_logit=7.0, start=4),
+        build_canvas([5, 6, 7, 8], [], 10, _mock(3, 2.0, 7.0, 4).cfg, DecodeOptions(cache=False, pad_left=True)),
+    )
     p_sure = math.exp(8.0) / (math.exp(8.0) + 48)  # the token's softmax prob over 49 non-mask logits
     p_unsure = math.exp(2.0) / (math.exp(2.0) + 48)
     assert sure.ids == [10, 11, 12] and sure.confidence == pytest.approx(p_sure, rel=1e-5)
@@ -461,11 +534,18 @@ def test_fill_confidence_is_the_geometric_mean_of_the_committed_text_probabiliti
 
 
 WINDOW_CASES = [
-    pytest.param(sel, cache, shift, block, pad_left,
-                 id=f"{sel}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-b{block}"
-                    + ("-padleft" if pad_left else ""))
+    pytest.param(
+        sel,
+        cache,
+        shift,
+        block,
+        pad_left,
+        id=f"{sel}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-b{block}"
+        + ("-padleft" if pad_left else ""),
+    )
     for sel, cache, shift, block, pad_left in itertools.product(
-        ("threshold", "topk"), (False, True), (False, True), (0, 2), (False, True))
+        ("threshold", "topk"), (False, True), (False, True), (0, 2), (False, True)
+    )
 ]
 
 
@@ -474,8 +554,16 @@ def test_windowed_fast_loop_matches_oracle(models, sel, cache, shift, block, pad
     model = models[shift]
     for seed, pad_stop, n in ((7, 0.9, 7), (107, 0.3, 7), (9, 0.9, 9)):
         prefix, suffix = _io(seed)
-        o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, block=block,
-                          pad_left=pad_left, window=3)
+        o = DecodeOptions(
+            selection=sel,
+            threshold=0.5,
+            pad_stop=pad_stop,
+            cache=cache,
+            refresh_every=1,
+            block=block,
+            pad_left=pad_left,
+            window=3,
+        )
         want = reference_fill(model, prefix, suffix, n, o)
         got = fill(model, build_canvas(prefix, suffix, n, model.cfg, o))
         assert got.ids == want, f"seed {seed}: fast {got.ids} != oracle {want} (steps {got.tokens_per_step})"
@@ -498,8 +586,9 @@ def test_windowed_cached_steps_run_only_the_window(models, shift):
     m = Counting(models[shift])
     prefix, suffix = _io(16, n_prefix=30, n_suffix=10)
     n, w = 9, 3
-    c = build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0, pad_left=False,
-                                                            window=w))
+    c = build_canvas(
+        prefix, suffix, n, m.cfg, DecodeOptions(selection="topk", steps=n, pad_stop=2.0, pad_left=False, window=w)
+    )
     r = fill(m, c)
     assert not bool(c.masked.any()) and sum(r.tokens_per_step) == n and r.steps == n
     # one slot per step: the window's masked slots and the slot committed last step; shifted, also the
@@ -508,16 +597,25 @@ def test_windowed_cached_steps_run_only_the_window(models, shift):
     assert m.calls[0][1] == c.ids.shape[0] and max(sizes) <= (w + 1 if not shift else n - 1)
     assert sizes[0] == w + 1 + shift  # the window, the slot committed by the full step (and the one before them)
     # the same fill with the window but no cache (the window decides what is committed, not the cache)
-    exact = fill(models[shift], build_canvas(prefix, suffix, n, m.cfg, DecodeOptions(
-        selection="topk", steps=n, pad_stop=2.0, pad_left=False, window=w, cache=False)))
+    exact = fill(
+        models[shift],
+        build_canvas(
+            prefix,
+            suffix,
+            n,
+            m.cfg,
+            DecodeOptions(selection="topk", steps=n, pad_stop=2.0, pad_left=False, window=w, cache=False),
+        ),
+    )
     assert len(r.ids) == len(exact.ids)
 
 
 def test_windowed_deadline_step_commits_every_mask():
     m = Counting(peaked_model(pad=0))  # padding it never predicts: no fill ends early here
     prefix, suffix = _io(17, n_prefix=30)
-    c = build_canvas(prefix, suffix, 12, m.cfg, DecodeOptions(selection="topk", steps=12, pad_stop=2.0, pad_left=False,
-                                                             window=2))
+    c = build_canvas(
+        prefix, suffix, 12, m.cfg, DecodeOptions(selection="topk", steps=12, pad_stop=2.0, pad_left=False, window=2)
+    )
     sampler.step(m, [c])
     sampler.step(m, [c])
     assert m.calls[-1][1] <= 3  # windowed cached step
@@ -535,20 +633,28 @@ def test_batched_windowed_steps_equal_single_steps(models):
     """Canvases with windows of outside slots of different lengths in one batch (the padded extra
     context) give the same fills as each alone."""
     jobs = [(_io(50 + i, n_prefix=10 + 7 * i, n_suffix=3 * i), n) for i, n in enumerate((5, 9, 12))]
-    _batched_equals_alone(models[False], jobs, (DecodeOptions(threshold=0.5, window=3),
-                                                DecodeOptions(selection="topk", freeze=False, window=2),
-                                                DecodeOptions(selection="topk", window=4, pad_stop=2.0, pad_left=False)))
+    _batched_equals_alone(
+        models[False],
+        jobs,
+        (
+            DecodeOptions(threshold=0.5, window=3),
+            DecodeOptions(selection="topk", freeze=False, window=2),
+            DecodeOptions(selection="topk", window=4, pad_stop=2.0, pad_left=False),
+        ),
+    )
 
 
 def test_window_cases_differ_from_unwindowed_ones(models):
     """Guards the windowed oracle test: on its inputs the window changes some fills."""
     diff = 0
-    for sel, shift, (seed, pad_stop, n) in itertools.product(("threshold", "topk"), (False, True),
-                                                              ((7, 0.9, 7), (107, 0.3, 7), (9, 0.9, 9))):
+    for sel, shift, (seed, pad_stop, n) in itertools.product(
+        ("threshold", "topk"), (False, True), ((7, 0.9, 7), (107, 0.3, 7), (9, 0.9, 9))
+    ):
         prefix, suffix = _io(seed)
         o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=False, window=3)
-        diff += reference_fill(models[shift], prefix, suffix, n, o) != reference_fill(models[shift], prefix, suffix, n,
-                                                                                      _with(o, window=0))
+        diff += reference_fill(models[shift], prefix, suffix, n, o) != reference_fill(
+            models[shift], prefix, suffix, n, _with(o, window=0)
+        )
     assert diff >= 2
 
 
@@ -561,8 +667,13 @@ def _heal_ids(seed: int, cfg) -> list[int]:
 
 
 HEAL_CASES = [
-    pytest.param(sel, cache, shift, window,
-                 id=f"{sel}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-w{window}")
+    pytest.param(
+        sel,
+        cache,
+        shift,
+        window,
+        id=f"{sel}-{'cache' if cache else 'nocache'}-{'shift' if shift else 'noshift'}-w{window}",
+    )
     for sel, cache, shift, window in itertools.product(("threshold", "topk"), (False, True), (False, True), (0, 3))
 ]
 
@@ -584,7 +695,9 @@ def test_healed_fast_loop_matches_oracle(models, sel, cache, shift, window):
     for (seed, n, pad_stop), chain in itertools.product(((7, 7, 0.9), (107, 5, 0.3), (9, 9, 0.9)), (False, True)):
         prefix, suffix = _io(seed)
         o = DecodeOptions(selection=sel, threshold=0.5, pad_stop=pad_stop, cache=cache, refresh_every=1, window=window)
-        heal, then = _heal_chain(model, prefix, suffix, n, seed, o) if chain else (_heal_ids(seed + 1000, model.cfg), {})
+        heal, then = (
+            _heal_chain(model, prefix, suffix, n, seed, o) if chain else (_heal_ids(seed + 1000, model.cfg), {})
+        )
         want = reference_fill(model, prefix, suffix, n, o, heal=heal, heal_then=then)
         c = build_canvas(prefix, suffix, n, model.cfg, o, heal=heal, heal_then=then)
         got = fill(model, c)
@@ -645,8 +758,10 @@ def test_healed_sampling_draws_slot_0_from_the_candidates(models):
 def test_batched_healed_canvases_equal_each_alone(models):
     """A healed canvas (one restricted row) batched with plain ones steps as it does alone."""
     m = models[False]
-    jobs = [(_io(60 + i, n_prefix=9 + 5 * i, n_suffix=2 * i), n, _heal_ids(70 + i, m.cfg) if i != 1 else None)
-            for i, n in enumerate((5, 8, 11))]
+    jobs = [
+        (_io(60 + i, n_prefix=9 + 5 * i, n_suffix=2 * i), n, _heal_ids(70 + i, m.cfg) if i != 1 else None)
+        for i, n in enumerate((5, 8, 11))
+    ]
     for o in (DecodeOptions(threshold=0.5, window=3), DecodeOptions(selection="topk", pad_stop=2.0)):
         alone = [fill(m, build_canvas(p, s, n, m.cfg, o, heal=h)).ids for (p, s), n, h in jobs]
         canvases = [build_canvas(p, s, n, m.cfg, o, heal=h) for (p, s), n, h in jobs]
@@ -714,8 +829,19 @@ def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, ca
     from engine.model.transformer import Transformer
 
     # an untrained model (flat distributions, unlike the peaked ones), so a boost of a few nats decides
-    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512, logits_shift=shift,
-                      mask_token_id=2, pad_token_id=PAD, eos_token_id=1, bos_token_id=3).validate()
+    cfg = ModelConfig(
+        vocab_size=300,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        max_seq_len=512,
+        logits_shift=shift,
+        mask_token_id=2,
+        pad_token_id=PAD,
+        eos_token_id=1,
+        bos_token_id=3,
+    ).validate()
     model = Transformer(cfg)
     model.init_weights(0)
     model.eval()
@@ -723,8 +849,16 @@ def test_copy_boost_fast_loop_matches_oracle_and_changes_fills(shift, window, ca
     for seed in range(6):
         prefix, suffix = _io(seed, n_prefix=40, n_suffix=10)
         base = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, pad_left=True)
-        boosted = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, pad_left=True,
-                                copy_bigram=3.0, copy_unigram=0.5, copy_order=order)
+        boosted = DecodeOptions(
+            threshold=0.5,
+            cache=cache,
+            refresh_every=1,
+            window=window,
+            pad_left=True,
+            copy_bigram=3.0,
+            copy_unigram=0.5,
+            copy_order=order,
+        )
         got = fill(model, build_canvas(prefix, suffix, 7, model.cfg, boosted))
         assert got.ids == reference_fill(model, prefix, suffix, 7, boosted), f"seed {seed}"
         changed += got.ids != fill(model, build_canvas(prefix, suffix, 7, model.cfg, base)).ids
@@ -776,8 +910,18 @@ def test_copy_far_fast_loop_matches_oracle_and_changes_fills(window, cache):
     from engine.model.config import ModelConfig
     from engine.model.transformer import Transformer
 
-    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=512,
-                      mask_token_id=2, pad_token_id=PAD, eos_token_id=1, bos_token_id=3).validate()
+    cfg = ModelConfig(
+        vocab_size=300,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        max_seq_len=512,
+        mask_token_id=2,
+        pad_token_id=PAD,
+        eos_token_id=1,
+        bos_token_id=3,
+    ).validate()
     model = Transformer(cfg)
     model.init_weights(0)
     model.eval()
@@ -785,8 +929,9 @@ def test_copy_far_fast_loop_matches_oracle_and_changes_fills(window, cache):
     for seed in range(6):
         prefix, suffix = _io(seed, n_prefix=30, n_suffix=8)
         lookup, _ = _io(100 + seed, n_prefix=200, n_suffix=0)
-        o = DecodeOptions(threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=1.0, copy_order=2,
-                          copy_far=3.0)
+        o = DecodeOptions(
+            threshold=0.5, cache=cache, refresh_every=1, window=window, copy_bigram=1.0, copy_order=2, copy_far=3.0
+        )
         c = build_canvas(prefix, suffix, 7, model.cfg, o)
         c.attach_far(lookup)
         got = fill(model, c)

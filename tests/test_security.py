@@ -8,6 +8,7 @@
   workspace/didChangeConfiguration that differs from initializationOptions' is refused.
 Weights through safetensors only, with a header limit: tests/test_checkpoint.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,14 +79,18 @@ def writes(events: list[dict]) -> list[str]:
     """Paths opened for writing, less tempfile's writability probe (a random name directly in the
     temp dir, made and removed when torch asks for the temp dir)."""
     tmp = tempfile.gettempdir()
-    return [e["path"] for e in events if e["event"] == "open" and e["writes"]
-            and not (os.path.dirname(e["path"]) == tmp and len(os.path.basename(e["path"])) == 8)]
+    return [
+        e["path"]
+        for e in events
+        if e["event"] == "open"
+        and e["writes"]
+        and not (os.path.dirname(e["path"]) == tmp and len(os.path.basename(e["path"])) == 8)
+    ]
 
 
 def opened_under(events: list[dict], folder: Path) -> list[str]:
     root = os.path.realpath(folder)
-    return [e["path"] for e in events if e["event"] == "open"
-            and os.path.realpath(e["path"]).startswith(root + os.sep)]
+    return [e["path"] for e in events if e["event"] == "open" and os.path.realpath(e["path"]).startswith(root + os.sep)]
 
 
 def _env(log: Path) -> dict:
@@ -102,13 +107,16 @@ def test_the_detectors_see_a_socket_and_a_write(tmp_path):
     """Control: the same checks, on a child that listens on TCP and writes a file, do fail."""
     log, target = tmp_path / "audit.jsonl", tmp_path / "ws" / "written.txt"
     target.parent.mkdir()
-    code = ("import socket, sys, time\n"
-            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
-            "u = socket.socket(socket.AF_UNIX); u.bind(sys.argv[1])\n"
-            f"open({str(target)!r}, 'w').write('x')\n"
-            "print('ready', flush=True); time.sleep(60)\n")
-    child = subprocess.Popen([*AUDITED, "-c", code, str(tmp_path / "named.sock")], env=_env(log),
-                             stdout=subprocess.PIPE, text=True)
+    code = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "u = socket.socket(socket.AF_UNIX); u.bind(sys.argv[1])\n"
+        f"open({str(target)!r}, 'w').write('x')\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    child = subprocess.Popen(
+        [*AUDITED, "-c", code, str(tmp_path / "named.sock")], env=_env(log), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         kinds = sorted(sockets_of(child.pid).values())
@@ -131,8 +139,9 @@ async def test_serving_the_default_model_opens_no_network_socket(tmp_path, monke
     cmd = [*AUDITED, "-m", "dlm_lsp", "serve"]
     text = (REPO / "examples" / "tide_log.py").read_text()
     uri = (tmp_path / "ws" / "tide_log.py").as_uri()  # never written: the text comes from didOpen
-    async with lsp_server(cmd, {"budgetMs": 2000, "postprocess": False}, ready_timeout=180,
-                          log_path=tmp_path / "server.log") as c:
+    async with lsp_server(
+        cmd, {"budgetMs": 2000, "postprocess": False}, ready_timeout=180, log_path=tmp_path / "server.log"
+    ) as c:
         open_doc(c, uri, text)
         line = text[: text.index("        return self.high - self.low")].count("\n")
         await inline(c, uri, line, 8, timeout=60)
@@ -169,8 +178,13 @@ async def test_documents_come_from_didopen_never_from_disk(tmp_path, monkeypatch
         items = await inline(c, on_disk.as_uri(), 0, 14)
         assert items[0]["insertText"].startswith("EDITOR_TEXT")  # the prefix the engine got: the editor's text
         assert await inline(c, unopened.as_uri(), 0, 5) == []  # never opened: nothing, not the disk file
-        for uri in ("file:///etc/passwd", "file:///../../../../etc/passwd", "file:///proc/self/environ",
-                    f"file://{ws}/../../etc/shadow", "untitled:Untitled-1"):
+        for uri in (
+            "file:///etc/passwd",
+            "file:///../../../../etc/passwd",
+            "file:///proc/self/environ",
+            f"file://{ws}/../../etc/shadow",
+            "untitled:Untitled-1",
+        ):
             assert await inline(c, uri, 0, 0) == []
         traversal = "file:///tmp/../../etc/passwd"
         open_doc(c, traversal, "OPENED = 3\n")
@@ -180,8 +194,11 @@ async def test_documents_come_from_didopen_never_from_disk(tmp_path, monkeypatch
     events = audit_log(log)
     assert any(e["event"] == "open" for e in events)  # the hook ran
     assert opened_under(events, ws) == []
-    assert not [e["path"] for e in events if e["event"] == "open" and ("passwd" in e["path"] or "shadow" in e["path"]
-                                                                      or "environ" in e["path"])]
+    assert not [
+        e["path"]
+        for e in events
+        if e["event"] == "open" and ("passwd" in e["path"] or "shadow" in e["path"] or "environ" in e["path"])
+    ]
     assert writes(events) == []
 
 
@@ -204,8 +221,12 @@ def test_model_from_workspace_settings_is_refused_and_the_rest_applies():
 async def test_a_workspace_cannot_switch_the_model(tmp_path, pushed):
     evil = scripted(text="evil")
     caps = {"workspace": {"configuration": True}, "textDocument": {"inlineCompletion": {}}}
-    async with lsp_server(FAKE_SERVER, {"model": scripted(text="mine")}, capabilities=caps,
-                          config={"dlm": {"model": evil, "budgetMs": 250}}) as c:
+    async with lsp_server(
+        FAKE_SERVER,
+        {"model": scripted(text="mine")},
+        capabilities=caps,
+        config={"dlm": {"model": evil, "budgetMs": 250}},
+    ) as c:
         open_doc(c, (tmp_path / "a.py").as_uri(), "x = \n")
         assert (await inline(c, (tmp_path / "a.py").as_uri(), 0, 4))[0]["insertText"] == "mine"
         n = len(c.notifications)

@@ -4,6 +4,7 @@ Most tests run dlm_lsp/measure/fuzz/fake_server.py - the real server with a scri
 step count and text are exact, so scheduling (latest-wins, cancel, stale versions, typing-through)
 can be asserted. The last tests run `python -m dlm_lsp serve` with the default model.
 """
+
 import asyncio
 import json
 import os
@@ -14,7 +15,17 @@ import time
 import pytest
 
 from dlm_lsp.measure.replay import LspError
-from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, inline_params, insert, lsp_server, open_doc, scripted
+from tests.lsp_helpers import (
+    FAKE_SERVER,
+    REAL_SERVER,
+    REPO,
+    inline,
+    inline_params,
+    insert,
+    lsp_server,
+    open_doc,
+    scripted,
+)
 
 URI = "file:///tmp/dlm-e2e/a.py"
 SRC = "import os\n\n\ndef total(items):\n    s = 0\n    for x in items:\n        \n    return s\n"
@@ -27,6 +38,7 @@ async def stats(client):
 
 
 # ----------------------------------------------------------------------------- protocol basics
+
 
 async def test_capabilities_and_status():
     async with lsp_server(FAKE_SERVER, {"model": scripted()}) as c:
@@ -52,7 +64,9 @@ async def test_fill_range_and_negotiated_positions(encoding, col):
     async with lsp_server(FAKE_SERVER, {"model": scripted(echo=6), "postprocess": False}, capabilities=caps) as c:
         assert c.init_result["capabilities"]["positionEncoding"] == encoding
         open_doc(c, URI, "s = '😀é' + x\n")
-        assert col == len("s = '😀é' +".encode(encoding + ("-le" if encoding == "utf-16" else ""))) // (2 if encoding == "utf-16" else 1)
+        assert col == len("s = '😀é' +".encode(encoding + ("-le" if encoding == "utf-16" else ""))) // (
+            2 if encoding == "utf-16" else 1
+        )
         items = await inline(c, URI, 0, col)
         assert items[0]["insertText"] == "'😀é' +"
         assert items[0]["range"] == {"start": {"line": 0, "character": col}, "end": {"line": 0, "character": col}}
@@ -77,6 +91,7 @@ async def test_completion_fallback_item():
 
 
 # ----------------------------------------------------------------------------- scheduling
+
 
 async def test_latest_wins_without_client_cancel():
     # 40 steps x 25 ms = 1 s per job; the first request must be dropped at once, its job stopped
@@ -230,6 +245,7 @@ async def test_debounce_drops_requests_superseded_while_waiting():
 
 # ----------------------------------------------------------------------------- robustness
 
+
 async def test_malformed_params_get_an_error_and_the_server_lives():
     async with lsp_server(FAKE_SERVER, {"model": scripted()}) as c:
         open_doc(c, URI, SRC)
@@ -281,8 +297,9 @@ def test_serving_defaults_are_read_and_checked(tmp_path):
     shipped = serving_defaults(REPO / "models" / "default")
     assert "min_confidence" in shipped and shipped["decode"]["stop_below"] > 0 and "calibrator" in shipped
     # decoding the model was tuned with: known keys in range only
-    (tmp_path / "serving.json").write_text('{"decode": {"copy_bigram": 2.0, "copy_order": 3, "copy_unigram": -1,'
-                                           ' "window": 0, "threshold": 0.1}}')
+    (tmp_path / "serving.json").write_text(
+        '{"decode": {"copy_bigram": 2.0, "copy_order": 3, "copy_unigram": -1, "window": 0, "threshold": 0.1}}'
+    )
     assert serving_defaults(tmp_path) == {"decode": {"copy_bigram": 2.0, "copy_order": 3}}
     (tmp_path / "serving.json").write_text('{"decode": {"copy_order": 3.5, "copy_bigram": true}}')
     assert serving_defaults(tmp_path) == {}
@@ -317,7 +334,9 @@ def test_model_decode_defaults_fill_only_what_the_job_left_unset(tmp_path):
 
 
 async def test_bad_options_warn_and_fall_back():
-    async with lsp_server(FAKE_SERVER, {"model": scripted(), "budgetMs": -3, "languages": "python", "maxFillTokens": 0}) as c:
+    async with lsp_server(
+        FAKE_SERVER, {"model": scripted(), "budgetMs": -3, "languages": "python", "maxFillTokens": 0}
+    ) as c:
         msgs = []
         for key in ("budgetMs", "languages", "maxFillTokens"):
             msgs.append(await c.wait_notification("window/showMessage", lambda p, k=key: k in p["message"], timeout=5))
@@ -363,6 +382,7 @@ async def test_request_while_loading_is_answered_within_budget():
 
 # ----------------------------------------------------------------------------- the real model
 
+
 def _block_hole():
     text = (REPO / "examples" / "tide_log.py").read_text()
     cut = text.index("        return self.high - self.low")
@@ -377,8 +397,12 @@ async def test_real_server_engine_gives_a_nonempty_fill_with_a_correct_range(tmp
 
     ckpt = make_tiny_checkpoint(tmp_path / "tiny", printable=True)
     doc, line = _block_hole()
-    async with lsp_server(REAL_SERVER, {"postprocess": False, "budgetMs": 5000, "model": str(ckpt)},
-                          log_path=tmp_path / "server.log", ready_timeout=120) as c:
+    async with lsp_server(
+        REAL_SERVER,
+        {"postprocess": False, "budgetMs": 5000, "model": str(ckpt)},
+        log_path=tmp_path / "server.log",
+        ready_timeout=120,
+    ) as c:
         uri = (REPO / "examples" / "tide_log.py").as_uri()
         open_doc(c, uri, doc)
         items = await inline(c, uri, line, 8, timeout=60)
@@ -471,8 +495,10 @@ def test_one_shot_commands_fill_with_the_resident_workers_thread_count(tmp_path)
     from tests.tiny import make_tiny_checkpoint
 
     model = make_tiny_checkpoint(tmp_path / "m")
-    code = ("import torch; from dlm_lsp.headless import load_engine; from engine.serve.service import cpu_threads; "
-            f"e = load_engine({str(model)!r}, 'cpu'); print(torch.get_num_threads(), e.threads, cpu_threads())")
+    code = (
+        "import torch; from dlm_lsp.headless import load_engine; from engine.serve.service import cpu_threads; "
+        f"e = load_engine({str(model)!r}, 'cpu'); print(torch.get_num_threads(), e.threads, cpu_threads())"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DLM_THREADS", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]

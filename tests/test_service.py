@@ -1,5 +1,6 @@
 """engine/serve/service.py: batching equals running alone, jobs joining mid-batch, failures that stay with
 their job, cancel, deadline, per-job stats, load errors and shutdown."""
+
 from __future__ import annotations
 
 import time
@@ -18,7 +19,10 @@ TIMEOUT = 120
 
 TEXTS = [
     ("def add(a, b):\n    return", "\n\nprint(add(1, 2))\n"),
-    ("import os\nimport sys\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n", "        self.y = y\n"),
+    (
+        "import os\nimport sys\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+        "        self.y = y\n",
+    ),
     ("for i in range(10):\n", ""),
     ("function f(x) { return x * 2; }\nfunction g(y) {", "}\n"),
 ]
@@ -174,8 +178,12 @@ def test_a_step_that_would_pass_the_deadline_is_the_last_with_every_slot_committ
     try:
         assert svc.wait_ready(TIMEOUT)
         svc._full_ms_per_token = 1e6  # a (pretend) slow model: its first full forward would pass any deadline
-        job = FillJob(prefix=TEXTS[1][0], max_tokens=12, deadline=time.monotonic() + 60,
-                      options=DecodeOptions(selection="topk", steps=12, pad_stop=2.0))
+        job = FillJob(
+            prefix=TEXTS[1][0],
+            max_tokens=12,
+            deadline=time.monotonic() + 60,
+            options=DecodeOptions(selection="topk", steps=12, pad_stop=2.0),
+        )
         f = svc.submit(job).result(TIMEOUT)
     finally:
         svc.close()
@@ -256,8 +264,10 @@ def test_load_failure_fails_jobs_instead_of_hanging(tmp_path):
 
 def test_close_answers_every_job(folder):
     svc = EngineService(str(folder), device="cpu")
-    futs = [svc.submit(FillJob(prefix=p, max_tokens=40, options=DecodeOptions(selection="topk", steps=40)))
-            for p, _ in TEXTS]
+    futs = [
+        svc.submit(FillJob(prefix=p, max_tokens=40, options=DecodeOptions(selection="topk", steps=40)))
+        for p, _ in TEXTS
+    ]
     svc.start()
     assert svc.wait_ready(TIMEOUT)
     svc.close()
@@ -287,7 +297,9 @@ def test_the_warm_up_runs_before_the_first_job_and_changes_no_answer(folder, alo
     every job counter as they were."""
     calls = []
     real = sampler.fill
-    monkeypatch.setattr(sampler, "fill", lambda model, canvas, *a, **k: calls.append(canvas.n) or real(model, canvas, *a, **k))
+    monkeypatch.setattr(
+        sampler, "fill", lambda model, canvas, *a, **k: calls.append(canvas.n) or real(model, canvas, *a, **k)
+    )
     jobs = _jobs(DecodeOptions(threshold=0.5))
     svc = EngineService(str(folder), device="cpu", warm_up=True)
     futs = [svc.submit(j) for j in jobs]

@@ -1,5 +1,6 @@
 """`dlm-lsp soak`: typing into the real server for seconds (scripted engine, then the default model),
 and that lost and late answers fail a run (a broken reference server)."""
+
 import argparse
 import json
 import os
@@ -25,8 +26,9 @@ async def test_soak_scripted_engine():
     """12 s at 20 keystrokes/s over 5 documents, VS Code's cancel at every keystroke. Two in three jobs
     take ~20 ms (answered before the next keystroke, 50 ms later), every third ~400 ms (cancelled by it),
     so both kinds of answer occur on any machine (40 ms jobs once all beat the keystrokes on a fast CI)."""
-    rep = await Soak(12, cps=20, docs=5, cancel_rate=1.0, warmup_s=4,
-                     model=scripted(steps=4, step_ms=5, slow_every=3, slow_ms=100)).run()
+    rep = await Soak(
+        12, cps=20, docs=5, cancel_rate=1.0, warmup_s=4, model=scripted(steps=4, step_ms=5, slow_every=3, slow_ms=100)
+    ).run()
     summary = {k: v for k, v in rep.items() if k != "rss_kb"}
     assert rep["ok"], summary
     assert rep["requests"] >= 200 and rep["lost"] == 0 and rep["late"] == 0
@@ -38,8 +40,16 @@ async def test_soak_scripted_engine():
 
 @pytest.mark.parametrize("defect,field", [("drop_fill", "lost"), ("slow_fill", "late")])
 async def test_soak_fails_on_lost_or_late_answers(defect, field):
-    rep = await Soak(4, cps=20, docs=2, server_cmd=REFERENCE + ["--defect", defect], sources=EXAMPLE,
-                     late_ms=500, grace_s=1, warmup_s=1).run()
+    rep = await Soak(
+        4,
+        cps=20,
+        docs=2,
+        server_cmd=REFERENCE + ["--defect", defect],
+        sources=EXAMPLE,
+        late_ms=500,
+        grace_s=1,
+        warmup_s=1,
+    ).run()
     assert not rep["ok"] and rep[field] > 0, {k: v for k, v in rep.items() if k != "rss_kb"}
 
 
@@ -51,7 +61,16 @@ def test_soak_cli(tmp_path):
     assert run_soak(p.parse_args(args)) == 0
     rep = json.loads(out.read_text())
     assert rep["requests"] >= 25 and rep["lost"] == 0 and rep["rss_kb"]
-    bad = ["--seconds", "2", "--docs", "1", "--grace-s", "1", "--server-cmd", " ".join(REFERENCE + ["--defect", "drop_fill"])]
+    bad = [
+        "--seconds",
+        "2",
+        "--docs",
+        "1",
+        "--grace-s",
+        "1",
+        "--server-cmd",
+        " ".join(REFERENCE + ["--defect", "drop_fill"]),
+    ]
     assert run_soak(p.parse_args(bad)) == 1
 
 

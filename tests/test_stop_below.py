@@ -1,5 +1,6 @@
 """Stop when unsure (DecodeOptions.stop_below): in a step where no slot reaches the threshold and the
 leftmost masked slot's best token is below stop_below, the fill ends there."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,11 @@ from tests.engine_models import peaked_model
 from tests.tiny import tiny_service
 
 # exact loops (a full forward every step, or no cache), so the oracle's full recompute is comparable
-OPTS = [DecodeOptions(threshold=0.9, refresh_every=1), DecodeOptions(threshold=0.9, window=3, cache=False), DecodeOptions(threshold=0.6, window=4, refresh_every=1)]
+OPTS = [
+    DecodeOptions(threshold=0.9, refresh_every=1),
+    DecodeOptions(threshold=0.9, window=3, cache=False),
+    DecodeOptions(threshold=0.6, window=4, refresh_every=1),
+]
 
 
 def _holes(n=10):
@@ -77,8 +82,14 @@ def test_service_fills_stop_early_with_healing_and_the_copy_boost_and_keep_a_pre
     tokens = 0
     for prefix in ("def add(a, b):\n    return a", "for i in range(10):\n    print(", "import os\nimport", "x = "):
         got = service.run_now(FillJob(prefix=prefix, suffix="\n", max_tokens=12, options=o))
-        full = service.run_now(FillJob(prefix=prefix, suffix="\n", max_tokens=12, options=DecodeOptions(
-            threshold=0.9, copy_bigram=2.0, copy_order=3, refresh_every=1)))
+        full = service.run_now(
+            FillJob(
+                prefix=prefix,
+                suffix="\n",
+                max_tokens=12,
+                options=DecodeOptions(threshold=0.9, copy_bigram=2.0, copy_order=3, refresh_every=1),
+            )
+        )
         assert full.token_ids[: len(got.token_ids)] == got.token_ids and full.text.startswith(got.text)
         tokens += len(full.token_ids) - len(got.token_ids)
     assert tokens  # the tiny random model is unsure: some fill stopped early
@@ -87,12 +98,22 @@ def test_service_fills_stop_early_with_healing_and_the_copy_boost_and_keep_a_pre
 def test_the_stop_may_differ_per_hole_kind(service, tmp_path):
     import json
 
-    (tmp_path / "serving.json").write_text(json.dumps({"decode": {"stop_below": 0.2, "stop_below_kinds": {
-        "block": 0.0, "middle": 0.1, "line": 1.5, "args": "x"}}}))  # out of range and not numbers: left out
+    (tmp_path / "serving.json").write_text(
+        json.dumps(
+            {"decode": {"stop_below": 0.2, "stop_below_kinds": {"block": 0.0, "middle": 0.1, "line": 1.5, "args": "x"}}}
+        )
+    )  # out of range and not numbers: left out
     tuned = serving_defaults(tmp_path)["decode"]
     assert tuned == {"stop_below": 0.2, "stop_below_kinds": {"block": 0.0, "middle": 0.1}}
-    assert [with_model_defaults(DecodeOptions(), tuned, k).stop_below for k in ("line", "middle", "block", None)] == [0.2, 0.1, 0.0, 0.2]
-    assert with_model_defaults(DecodeOptions(stop_below=0.4), tuned, "block").stop_below == 0.4  # an explicit setting wins
+    assert [with_model_defaults(DecodeOptions(), tuned, k).stop_below for k in ("line", "middle", "block", None)] == [
+        0.2,
+        0.1,
+        0.0,
+        0.2,
+    ]
+    assert (
+        with_model_defaults(DecodeOptions(stop_below=0.4), tuned, "block").stop_below == 0.4
+    )  # an explicit setting wins
     base = dict(threshold=0.9, copy_bigram=2.0, copy_order=3, refresh_every=1)
     saved, service.serving = service.serving, {"decode": tuned}
     try:
@@ -101,8 +122,14 @@ def test_the_stop_may_differ_per_hole_kind(service, tmp_path):
             job = dict(prefix=prefix, suffix="\n", max_tokens=12)
             line = service.run_now(FillJob(**job, kind="line", options=DecodeOptions(**base)))
             block = service.run_now(FillJob(**job, kind="block", options=DecodeOptions(**base)))
-            assert line.token_ids == service.run_now(FillJob(**job, options=DecodeOptions(**base, stop_below=0.2))).token_ids
-            assert block.token_ids == service.run_now(FillJob(**job, options=DecodeOptions(**base, stop_below=0.0))).token_ids
+            assert (
+                line.token_ids
+                == service.run_now(FillJob(**job, options=DecodeOptions(**base, stop_below=0.2))).token_ids
+            )
+            assert (
+                block.token_ids
+                == service.run_now(FillJob(**job, options=DecodeOptions(**base, stop_below=0.0))).token_ids
+            )
             differ += line.token_ids != block.token_ids
         assert differ  # the kinds' stops reached the fills
     finally:

@@ -1,4 +1,5 @@
 """A single-line fill ends at its line break (DecodeOptions.stop_newline, Canvas.stop_ids)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,16 +21,25 @@ def _model(shift: bool):
 
 
 @pytest.mark.parametrize("shift", [False, True])
-@pytest.mark.parametrize("opts", [DecodeOptions(threshold=0.3, refresh_every=1), DecodeOptions(threshold=0.3, window=3, cache=False),
-                                  DecodeOptions(threshold=0.3, pad_left=False, window=4, refresh_every=1),
-                                  DecodeOptions(selection="topk", steps=4, refresh_every=1)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        DecodeOptions(threshold=0.3, refresh_every=1),
+        DecodeOptions(threshold=0.3, window=3, cache=False),
+        DecodeOptions(threshold=0.3, pad_left=False, window=4, refresh_every=1),
+        DecodeOptions(selection="topk", steps=4, refresh_every=1),
+    ],
+)
 def test_stop_ids_end_the_fill_in_the_fast_loop_as_in_the_oracle(shift, opts):
     m = _model(shift)
     stops = (171, 73, 127, 150, 61, 295)  # ids these fills use, not the one most of them repeat
     changed = 0
     for seed in range(8):
         g = torch.Generator().manual_seed(seed)
-        prefix, suffix = torch.randint(4, 249, (12,), generator=g).tolist(), torch.randint(4, 249, (5,), generator=g).tolist()
+        prefix, suffix = (
+            torch.randint(4, 249, (12,), generator=g).tolist(),
+            torch.randint(4, 249, (5,), generator=g).tolist(),
+        )
         c = build_canvas(prefix, suffix, 10, m.cfg, opts)
         c.stop_ids = stops
         got = fill(m, c).ids
@@ -76,16 +86,28 @@ def test_a_healed_line_break_before_the_cursor_is_not_an_end(service):
     # line break is before the cursor, so it must not end the fill (it did: "healed fill '' ...")
     o = DecodeOptions(threshold=0.5, stop_newline=True, refresh_every=1)
     seen = 0
-    for prefix in ("def add(a, b):\n    ", "class Point:\n    def __init__(self, x, y):\n        ", "for i in range(10):\n"):
+    for prefix in (
+        "def add(a, b):\n    ",
+        "class Point:\n    def __init__(self, x, y):\n        ",
+        "for i in range(10):\n",
+    ):
         p_ids, s_ids = service.tok.encode_batch([prefix, "\n"])
         h = service.tok.heal(p_ids)
         if h is None or not set(h.first) & set(service.tok.newline_ids()):
             continue
         seen += 1
         got = service.run_now(FillJob(prefix=prefix, suffix="\n", max_tokens=12, options=o))
-        want = reference_fill(service.model, p_ids[: -h.k], s_ids, 13, o, heal=h.first, heal_then=h.then,
-                              stop_ids=list(service.tok.newline_ids()))
+        want = reference_fill(
+            service.model,
+            p_ids[: -h.k],
+            s_ids,
+            13,
+            o,
+            heal=h.first,
+            heal_then=h.then,
+            stop_ids=list(service.tok.newline_ids()),
+        )
         assert service.tok.decode(want).startswith(h.text)
-        assert got.text == service.tok.decode(want)[len(h.text):]
+        assert got.text == service.tok.decode(want)[len(h.text) :]
         assert "\n" not in got.text
     assert seen  # at least one prefix heals a line break

@@ -1,4 +1,5 @@
 """engine/tokenizer.py: token healing's choice of the prefix tail to re-type."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,7 @@ def test_a_partial_word_is_healed_to_the_tokens_that_complete_it(tok):
         t = tok.token_text(i)
         if i in h.then:
             assert h.text.startswith(t) and len(t) < len(h.text)
-            assert all(u.startswith(h.text[len(t):]) for u in _texts(tok, h.then[i]))
+            assert all(u.startswith(h.text[len(t) :]) for u in _texts(tok, h.then[i]))
         else:
             assert t.startswith(h.text)
 
@@ -53,7 +54,8 @@ def test_healing_reaches_how_the_whole_text_is_tokenized(tok):
             if tok.token_text(first).startswith(h.text):
                 assert first in h.first and first not in h.then
             elif h.text.startswith(tok.token_text(first)) and tok.token_text(second).startswith(
-                    h.text[len(tok.token_text(first)):]):
+                h.text[len(tok.token_text(first)) :]
+            ):
                 assert first in h.then and second in h.then[first]
                 pieces += 1
             else:
@@ -69,8 +71,12 @@ def test_nothing_to_heal(tok):
     specials = {tok.token_id(s) for s in SPECIALS}
     assert h is None or not specials & (set(h.first) | {i for v in h.then.values() for i in v})
     # a last token that no other token extends and that splits into no pieces is left alone
-    alone = [i for i in range(len(SPECIALS), tok.vocab_size) if len(tok.token_text(i)) == 1
-             and sum(t.startswith(tok.token_text(i)) for t in _texts(tok, range(tok.vocab_size))) == 1]
+    alone = [
+        i
+        for i in range(len(SPECIALS), tok.vocab_size)
+        if len(tok.token_text(i)) == 1
+        and sum(t.startswith(tok.token_text(i)) for t in _texts(tok, range(tok.vocab_size))) == 1
+    ]
     assert alone and tok.heal([alone[0]]) is None
     assert tok.token_id(PAD) in specials
 

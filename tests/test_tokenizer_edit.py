@@ -1,5 +1,6 @@
 """TextTokenizer.encode_edit: re-tokenizing only near an edit gives the ids of tokenizing the whole
 text, on real source files and the edits typing makes (and others), for the shipped tokenizer."""
+
 from __future__ import annotations
 
 import random
@@ -27,7 +28,22 @@ def _texts() -> list[str]:
 def _edits(text: str, rng: random.Random):
     """(old text, new text) pairs: typing at a cursor, deleting, pasting, replacing, tabs, blank lines,
     non-ASCII, a lone surrogate, edits at the very start and end."""
-    pieces = ["x", " ", "\n", "\n    ", "\t", ":", "(", "é", "日本", "    return self.x\n", "\n\n", "'", "\ud800", "  \n"]
+    pieces = [
+        "x",
+        " ",
+        "\n",
+        "\n    ",
+        "\t",
+        ":",
+        "(",
+        "é",
+        "日本",
+        "    return self.x\n",
+        "\n\n",
+        "'",
+        "\ud800",
+        "  \n",
+    ]
     for _ in range(40):
         at = rng.randrange(len(text) + 1)
         old = text[:at]
@@ -38,7 +54,7 @@ def _edits(text: str, rng: random.Random):
             yield old, old[: max(0, len(old) - rng.randrange(1, 6))]
         elif kind == 2:  # an edit anywhere in the text
             j = rng.randrange(len(text) + 1)
-            yield text, text[:j] + rng.choice(pieces) + text[j + rng.randrange(0, 3):]
+            yield text, text[:j] + rng.choice(pieces) + text[j + rng.randrange(0, 3) :]
         else:  # a line replaced
             yield old, old.rsplit("\n", 1)[0] + "\n" + rng.choice(pieces)
     yield "", text[:50]
@@ -123,8 +139,12 @@ def test_far_text_by_lines_gives_the_ids_of_the_whole_text(tok):
     pieces were cached from other texts."""
     rng = random.Random(5)
     texts = _texts()
-    odd = ["x = 1  \n\n\n   y\t\n" * 200, "a\r\nb \r\n\tc\n" * 400, "é ü 中文 \U0001F4A5\n  x\n" * 150,
-           "def f():\n    return 1\n" * 150 + "tail"]
+    odd = [
+        "x = 1  \n\n\n   y\t\n" * 200,
+        "a\r\nb \r\n\tc\n" * 400,
+        "é ü 中文 \U0001f4a5\n  x\n" * 150,
+        "def f():\n    return 1\n" * 150 + "tail",
+    ]
     for text in texts + odd:
         assert tok.encode_lines(text) == tok.encode(text)
     a, b = texts[0], texts[1]

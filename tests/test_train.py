@@ -1,5 +1,6 @@
 """`dlm-lsp train` on a tiny budget: checkpoints, manifest, log, curve, resume, the AR twin, and the GPU
 recipe's packed corpus + sharded checkpoints (run here on CPU)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,20 @@ from engine.weights.shard import INDEX, plan_shards, save_sharded, shard_checkpo
 from engine.train.loop import TrainArgs, train
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = dict(max_files=10, dim=32, n_layers=2, n_heads=2, ffn_dim=64, seq_len=128, vocab=512, batch=4,
-            val_examples=16, warmup=2, threads=1, progress=False)
+TINY = dict(
+    max_files=10,
+    dim=32,
+    n_layers=2,
+    n_heads=2,
+    ffn_dim=64,
+    seq_len=128,
+    vocab=512,
+    batch=4,
+    val_examples=16,
+    warmup=2,
+    threads=1,
+    progress=False,
+)
 
 
 def _log(folder: Path) -> list[dict]:
@@ -32,9 +45,36 @@ def run(tmp_path_factory):
     from dlm_lsp.cli import main
 
     out = tmp_path_factory.mktemp("train") / "run"
-    rc = main(["train", "--out", str(out), "--max-files", "10", "--dim", "32", "--n-layers", "2", "--n-heads", "2",
-               "--ffn-dim", "64", "--seq-len", "128", "--vocab", "512", "--batch", "4", "--warmup", "2",
-               "--max-steps", "5", "--threads", "1", "--no-progress"])
+    rc = main(
+        [
+            "train",
+            "--out",
+            str(out),
+            "--max-files",
+            "10",
+            "--dim",
+            "32",
+            "--n-layers",
+            "2",
+            "--n-heads",
+            "2",
+            "--ffn-dim",
+            "64",
+            "--seq-len",
+            "128",
+            "--vocab",
+            "512",
+            "--batch",
+            "4",
+            "--warmup",
+            "2",
+            "--max-steps",
+            "5",
+            "--threads",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -67,8 +107,14 @@ def test_train_writes_split_log_and_curve(run):
 
 def test_resume_continues_the_step_count(run, tmp_path):
     out = tmp_path / "resumed"
-    train(TrainArgs(out=str(out), resume=str(run / "last"), max_steps=3, **{k: v for k, v in TINY.items()
-                                                                              if k not in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab")}))
+    train(
+        TrainArgs(
+            out=str(out),
+            resume=str(run / "last"),
+            max_steps=3,
+            **{k: v for k, v in TINY.items() if k not in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab")},
+        )
+    )
     state = json.loads((out / "last" / "training_state.json").read_text())
     assert state["step"] == 8  # 5 before + 3 now
     steps = [r["step"] for r in _log(out) if "val_loss" in r]
@@ -140,11 +186,23 @@ def test_pack_corpus_keeps_the_split(tmp_path):
 def _tiny_built_corpus(folder: Path) -> None:
     """A built corpus (`dlm-lsp corpus` layout) of three of this project's sources and one held-out file."""
     (folder / "files" / "p" / "p").mkdir(parents=True)
-    sources = {"objective": "train/objective", "sampler": "decode/sampler", "model": "model/transformer", "tokenizer": "tokenizer"}
+    sources = {
+        "objective": "train/objective",
+        "sampler": "decode/sampler",
+        "model": "model/transformer",
+        "tokenizer": "tokenizer",
+    }
     for name, source in sources.items():
         (folder / "files" / "p" / "p" / f"{name}.py").write_text((ROOT / "engine" / f"{source}.py").read_text())
-    (folder / "corpus.json").write_text(json.dumps({"train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
-                                                    "heldout": [], "heldout_packages": ["p:p/tokenizer.py"]}))
+    (folder / "corpus.json").write_text(
+        json.dumps(
+            {
+                "train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
+                "heldout": [],
+                "heldout_packages": ["p:p/tokenizer.py"],
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("kind", ["sources", "built"])
@@ -160,13 +218,50 @@ def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path, kind):
     run_dir, export = tmp_path / "gpu", tmp_path / "out"
     # two batch workers forked after the corpus was encoded in parallel, on multi-hole windows (whose
     # examples call encode_batch): the Rust thread pool must be off in them, even when asked for
-    env = {**os.environ, "PY": sys.executable, "CORPUS": str(packed), "WORKERS": "2", "SHARD_MB": "0.07",
-           "OUT": str(export), "LIMIT_S": "120", "TOKENIZERS_PARALLELISM": "true"}
+    env = {
+        **os.environ,
+        "PY": sys.executable,
+        "CORPUS": str(packed),
+        "WORKERS": "2",
+        "SHARD_MB": "0.07",
+        "OUT": str(export),
+        "LIMIT_S": "120",
+        "TOKENIZERS_PARALLELISM": "true",
+    }
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_train.sh"), str(run_dir), "--device", "cpu", "--max-steps", "3",
-         "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--ffn-dim", "64", "--vocab", "512",
-         "--seq-len", "128", "--batch", "4", "--warmup", "2", "--threads", "1", "--holes", "4"],
-        env=env, capture_output=True, text=True, timeout=180,
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu_train.sh"),
+            str(run_dir),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "3",
+            "--dim",
+            "32",
+            "--n-layers",
+            "2",
+            "--n-heads",
+            "2",
+            "--ffn-dim",
+            "64",
+            "--vocab",
+            "512",
+            "--seq-len",
+            "128",
+            "--batch",
+            "4",
+            "--warmup",
+            "2",
+            "--threads",
+            "1",
+            "--holes",
+            "4",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     best = run_dir / "best"
@@ -180,8 +275,11 @@ def test_gpu_recipe_on_cpu_writes_loadable_shards(tmp_path, kind):
     if kind == "sources":
         assert split["train"] and all(k.startswith("stdlib:") and not corpus.is_heldout(k) for k in split["train"])
     else:
-        assert split == {**split, "train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
-                         "heldout": ["p:p/tokenizer.py"]}
+        assert split == {
+            **split,
+            "train": ["p:p/objective.py", "p:p/sampler.py", "p:p/model.py"],
+            "heldout": ["p:p/tokenizer.py"],
+        }
     # the export: shards as they are + one tar with the rest, which rebuilds a loadable checkpoint
     exported = sorted(p.name for p in (export / "best").iterdir())
     assert exported == sorted([s.name for s in shards] + ["rest.tar"])
@@ -207,9 +305,16 @@ def test_pack_built_keeps_the_sides_and_relabels_this_stdlib(tmp_path):
     (folder / "files" / "p" / "p" / "a.py").write_text("def a():\n    return 1\n")
     (folder / "files" / "p" / "p" / "b.py").write_text("B = 2\n")
     (folder / "files" / "p" / "p" / "bad.py").write_bytes(b"\xff\xfe")  # not UTF-8: left out, as the trainer would
-    (folder / "corpus.json").write_text(json.dumps({
-        "python": "3.x", "train": ["p:p/a.py", "stdlib:json/decoder.py", "p:p/bad.py"], "heldout": ["stdlib:json/encoder.py"],
-        "heldout_packages": ["p:p/b.py"]}))
+    (folder / "corpus.json").write_text(
+        json.dumps(
+            {
+                "python": "3.x",
+                "train": ["p:p/a.py", "stdlib:json/decoder.py", "p:p/bad.py"],
+                "heldout": ["stdlib:json/encoder.py"],
+                "heldout_packages": ["p:p/b.py"],
+            }
+        )
+    )
     out = tmp_path / "c.tar.xz"
     m = pack.pack_built(out, folder)
     assert (m["train"], m["heldout"], m["heldout_packages"]) == (2, 1, 1)
@@ -284,7 +389,9 @@ def test_train_on_a_built_corpus_uses_its_sides(tmp_path):
     src = (ROOT / "engine" / "train" / "objective.py").read_text()
     (folder / "files" / "p" / "p" / "a.py").write_text(src)
     (folder / "files" / "p" / "p" / "b.py").write_text((ROOT / "engine" / "decode" / "sampler.py").read_text())
-    (folder / "corpus.json").write_text(json.dumps({"train": ["p:p/a.py"], "heldout": [], "heldout_packages": ["p:p/b.py"]}))
+    (folder / "corpus.json").write_text(
+        json.dumps({"train": ["p:p/a.py"], "heldout": [], "heldout_packages": ["p:p/b.py"]})
+    )
     out = tmp_path / "run"
     train(TrainArgs(out=str(out), corpus=str(folder), max_steps=2, **TINY))
     split = json.loads((out / "split.json").read_text())
@@ -328,8 +435,17 @@ def test_certainty_adds_the_entropy_of_rows_already_predicted_right():
     from engine.train.loop import loss_on
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_dim=32, max_seq_len=16, mask_token_id=1,
-                      pad_token_id=0, eos_token_id=2)
+    cfg = ModelConfig(
+        vocab_size=40,
+        dim=16,
+        n_layers=1,
+        n_heads=2,
+        ffn_dim=32,
+        max_seq_len=16,
+        mask_token_id=1,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
     model = Transformer(cfg).eval()
     ids = torch.randint(3, 40, (2, 8))
     with torch.no_grad():
@@ -348,7 +464,9 @@ def test_certainty_adds_the_entropy_of_rows_already_predicted_right():
     assert sure == pytest.approx(plain + 0.3 * float((ent * 0.5).sum()) / 2, rel=1e-5)
     b["targets"] = torch.where(tgt >= 0, (pred + 1) % 40, -1)  # every row wrong: the cross-entropy alone
     with torch.no_grad():
-        assert float(loss_on(model, b, "cpu", nullcontext, certainty=0.3)) == float(loss_on(model, b, "cpu", nullcontext))
+        assert float(loss_on(model, b, "cpu", nullcontext, certainty=0.3)) == float(
+            loss_on(model, b, "cpu", nullcontext)
+        )
 
 
 def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path):
@@ -357,8 +475,18 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
     ar = tmp_path / "ar"
     train(TrainArgs(out=str(ar), objective="ar", max_steps=3, total_hours=100.0, **TINY))
     ad = tmp_path / "adapted"
-    train(TrainArgs(out=str(ad), resume=str(ar / "last"), objective="diffusion", anneal_steps=4, max_steps=6,
-                    total_hours=100.0, holes=2, **TINY))
+    train(
+        TrainArgs(
+            out=str(ad),
+            resume=str(ar / "last"),
+            objective="diffusion",
+            anneal_steps=4,
+            max_steps=6,
+            total_hours=100.0,
+            holes=2,
+            **TINY,
+        )
+    )
     cfg = json.loads((ad / "last" / "config.json").read_text())
     assert cfg["attention"] == "bidirectional" and cfg["logits_shift"] is True
     state = json.loads((ad / "last" / "training_state.json").read_text())
@@ -366,8 +494,18 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
     assert (ad / "last" / OPTIMIZER_FILE).exists()
     # a later segment continues the same annealing (fully open by now) instead of starting it again
     again = tmp_path / "again"
-    train(TrainArgs(out=str(again), resume=str(ad / "last"), objective="diffusion", anneal_steps=4, max_steps=2,
-                    total_hours=100.0, holes=2, **TINY))
+    train(
+        TrainArgs(
+            out=str(again),
+            resume=str(ad / "last"),
+            objective="diffusion",
+            anneal_steps=4,
+            max_steps=2,
+            total_hours=100.0,
+            holes=2,
+            **TINY,
+        )
+    )
     assert json.loads((again / "last" / "training_state.json").read_text())["anneal_from"] == 3
     model, tok, mcfg = load_checkpoint(ad / "last")
     assert mcfg.logits_shift and mcfg.attention == "bidirectional"
@@ -385,6 +523,7 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
     from engine.decode.sampler import fill
     from engine.decode.reference import reference_fill
     from engine.decode.forward import build_canvas
+
     model.eval()
     prefix, suffix = tok.encode("def f(x):\n    return"), tok.encode("\n\ndef g():\n    pass\n")
     for opts in (DecodeOptions(heal=False), DecodeOptions(heal=False, threshold=0.0, window=0, pad_left=False)):

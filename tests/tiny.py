@@ -1,4 +1,5 @@
 """Tiny random-weight checkpoints in the project's format, for tests (no downloads)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,18 +17,36 @@ CORPUS = [
 ] * 20
 
 
-def make_tiny_checkpoint(folder, attention: str = "bidirectional", logits_shift: bool = False, seed: int = 0,
-                         dim: int = 32, n_layers: int = 2, vocab: int = 300, printable: bool = False,
-                         canvas: str | None = None) -> Path:
+def make_tiny_checkpoint(
+    folder,
+    attention: str = "bidirectional",
+    logits_shift: bool = False,
+    seed: int = 0,
+    dim: int = 32,
+    n_layers: int = 2,
+    vocab: int = 300,
+    printable: bool = False,
+    canvas: str | None = None,
+) -> Path:
     """Writes a random-weight checkpoint (canvas="reorder" with attention="causal": recipe (c)'s
     layout, engine/decode/reorder.py). printable=True zeroes the (tied) embedding rows of every
     token that does not decode to printable ASCII (special tokens included), so greedy fills are
     readable text that never ends in padding - what protocol tests need from a model."""
     tok = train_bpe(CORPUS, vocab)
     cfg = ModelConfig(
-        vocab_size=tok.vocab_size, dim=dim, n_layers=n_layers, n_heads=2, ffn_dim=dim * 2, max_seq_len=1024,
-        attention=attention, logits_shift=logits_shift, canvas=canvas, mask_token_id=tok.token_id(MASK),
-        pad_token_id=tok.token_id(PAD), eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS),
+        vocab_size=tok.vocab_size,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=2,
+        ffn_dim=dim * 2,
+        max_seq_len=1024,
+        attention=attention,
+        logits_shift=logits_shift,
+        canvas=canvas,
+        mask_token_id=tok.token_id(MASK),
+        pad_token_id=tok.token_id(PAD),
+        eos_token_id=tok.token_id(EOS),
+        bos_token_id=tok.token_id(BOS),
     ).validate()
     model = Transformer(cfg)
     model.init_weights(seed)

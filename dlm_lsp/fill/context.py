@@ -31,6 +31,7 @@ the line break instead of decoding lines the post-processor would cut: line and 
 argument holes whose bracket opened on the cursor's line or whose argument is being typed on it. An
 argument list continued from a line that is blank so far gets a block of up to 64 slots instead.
 """
+
 from __future__ import annotations
 
 import re
@@ -62,9 +63,20 @@ CLOSER_OF = {"(": ")", "[": "]", "{": "}"}
 
 # Node types that hold a sequence of statements: a child starting a row is a statement boundary.
 _CONTAINERS = {
-    "module", "block", "program", "source_file", "statement_block", "class_body", "statement_list",
-    "declaration_list", "interface_body", "enum_body", "field_declaration_list", "switch_body",
-    "expression_statement_list", "decorated_definition",
+    "module",
+    "block",
+    "program",
+    "source_file",
+    "statement_block",
+    "class_body",
+    "statement_list",
+    "declaration_list",
+    "interface_body",
+    "enum_body",
+    "field_declaration_list",
+    "switch_body",
+    "expression_statement_list",
+    "decorated_definition",
 }
 _IMPORTS = {
     "python": {"import_statement", "import_from_statement", "future_import_statement"},
@@ -74,8 +86,21 @@ _IMPORTS = {
     "go": {"package_clause", "import_declaration"},
     "rust": {"use_declaration", "extern_crate_declaration"},
 }
-_DEFINITION_WORDS = ("function", "class", "method", "impl", "trait", "interface", "struct", "enum",
-                     "mod_item", "arrow_function", "type_declaration", "func_literal", "closure")
+_DEFINITION_WORDS = (
+    "function",
+    "class",
+    "method",
+    "impl",
+    "trait",
+    "interface",
+    "struct",
+    "enum",
+    "mod_item",
+    "arrow_function",
+    "type_declaration",
+    "func_literal",
+    "closure",
+)
 _IMPORT_LINE = re.compile(r"^(import\b|from\s+\S+\s+import\b|use\s|package\s|#include\b|require\b|using\s)")
 _CONTINUES = ",([{\\+-*/=&|."  # a line ending with one of these goes on onto the next line
 _BLOCK_OPENER = re.compile(r"(:|\{|=>|\bdo|\bthen)\s*(#.*|//.*)?$")
@@ -376,9 +401,20 @@ def _fallback_headers(lines: list[str], row: int, indent: int, max_rows: int = 2
 # ----------------------------------------------------------------------------- the request
 
 
-_BRACE_LITERALS = {"object", "object_pattern", "dictionary", "set", "dictionary_comprehension",
-                   "set_comprehension", "literal_value", "struct_expression", "field_initializer_list",
-                   "object_type", "named_imports", "import_spec_list"}
+_BRACE_LITERALS = {
+    "object",
+    "object_pattern",
+    "dictionary",
+    "set",
+    "dictionary_comprehension",
+    "set_comprehension",
+    "literal_value",
+    "struct_expression",
+    "field_initializer_list",
+    "object_type",
+    "named_imports",
+    "import_spec_list",
+}
 
 
 def _brace_is_literal(root: Node | None, byte: int) -> bool:
@@ -419,8 +455,9 @@ def neighbour_text(texts, limit: int = NEIGHBOUR_CHARS) -> str:
     return "\n".join(t[:share] for t in reversed(texts)) + "\n"
 
 
-def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context_tokens: int = 512,
-                  neighbours: str = "") -> FillRequest:
+def build_request(
+    doc: Document, offset: int, max_fill_tokens: int = 64, context_tokens: int = 512, neighbours: str = ""
+) -> FillRequest:
     """Returns the FillRequest for the cursor at str `offset` of `doc`. `neighbours`: cross-file text
     for the copy boost (neighbour_text), put before the document's own far text."""
     t0 = time.perf_counter()
@@ -458,8 +495,11 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     import_rows: list[tuple[int, int]] = []
     if root is not None:
         kinds = _IMPORTS.get(grammar_name(lang) or "", set())
-        import_rows = [(c.start_point.row, c.end_point.row) for c in root.named_children
-                       if c.type in kinds and c.end_point.row < row]
+        import_rows = [
+            (c.start_point.row, c.end_point.row)
+            for c in root.named_children
+            if c.type in kinds and c.end_point.row < row
+        ]
     if not import_rows:  # no grammar, or a syntax error that swallowed the imports into an ERROR node
         import_rows = [(r, r) for r in range(0, min(row, 400)) if _IMPORT_LINE.match(lines[r])]
     cur_indent = indent_width(line) if line.strip() else indent_width(before)
@@ -474,7 +514,9 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     last_import_row = max((b for _, b in import_rows), default=-1)
     header_rows = [(a, b) for a, b in header_rows if a > last_import_row and a < row]
     import_cap = int(prefix_budget * IMPORTS_SHARE)
-    head_estimate = min(import_cap, sum(idx.starts[min(b + 1, len(idx.starts) - 1)] - idx.starts[a] for a, b in import_rows))
+    head_estimate = min(
+        import_cap, sum(idx.starts[min(b + 1, len(idx.starts) - 1)] - idx.starts[a] for a, b in import_rows)
+    )
     head_estimate += sum(idx.starts[min(b + 1, len(idx.starts) - 1)] - idx.starts[a] for a, b in header_rows)
     window_budget = max(prefix_budget // 3, prefix_budget - head_estimate)
 
@@ -522,13 +564,16 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     if hi_row + 1 >= len(lines):
         end = len(text)
     elif hi_row > row:
-        srows = (_statement_rows(root, row + 1, hi_row + 1, probe=probe) if root is not None
-                 else _fallback_statement_rows(lines, row + 1, hi_row + 1))
+        srows = (
+            _statement_rows(root, row + 1, hi_row + 1, probe=probe)
+            if root is not None
+            else _fallback_statement_rows(lines, row + 1, hi_row + 1)
+        )
         cut_row = max(srows, default=hi_row + 1)
         end = idx.starts[cut_row]
     else:
         end = min(line_end, offset + suffix_budget)
-    suffix = text[offset:max(end, min(line_end, offset + suffix_budget))]
+    suffix = text[offset : max(end, min(line_end, offset + suffix_budget))]
 
     # ---- the hole
     # the headers in the prefix open the enclosing braces, so the prefix gives the real nesting
@@ -544,8 +589,9 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     if kind == "block":
         # a header can span lines (`def f(a,\n      b):`): its block is indented from its first line
         if before.strip():  # end of a line that opens a block: the body goes on the next lines
-            block_indent = (indent_width(line) if long_line else header_indent(lines, row, lang, end=col)) \
-                + indent_width(unit)
+            block_indent = (
+                indent_width(line) if long_line else header_indent(lines, row, lang, end=col)
+            ) + indent_width(unit)
         elif not before and opens_block(above, lang):
             block_indent = header_indent(lines, _row_above(lines, row), lang) + indent_width(unit)
         elif opens_block(above, lang):
@@ -555,8 +601,9 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
     slots = min(MASK_SLOTS[kind], max_fill_tokens)
     if kind == "args" and not single:
         slots = min(MASK_SLOTS["block"], max_fill_tokens)
-    stop = StopRules(single_line=single, block_indent=block_indent,
-                     stop_at_blank_line=kind == "block" and block_indent == 0)
+    stop = StopRules(
+        single_line=single, block_indent=block_indent, stop_at_blank_line=kind == "block" and block_indent == 0
+    )
     after_cursor = text[offset : offset + 4000]
     win_start, suf_end = offset - len(window), offset + len(suffix)
     far = neighbours + text[max(0, win_start - FAR_BEFORE) : win_start]
@@ -564,10 +611,24 @@ def build_request(doc: Document, offset: int, max_fill_tokens: int = 64, context
         far += "\n" + text[suf_end : suf_end + FAR_AFTER]
     closes = count_closed(after_cursor, lang, lex.stack) if lex.stack else 0
     return FillRequest(
-        prefix=prefix, suffix=suffix, hole_kind=kind, indent=leading_ws(line), mask_slots=slots, stop=stop,
-        language_id=lang, offset=offset, line_before=before, line_after=after, line_above=above, lex=lex,
-        suffix_closes=closes, after_cursor=after_cursor, line_lex=line_lex, indent_unit=unit,
-        context_ms=(time.perf_counter() - t0) * 1000, far=far,
+        prefix=prefix,
+        suffix=suffix,
+        hole_kind=kind,
+        indent=leading_ws(line),
+        mask_slots=slots,
+        stop=stop,
+        language_id=lang,
+        offset=offset,
+        line_before=before,
+        line_after=after,
+        line_above=above,
+        lex=lex,
+        suffix_closes=closes,
+        after_cursor=after_cursor,
+        line_lex=line_lex,
+        indent_unit=unit,
+        context_ms=(time.perf_counter() - t0) * 1000,
+        far=far,
     )
 
 
@@ -586,8 +647,9 @@ def header_indent(lines: list[str], row: int, language_id: str, end: int | None 
         if len(chunk) > MAX_LINE_CHARS:  # lexing is a Python loop: minified code ends the search
             break
         st = LexState()
-        if not any(ev == "mismatch" for _i, _c, ev in lex_events(chunk, language_id, st)) \
-                and all(b == "{" for b in st.stack):  # only the block's own brace may stay open
+        if not any(ev == "mismatch" for _i, _c, ev in lex_events(chunk, language_id, st)) and all(
+            b == "{" for b in st.stack
+        ):  # only the block's own brace may stay open
             return indent_width(lines[r])
     return indent_width(last)
 
@@ -610,5 +672,13 @@ def to_fill_job(req: FillRequest, deadline: float | None, context_tokens: int = 
     # the far side of the copy boost for rest-of-line holes only: on block and middle holes it made
     # fills longer and fewer of them accepted (docs/MODEL.md, session 7 levers)
     lookup = req.far if req.hole_kind in FAR_KINDS else ""
-    return FillJob(prefix=req.prefix, suffix=req.suffix, max_tokens=req.mask_slots, deadline=deadline,
-                   options=options, context_tokens=context_tokens, lookup=lookup, kind=req.hole_kind)
+    return FillJob(
+        prefix=req.prefix,
+        suffix=req.suffix,
+        max_tokens=req.mask_slots,
+        deadline=deadline,
+        options=options,
+        context_tokens=context_tokens,
+        lookup=lookup,
+        kind=req.hole_kind,
+    )

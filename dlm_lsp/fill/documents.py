@@ -16,6 +16,7 @@ SLOW_PARSE_MS. The limits are checked when the document opens or gets a full-tex
 size and line length after each edit; a document that lost its tree gets it back only with a
 full-text change. Languages without a grammar here keep text only.
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,9 +52,17 @@ _GRAMMAR_OF = {
     "rust": "rust",
 }
 _EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
-    ".jsx": "javascriptreact", ".ts": "typescript", ".mts": "typescript", ".tsx": "typescriptreact",
-    ".go": "go", ".rs": "rust",
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascriptreact",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".tsx": "typescriptreact",
+    ".go": "go",
+    ".rs": "rust",
 }
 
 
@@ -132,7 +141,7 @@ def uri_key(uri: str) -> str:
         key = scheme.lower() + ":" + rest
     m = _DRIVE.match(key)
     if m:
-        key = f"file:///{m.group(1).lower()}:{key[m.end():]}"
+        key = f"file:///{m.group(1).lower()}:{key[m.end() :]}"
     return key
 
 
@@ -267,8 +276,9 @@ class Document:
         self.parse_ms = (time.thread_time() - t0) * 1000
         self._slow = self._slow + 1 if old is not None and self.parse_ms > SLOW_PARSE_MS else 0
         if self._slow >= SLOW_PARSES:
-            self._drop_tree(f"{SLOW_PARSES} re-parses in a row took over {SLOW_PARSE_MS:.0f} ms (the last "
-                            f"{self.parse_ms:.0f} ms)")
+            self._drop_tree(
+                f"{SLOW_PARSES} re-parses in a row took over {SLOW_PARSE_MS:.0f} ms (the last {self.parse_ms:.0f} ms)"
+            )
         elif tree.root_node.child_count > MAX_TOP_LEVEL_NODES:
             self._drop_tree(f"over {MAX_TOP_LEVEL_NODES:,} top-level syntax nodes")
         else:
@@ -289,8 +299,9 @@ class Document:
 
     # ---------------------------------------------------------------- changes
 
-    def apply_change(self, start: tuple[int, int] | None, end: tuple[int, int] | None, new_text: str,
-                     encoding: str = UTF16) -> None:
+    def apply_change(
+        self, start: tuple[int, int] | None, end: tuple[int, int] | None, new_text: str, encoding: str = UTF16
+    ) -> None:
         """Applies one content change: a range of LSP (line, character) positions, or None for the
         full text. Positions clamp and snap (`positions`); a reversed range is swapped, as the
         reference client library (vscode-languageserver-textdocument) does."""
@@ -320,8 +331,14 @@ class Document:
             # after it, so the edit covers it
             ea = a - 1 if a > 0 and old[a - 1] == "\r" else a
             start_byte = ea if old.isascii() else utf8_len(old[:ea])
-            self._tree.edit(start_byte, start_byte + utf8_len(old[ea:b]), start_byte + utf8_len(text[ea:end]),
-                            _point(idx, ea), _point(idx, b), _point(new_idx, end))
+            self._tree.edit(
+                start_byte,
+                start_byte + utf8_len(old[ea:b]),
+                start_byte + utf8_len(text[ea:end]),
+                _point(idx, ea),
+                _point(idx, b),
+                _point(new_idx, end),
+            )
             self._dirty = True
         self._text, self._index, self._views = text, new_idx, {}
         if self.no_tree is None and self.parser is not None:
@@ -353,8 +370,10 @@ class DocumentStore:
         """The other open documents in `language_id`, the most recently opened or changed first:
         the cross-file context of a fill at `uri` (context.build_request's `neighbours`)."""
         me = uri_key(uri) if isinstance(uri, str) else None
-        keys = sorted((k for k, d in self._docs.items() if k != me and d.language_id == language_id),
-                      key=lambda k: -self._touched.get(k, 0))
+        keys = sorted(
+            (k for k, d in self._docs.items() if k != me and d.language_id == language_id),
+            key=lambda k: -self._touched.get(k, 0),
+        )
         return [self._docs[k] for k in keys[:n]]
 
     @staticmethod
@@ -365,8 +384,12 @@ class DocumentStore:
         """Opens (or re-opens) a document; None, and nothing opened, when text or version has the
         wrong type."""
         if not isinstance(uri, str) or not isinstance(text, str) or type(version) is not int:
-            log.warning("didOpen with a wrong type ignored: uri %.80r, version %.20r, text of type %s",
-                        uri, version, type(text).__name__)
+            log.warning(
+                "didOpen with a wrong type ignored: uri %.80r, version %.20r, text of type %s",
+                uri,
+                version,
+                type(text).__name__,
+            )
             return None
         if not isinstance(language_id, str):
             language_id = "plaintext"
@@ -393,8 +416,11 @@ class DocumentStore:
         if doc is None:
             log.warning("didChange for a document that is not open: %.200r", uri)
             return None
-        if type(version) is not int or not isinstance(changes, (list, tuple)) \
-                or not all(valid_change(ch) for ch in changes):
+        if (
+            type(version) is not int
+            or not isinstance(changes, (list, tuple))
+            or not all(valid_change(ch) for ch in changes)
+        ):
             log.warning("didChange with a wrong type ignored (%s, version %.20r): %.200r", uri, version, changes)
             return doc
         for ch in changes:
@@ -417,8 +443,10 @@ class DocumentStore:
             return None
         self._told_no_tree = True
         name = doc.uri.rsplit("/", 1)[-1]
-        return (f"dlm-lsp: {name} is too big for syntax-aware completions ({doc.no_tree}); its "
-                "completions use indentation only, and so will other files that big.")
+        return (
+            f"dlm-lsp: {name} is too big for syntax-aware completions ({doc.no_tree}); its "
+            "completions use indentation only, and so will other files that big."
+        )
 
     def __len__(self) -> int:
         return len(self._docs)

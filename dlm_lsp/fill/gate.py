@@ -11,6 +11,7 @@ dlm_lsp/measure/calibrate.py) on the samples `dlm-lsp eval --samples` writes, wh
 features and whether the true text starts with it (`accepted`, as the eval counts it), and stored in
 the model's serving.json under "calibrator". A model without one gates on the raw confidence as before.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,9 @@ FEATURES = (
     "after_word",  # ... with a letter, digit or "_"
     "after_space",  # ... with a space or "=" (an operator or keyword position)
     "line_start",  # nothing but indentation before the cursor
-    "kind_args", "kind_middle", "kind_block",  # the server's hole kind (line is the base)
+    "kind_args",
+    "kind_middle",
+    "kind_block",  # the server's hole kind (line is the base)
     "code_after",  # code after the cursor on its line
     "replaces",  # the fill also re-types characters after the cursor
     "ends_colon",  # the fill ends with ":" (opens a block)
@@ -73,7 +76,9 @@ def features(req, text: str, confidence: float, replace_len: int = 0) -> list[fl
         float(bool(last) and (last.isalnum() or last == "_")),
         float(last in (" ", "\t") or tail.endswith("=")),
         float(not before.strip()),
-        float(req.hole_kind == "args"), float(req.hole_kind == "middle"), float(req.hole_kind == "block"),
+        float(req.hole_kind == "args"),
+        float(req.hole_kind == "middle"),
+        float(req.hole_kind == "block"),
         float(bool(req.line_after.strip())),
         float(replace_len > 0),
         float(text.rstrip().endswith(":")),
@@ -95,7 +100,11 @@ class Calibrator:
         return _sigmoid(self.bias + sum(w * x[n] for n, w in zip(self.names, self.weights)))
 
     def to_json(self) -> dict:
-        out = {"features": list(self.names), "weights": [round(w, 6) for w in self.weights], "bias": round(self.bias, 6)}
+        out = {
+            "features": list(self.names),
+            "weights": [round(w, 6) for w in self.weights],
+            "bias": round(self.bias, 6),
+        }
         if self.fit_info:
             out["fit"] = self.fit_info
         return out
@@ -114,8 +123,12 @@ class Calibrator:
         nums = [*weights, bias]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in nums):
             return None
-        return cls(tuple(names), tuple(float(w) for w in weights), float(bias),
-                   raw.get("fit") if isinstance(raw.get("fit"), dict) else None)
+        return cls(
+            tuple(names),
+            tuple(float(w) for w in weights),
+            float(bias),
+            raw.get("fit") if isinstance(raw.get("fit"), dict) else None,
+        )
 
 
 def _sigmoid(z: float) -> float:

@@ -16,6 +16,7 @@ keep):
   them means the position before the character (as VS Code's editor validates positions; a UTF-8
   column inside a character likewise).
 """
+
 from __future__ import annotations
 
 import re

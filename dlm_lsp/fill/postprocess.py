@@ -27,6 +27,7 @@ lines). A fill holding a multi-line string or comment delimiter must leave those
 region, or the rest of the file would lex differently from what the region shows. A cursor inside
 a larger statement re-parses the whole file instead, incrementally from the document's tree.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,7 +36,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from dlm_lsp.fill.context import CLOSERS, MATCH, FillRequest, LexState, count_closed, indent_width, lex_events, lex_state
+from dlm_lsp.fill.context import (
+    CLOSERS,
+    MATCH,
+    FillRequest,
+    LexState,
+    count_closed,
+    indent_width,
+    lex_events,
+    lex_state,
+)
 from dlm_lsp.fill.documents import parse_source
 
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
@@ -378,17 +388,25 @@ def cut_to_clean(fill: str, is_clean: Callable[[str], bool], max_tries: int = 40
 
 def _boundary(s: str, i: int) -> bool:
     """True between two characters of different kinds (word / space / punctuation)."""
+
     def kind(c):
         return 0 if c.isalnum() or c == "_" else 1 if c.isspace() else 2
+
     return kind(s[i - 1]) != kind(s[i]) or kind(s[i]) == 2
 
 
 # ----------------------------------------------------------------------------- the pipeline
 
 
-def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | None = None,
-           filters: bool = True, confidence: float = 1.0, min_confidence: float = 0.0,
-           calibrator=None) -> Finished:
+def finish(
+    req: FillRequest,
+    raw: str,
+    is_clean: Callable[[str, int], bool] | None = None,
+    filters: bool = True,
+    confidence: float = 1.0,
+    min_confidence: float = 0.0,
+    calibrator=None,
+) -> Finished:
     """Returns the fill to show for `req` from the engine's `raw` text (empty text = show nothing).
     A fill the engine was less sure of than `min_confidence` (Fill.confidence) is not shown; with a
     `calibrator` (calibrate.Calibrator, the model's own) the gate compares the calibrated probability
@@ -398,8 +416,13 @@ def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | No
     def done(text: str, replace_len: int = 0, dropped: str | None = None, score: float | None = None) -> Finished:
         if not text.strip():
             text, replace_len, dropped = "", 0, dropped or "empty"
-        return Finished(text, replace_len, dropped, (time.perf_counter() - t0) * 1000,
-                        confidence if score is None and calibrator is None else score)
+        return Finished(
+            text,
+            replace_len,
+            dropped,
+            (time.perf_counter() - t0) * 1000,
+            confidence if score is None and calibrator is None else score,
+        )
 
     text = strip_specials(raw).replace("\r\n", "\n")
     if req.stop.single_line:
@@ -434,6 +457,7 @@ def finish(req: FillRequest, raw: str, is_clean: Callable[[str, int], bool] | No
     text = trim_tail_overlap(text, req.line_after[replace_len:], protected, req)
     if not text.strip():
         return done("", dropped="only re-types what follows")
+
     def clean_enough(t: str) -> bool:
         rl = balance_brackets(t, req)[1]
         if not own_brackets_closed(t, req, rl):
@@ -480,8 +504,9 @@ REGION_MAX_BYTES = 12_000  # the largest statement the check parses on its own
 PAIRING_MARKERS = ('"""', "'''", "`", "/*", "*/")  # fills with these must leave them paired
 
 
-def check_region(root, src: bytes, cursor: int, probe: int | None = None,
-                 limit: int = REGION_MAX_BYTES) -> tuple[int, int] | None:
+def check_region(
+    root, src: bytes, cursor: int, probe: int | None = None, limit: int = REGION_MAX_BYTES
+) -> tuple[int, int] | None:
     """Byte span [start, end) of whole lines around `cursor` that parses on its own: the outermost
     statement holding `probe` (default: the cursor) of at most `limit` bytes, widened to whole
     lines and to the cursor's line. Statements are the root's children, and in Python also the
@@ -537,8 +562,12 @@ class _Source:
 def _pairs_close(src: bytes) -> bool:
     """True when every multi-line string / comment delimiter in `src` is paired: an even number of
     \"\"\" and \'\'\' and backticks, as many /* as */. A region that passes lexes the rest of the file as before."""
-    return (src.count(b'"""') % 2 == 0 and src.count(b"'''") % 2 == 0 and src.count(b"`") % 2 == 0
-            and src.count(b"/*") == src.count(b"*/"))
+    return (
+        src.count(b'"""') % 2 == 0
+        and src.count(b"'''") % 2 == 0
+        and src.count(b"`") % 2 == 0
+        and src.count(b"/*") == src.count(b"*/")
+    )
 
 
 class SyntaxCheck:
@@ -590,8 +619,14 @@ class SyntaxCheck:
         if v.tree is not None:
             tree = v.tree.copy()
             nl = fill.rfind("\n")
-            end_pt = (v.row, v.col_bytes + len(fb)) if nl == -1 else (v.row + fill.count("\n"), len(fill[nl + 1 :].encode("utf-8")))
-            tree.edit(start, start + replaced, start + len(fb), (v.row, v.col_bytes), (v.row, v.col_bytes + replaced), end_pt)
+            end_pt = (
+                (v.row, v.col_bytes + len(fb))
+                if nl == -1
+                else (v.row + fill.count("\n"), len(fill[nl + 1 :].encode("utf-8")))
+            )
+            tree.edit(
+                start, start + replaced, start + len(fb), (v.row, v.col_bytes), (v.row, v.col_bytes + replaced), end_pt
+            )
             new = error_nodes(self.parser.parse(src, tree).root_node)
         else:
             new = error_nodes(self.parser.parse(src).root_node)

@@ -18,6 +18,7 @@ identifier sets live only in the postings (4-byte entries). The index is about 2
 text (24 MB for 10 MB of code, where windows holding their own text and sets took 157 MB), so a
 workspace's files fit beside the model.
 """
+
 from __future__ import annotations
 
 import keyword
@@ -176,8 +177,9 @@ class SnippetIndex:
         self._alive = np.fromiter((s is not None for s in self._source), dtype=bool, count=n)
         self._sizes_key = (common, self._version)
 
-    def search(self, query: str, limit_chars: int, exclude: str | None = None,
-               max_postings: int | None = None) -> list[Chunk]:
+    def search(
+        self, query: str, limit_chars: int, exclude: str | None = None, max_postings: int | None = None
+    ) -> list[Chunk]:
         """The windows most like `query` (Jaccard similarity of identifier sets, common identifiers
         left out), at most `limit_chars` characters of them, no two overlapping in one source, the
         most similar first (ties: the earlier indexed). Windows of `exclude` (the document being

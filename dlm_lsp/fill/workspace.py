@@ -24,6 +24,7 @@ more characters kept on every hole set; retrieval from the open neighbours alone
 their starts, so without indexed workspace files the server keeps the starts
 (context.neighbour_text).
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,23 @@ MEMORY_CHARS = 4_000_000
 RESCAN_S = 60.0
 MAX_FOCUS = 8  # folders of recently filled and open documents the walk orders files by
 YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
-SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages", "venv", "env", "build",
-                       "dist", "target", "_vendor", "vendored", "third_party", "htmlcov"})
+SKIP_DIRS = frozenset(
+    {
+        "node_modules",
+        "__pycache__",
+        "site-packages",
+        "dist-packages",
+        "venv",
+        "env",
+        "build",
+        "dist",
+        "target",
+        "_vendor",
+        "vendored",
+        "third_party",
+        "htmlcov",
+    }
+)
 
 
 def uri_path(uri) -> Path | None:
@@ -96,9 +112,17 @@ def root_paths(root_uri, folders) -> list[Path]:
 class WorkspaceIndex:
     """Snippet indexes of the workspace's files, one per languageId, kept current by a thread."""
 
-    def __init__(self, roots: list[Path], serves=lambda language_id: True, max_files: int = MAX_FILES,
-                 max_file_bytes: int = MAX_FILE_BYTES, rescan_s: float = RESCAN_S, yield_s: float = YIELD_S,
-                 max_total_bytes: int = MAX_TOTAL_BYTES, max_entries: int = MAX_ENTRIES):
+    def __init__(
+        self,
+        roots: list[Path],
+        serves=lambda language_id: True,
+        max_files: int = MAX_FILES,
+        max_file_bytes: int = MAX_FILE_BYTES,
+        rescan_s: float = RESCAN_S,
+        yield_s: float = YIELD_S,
+        max_total_bytes: int = MAX_TOTAL_BYTES,
+        max_entries: int = MAX_ENTRIES,
+    ):
         self.roots, self.serves = [Path(os.path.abspath(r)) for r in roots], serves
         self.max_files, self.max_file_bytes, self.rescan_s, self.yield_s = max_files, max_file_bytes, rescan_s, yield_s
         self.max_total_bytes, self.max_entries = max_total_bytes, max_entries
@@ -229,7 +253,9 @@ class WorkspaceIndex:
         memory = 0  # bytes of the files the memory should hold, nearest first
         wanted: set[str] = set()
         files = self.files()
-        cut = self._cut  # a limit left files out (set by the end of the walk: a focus() meanwhile reads the last walk's)
+        cut = (
+            self._cut
+        )  # a limit left files out (set by the end of the walk: a focus() meanwhile reads the last walk's)
         for path, lang in files:
             if self._stop.is_set():
                 return read
@@ -287,12 +313,17 @@ class WorkspaceIndex:
             self._unremoved = set()
         # removals first: a shared engine gets big sends in parts, and a part's files past the
         # memory's cap would be refused before a later part made room
-        changed = {**{k: t for k, t in changed.items() if t is None}, **{k: t for k, t in changed.items() if t is not None}}
+        changed = {
+            **{k: t for k, t in changed.items() if t is None},
+            **{k: t for k, t in changed.items() if t is not None},
+        }
         self._truncated = cut
         if sink is not None and changed and sink is self.on_files:
             try:
                 sink(changed)
-            except Exception:  # a quality lever: the walk and the snippets go on without it; the next walk sends them again
+            except (
+                Exception
+            ):  # a quality lever: the walk and the snippets go on without it; the next walk sends them again
                 log.exception("the engine's workspace memory was not updated")
                 with self._lock:
                     for source, text in changed.items():

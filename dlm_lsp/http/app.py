@@ -21,6 +21,7 @@ Safety, by construction:
 - a client that disconnects before its answer cancels its engine job (the engine stops it within a
   step); the streamed answer is computed before its first byte, so the same watch covers it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,9 +73,18 @@ def is_loopback(host: str) -> bool:
 class FimServer:
     """The engine, its state and the API's handlers; `app` is the ASGI application."""
 
-    def __init__(self, engine_factory, model_id: str, token: str | None = None, limits: Limits | None = None,
-                 language: str = "python", budget_ms: int = 1000, max_inflight: int = 64, tokenizer=None,
-                 context_tokens: int = 512):
+    def __init__(
+        self,
+        engine_factory,
+        model_id: str,
+        token: str | None = None,
+        limits: Limits | None = None,
+        language: str = "python",
+        budget_ms: int = 1000,
+        max_inflight: int = 64,
+        tokenizer=None,
+        context_tokens: int = 512,
+    ):
         self.model_id, self.token = model_id, token or None
         self.limits = limits or Limits()
         self.language, self.budget_ms, self.max_inflight = language, budget_ms, max_inflight
@@ -85,12 +95,15 @@ class FimServer:
         self.counters = {"requests": 0, "answered": 0, "errors": 0, "disconnected": 0, "late": 0, "refused": 0}
         self._lock = threading.Lock()
         self.engine = engine_factory(self._on_state)
-        self.app = Starlette(routes=[
-            Route("/health", self.health, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/completions", self.openai_completions, methods=["POST"]),
-            Route("/v1/fim/completions", self.mercury_completions, methods=["POST"]),
-        ], lifespan=self._lifespan)
+        self.app = Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/completions", self.openai_completions, methods=["POST"]),
+                Route("/v1/fim/completions", self.mercury_completions, methods=["POST"]),
+            ],
+            lifespan=self._lifespan,
+        )
 
     # ------------------------------------------------------------ engine
 
@@ -127,11 +140,20 @@ class FimServer:
         """Returns once the engine is ready; raises ApiError 503 while it loads past `deadline`."""
         while self.state != "ready":
             if self.state == "error":
-                raise ApiError(503, f"the engine failed: {self.info.get('message') or 'see the server log'}",
-                               type="server_error", code="engine_error")
+                raise ApiError(
+                    503,
+                    f"the engine failed: {self.info.get('message') or 'see the server log'}",
+                    type="server_error",
+                    code="engine_error",
+                )
             if time.monotonic() >= deadline:
-                raise ApiError(503, "the model is still loading; try again shortly", type="server_error",
-                               code="model_loading", headers={"Retry-After": "1"})
+                raise ApiError(
+                    503,
+                    "the model is still loading; try again shortly",
+                    type="server_error",
+                    code="model_loading",
+                    headers={"Retry-After": "1"},
+                )
             await asyncio.sleep(READY_WAIT_S)
 
     # ------------------------------------------------------------ request plumbing
@@ -142,9 +164,13 @@ class FimServer:
         got = request.headers.get("authorization", "")
         scheme, _, value = got.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
-            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <token>",
-                           type="authentication_error", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "missing or wrong API key: send Authorization: Bearer <token>",
+                type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.limits.max_body_bytes
@@ -153,8 +179,9 @@ class FimServer:
             if not declared.isdigit():
                 raise ApiError(400, "bad Content-Length")
             if int(declared) > limit:
-                raise ApiError(413, f"the request body is {declared} bytes; at most {limit} are accepted",
-                               code="request_too_large")
+                raise ApiError(
+                    413, f"the request body is {declared} bytes; at most {limit} are accepted", code="request_too_large"
+                )
         chunks, size = [], 0
         async for part in request.stream():
             size += len(part)
@@ -190,17 +217,22 @@ class FimServer:
             try:
                 return afut.result()
             except EngineError as e:
-                raise ApiError(500, f"the engine failed this request: {e}", type="server_error",
-                               code="engine_error") from None
+                raise ApiError(
+                    500, f"the engine failed this request: {e}", type="server_error", code="engine_error"
+                ) from None
         prep.job.cancel()
         afut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
         if gone in done:
             raise ClientGone()
         with self._lock:
             self.counters["late"] += 1
-        raise ApiError(504, f"no fill within the deadline ({prep.params.deadline_ms} ms) + "
-                            f"{DEADLINE_GRACE_S * 1000:.0f} ms; the job was cancelled", type="server_error",
-                       code="deadline_exceeded")
+        raise ApiError(
+            504,
+            f"no fill within the deadline ({prep.params.deadline_ms} ms) + "
+            f"{DEADLINE_GRACE_S * 1000:.0f} ms; the job was cancelled",
+            type="server_error",
+            code="deadline_exceeded",
+        )
 
     def _prompt_tokens(self, prep) -> int:
         tok = self.tokenizer or getattr(self.engine, "tok", None)
@@ -215,8 +247,12 @@ class FimServer:
 
     async def health(self, request: Request) -> Response:
         """{"status", "model", "message", "inflight"}: 200 when the engine is ready, else 503."""
-        body = {"status": self.state, "model": self.model_id, "message": self.info.get("message"),
-                "inflight": self.inflight}
+        body = {
+            "status": self.state,
+            "model": self.model_id,
+            "message": self.info.get("message"),
+            "inflight": self.inflight,
+        }
         return JSONResponse(body, status_code=200 if self.state == "ready" else 503)
 
     async def models(self, request: Request) -> Response:
@@ -225,13 +261,29 @@ class FimServer:
             self._check_auth(request)
         except ApiError as e:
             return self._error(e)
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.model_id, "object": "model", "created": 0, "owned_by": "dlm-lsp",
-            "dlm": {"state": self.state, "gate": self.info.get("gate"), "calibrator": self.info.get("calibrator"),
-                    "max_fill_tokens": self.limits.max_tokens_cap,
-                    "max_body_bytes": self.limits.max_body_bytes, "max_deadline_ms": self.limits.max_deadline_ms,
-                    "default_deadline_ms": self.budget_ms, "language": self.language},
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_id,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "dlm-lsp",
+                        "dlm": {
+                            "state": self.state,
+                            "gate": self.info.get("gate"),
+                            "calibrator": self.info.get("calibrator"),
+                            "max_fill_tokens": self.limits.max_tokens_cap,
+                            "max_body_bytes": self.limits.max_body_bytes,
+                            "max_deadline_ms": self.limits.max_deadline_ms,
+                            "default_deadline_ms": self.budget_ms,
+                            "language": self.language,
+                        },
+                    }
+                ],
+            }
+        )
 
     async def openai_completions(self, request: Request) -> Response:
         """POST /v1/completions (OpenAI shape)."""
@@ -254,15 +306,26 @@ class FimServer:
         if busy:
             with self._lock:
                 self.counters["refused"] += 1
-            return self._error(ApiError(503, f"{self.max_inflight} requests are in flight; try again shortly",
-                                        type="server_error", code="overloaded", headers={"Retry-After": "1"}))
+            return self._error(
+                ApiError(
+                    503,
+                    f"{self.max_inflight} requests are in flight; try again shortly",
+                    type="server_error",
+                    code="overloaded",
+                    headers={"Retry-After": "1"},
+                )
+            )
         try:
             self._check_auth(request)
             raw = await self._read_body(request)
             p = fim_api.parse_body(raw, flavour, self.limits, self.language, self.budget_ms)
             if p.model not in (None, "", self.model_id):
-                raise ApiError(404, f"model {p.model!r} not found; this server serves {self.model_id!r}",
-                               param="model", code="model_not_found")
+                raise ApiError(
+                    404,
+                    f"model {p.model!r} not found; this server serves {self.model_id!r}",
+                    param="model",
+                    code="model_not_found",
+                )
             await self._wait_ready(arrival + p.deadline_ms / 1000.0)
             prep = self.pipeline.prepare(p, arrival)
             fut = self.engine.submit(prep.job)
@@ -274,9 +337,11 @@ class FimServer:
             with self._lock:
                 self.counters["answered"] += 1
             if p.stream:
-                return StreamingResponse(self._events(cid, done, use, dlm, p.include_usage),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                return StreamingResponse(
+                    self._events(cid, done, use, dlm, p.include_usage),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
             return JSONResponse(fim_api.response(cid, self.model_id, done.text, done.finish_reason, use, dlm))
         except ApiError as e:
             if e.status >= 500:
@@ -313,6 +378,7 @@ class FimServer:
 
 def engine_factory(kind: str, model: str | None, device: str, threads: int | None):
     """on_state -> an engine with EngineService's interface: in this process, or the user's daemon."""
+
     def make(on_state):
         if kind == "shared":
             from engine.clients.remote import RemoteEngine
@@ -360,15 +426,26 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded model)")
-    p.add_argument("--model-id", default=None, help="the id /v1/models gives (default: dlm-default or the folder's name)")
+    p.add_argument(
+        "--model-id", default=None, help="the id /v1/models gives (default: dlm-default or the folder's name)"
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads of the engine")
-    p.add_argument("--engine", choices=["inproc", "shared"], default="inproc",
-                   help="run the engine in this process (default) or use the user's shared engine daemon")
-    p.add_argument("--token-env", default=DEFAULT_TOKEN_ENV,
-                   help=f"environment variable holding the bearer token (default {DEFAULT_TOKEN_ENV}); unset: no token")
+    p.add_argument(
+        "--engine",
+        choices=["inproc", "shared"],
+        default="inproc",
+        help="run the engine in this process (default) or use the user's shared engine daemon",
+    )
+    p.add_argument(
+        "--token-env",
+        default=DEFAULT_TOKEN_ENV,
+        help=f"environment variable holding the bearer token (default {DEFAULT_TOKEN_ENV}); unset: no token",
+    )
     p.add_argument("--budget-ms", type=int, default=1000, help="default deadline of a request (its deadline_ms)")
-    p.add_argument("--max-fill-tokens", type=int, default=64, help="most mask slots of one fill (max_tokens above is cut)")
+    p.add_argument(
+        "--max-fill-tokens", type=int, default=64, help="most mask slots of one fill (max_tokens above is cut)"
+    )
     p.add_argument("--max-body-kb", type=int, default=1024, help="largest request body accepted (413 above)")
     p.add_argument("--max-inflight", type=int, default=64, help="requests at once before 503")
     p.add_argument("--language", default="python", help="languageId of requests that name none")
@@ -379,16 +456,26 @@ def run_http(args: argparse.Namespace) -> int:
 
     token = os.environ.get(args.token_env or "", "").strip() or None
     if not is_loopback(args.host) and token is None:
-        print(f"dlm-lsp http: refusing to listen on {args.host} without a token: set the environment variable "
-              f"{args.token_env} (or bind 127.0.0.1)", file=sys.stderr)
+        print(
+            f"dlm-lsp http: refusing to listen on {args.host} without a token: set the environment variable "
+            f"{args.token_env} (or bind 127.0.0.1)",
+            file=sys.stderr,
+        )
         return 2
     if not 1 <= args.max_fill_tokens <= fim_api.MAX_SLOTS:
         print(f"dlm-lsp http: --max-fill-tokens must be 1..{fim_api.MAX_SLOTS}", file=sys.stderr)
         return 2
     limits = Limits(max_body_bytes=args.max_body_kb * 1024, max_tokens_cap=args.max_fill_tokens)
-    server = FimServer(engine_factory(args.engine, args.model, args.device, args.threads), args.model_id or model_id_for(args.model),
-                       token=token, limits=limits, language=args.language, budget_ms=args.budget_ms,
-                       max_inflight=args.max_inflight, tokenizer=load_tokenizer(args.model))
+    server = FimServer(
+        engine_factory(args.engine, args.model, args.device, args.threads),
+        args.model_id or model_id_for(args.model),
+        token=token,
+        limits=limits,
+        language=args.language,
+        budget_ms=args.budget_ms,
+        max_inflight=args.max_inflight,
+        tokenizer=load_tokenizer(args.model),
+    )
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
@@ -396,9 +483,12 @@ def run_http(args: argparse.Namespace) -> int:
         return 2
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(json.dumps({"listening": f"http://{shown}:{port}", "model": server.model_id, "token": token is not None}),
-          flush=True)
-    config = uvicorn.Config(server.app, log_level="warning", timeout_keep_alive=30, lifespan="on",
-                            h11_max_incomplete_event_size=64 * 1024)
+    print(
+        json.dumps({"listening": f"http://{shown}:{port}", "model": server.model_id, "token": token is not None}),
+        flush=True,
+    )
+    config = uvicorn.Config(
+        server.app, log_level="warning", timeout_keep_alive=30, lifespan="on", h11_max_incomplete_event_size=64 * 1024
+    )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

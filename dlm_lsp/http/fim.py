@@ -27,6 +27,7 @@ line boundaries) are parsed: the windows the engine sees are a few kB.
 rest of a line, 64 for a block...) and never more than max_tokens; the hole kind is inferred from
 the prompt and suffix as the language server infers it from a document.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,15 @@ SUFFIX_PARSE_CHARS = 8_192
 class ApiError(Exception):
     """A request answered with an error object: {"error": {message, type, param, code}}."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}
@@ -100,12 +108,16 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def parse_body(raw: bytes, flavour: str, limits: Limits, language: str = "python",
-               deadline_ms: int = 1000) -> FimParams:
+def parse_body(
+    raw: bytes, flavour: str, limits: Limits, language: str = "python", deadline_ms: int = 1000
+) -> FimParams:
     """The request's parameters; raises ApiError (413 for a body over the limit, 400 otherwise)."""
     if len(raw) > limits.max_body_bytes:
-        raise ApiError(413, f"the request body is {len(raw)} bytes; at most {limits.max_body_bytes} are accepted",
-                       code="request_too_large")
+        raise ApiError(
+            413,
+            f"the request body is {len(raw)} bytes; at most {limits.max_body_bytes} are accepted",
+            code="request_too_large",
+        )
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -172,7 +184,7 @@ def parse_body(raw: bytes, flavour: str, limits: Limits, language: str = "python
     v = body.get("language")
     if v is not None:
         if not isinstance(v, str) or not v or len(v) > 64:
-            bad("language", "an LSP languageId such as \"python\"")
+            bad("language", 'an LSP languageId such as "python"')
         p.language = v
     v = body.get("deadline_ms")
     if v is not None:
@@ -280,8 +292,9 @@ class FimPipeline:
             text, dropped = raw, None
         else:
             gate = p.min_confidence if p.min_confidence is not None else gate
-            fin = postprocess.finish(prep.request, raw, prep.check, confidence=fill.confidence, min_confidence=gate,
-                                     calibrator=calibrator)
+            fin = postprocess.finish(
+                prep.request, raw, prep.check, confidence=fill.confidence, min_confidence=gate, calibrator=calibrator
+            )
             text, dropped = fin.text, fin.dropped
         # every slot held text and nothing cut it: the fill may go on past max_tokens
         length = not stopped and fill.tokens >= prep.job.max_tokens and not dropped
@@ -298,39 +311,62 @@ def completion_id() -> str:
 def timing(prep: Prepared, fill, done: Completed | None) -> dict:
     """The `dlm` extension field: what the engine did and what the pipeline decided."""
     return {
-        "steps": fill.steps, "tokens_per_step": list(fill.tokens_per_step),
+        "steps": fill.steps,
+        "tokens_per_step": list(fill.tokens_per_step),
         "ms_per_step": [round(x, 3) for x in fill.ms_per_step],
-        "queue_ms": round(fill.queue_ms, 3), "compute_ms": round(fill.compute_ms, 3),
-        "context_ms": round(prep.context_ms, 3), "postprocess_ms": round(done.postprocess_ms, 3) if done else 0.0,
+        "queue_ms": round(fill.queue_ms, 3),
+        "compute_ms": round(fill.compute_ms, 3),
+        "context_ms": round(prep.context_ms, 3),
+        "postprocess_ms": round(done.postprocess_ms, 3) if done else 0.0,
         "total_ms": round((time.monotonic() - prep.arrival) * 1000, 3),
-        "slots": prep.job.max_tokens, "tokens": fill.tokens, "hole_kind": prep.request.hole_kind,
-        "confidence": round(fill.confidence, 6), "deadline_hit": fill.deadline_hit, "expired": fill.expired,
+        "slots": prep.job.max_tokens,
+        "tokens": fill.tokens,
+        "hole_kind": prep.request.hole_kind,
+        "confidence": round(fill.confidence, 6),
+        "deadline_hit": fill.deadline_hit,
+        "expired": fill.expired,
         # rows run through the model and context rows reused from this session's last request
-        "forwarded_tokens": fill.forwarded_tokens, "reused_tokens": fill.reused_tokens,
+        "forwarded_tokens": fill.forwarded_tokens,
+        "reused_tokens": fill.reused_tokens,
         "dropped": done.dropped if done else None,
         "pid": os.getpid(),  # the process that answered: replicas behind one proxy differ
     }
 
 
 def usage(prompt_tokens: int, completion_tokens: int, flavour: str) -> dict:
-    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens}
+    out = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     if flavour == "mercury":  # FIMUsage has these two as well
         out.update({"reasoning_tokens": 0, "cached_input_tokens": 0})
     return out
 
 
 def response(cid: str, model: str, text: str, finish_reason: str, use: dict, dlm: dict) -> dict:
-    return {"id": cid, "object": OBJECT, "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
-            "usage": use, "dlm": dlm}
+    return {
+        "id": cid,
+        "object": OBJECT,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": use,
+        "dlm": dlm,
+    }
 
 
-def chunk(cid: str, model: str, text: str | None, finish_reason: str | None, extra: dict | None = None,
-          choices: bool = True) -> dict:
+def chunk(
+    cid: str, model: str, text: str | None, finish_reason: str | None, extra: dict | None = None, choices: bool = True
+) -> dict:
     """One server-sent event's object (the same shape as the response, a delta of the text)."""
-    out = {"id": cid, "object": OBJECT, "created": int(time.time()), "model": model,
-           "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}] if choices else []}
+    out = {
+        "id": cid,
+        "object": OBJECT,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}] if choices else [],
+    }
     out.update(extra or {})
     return out
 

@@ -11,6 +11,7 @@ keystrokes (dlm_lsp/measure/bench_incremental.py).
 Ratios are measured in the same run, side by side, because this machine's CPU is shared. Prints a
 table; --json writes the numbers and the settings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,27 +32,38 @@ from engine.api import DecodeOptions, FillJob
 from engine.paths import DEFAULT_AR_DIR
 
 
-
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="diffusion checkpoint folder (default: models/default)")
-    p.add_argument("--ar-model", default=None,
-                   help="causal twin checkpoint (default: models/default-ar if present, else random weights of the same shape)")
+    p.add_argument(
+        "--ar-model",
+        default=None,
+        help="causal twin checkpoint (default: models/default-ar if present, else random weights of the same shape)",
+    )
     p.add_argument("--context", type=int, default=512, help="canvas tokens: prefix + slots + suffix")
     p.add_argument("--sizes", default="16,32,64", help="fill sizes in mask slots, comma-separated")
     p.add_argument("--holes", type=int, default=4, help="different cursor positions (held-out files)")
     p.add_argument("--reps", type=int, default=3, help="repetitions per hole and size")
     p.add_argument("--batch", type=int, default=4, help="concurrent jobs for the batching measurement")
     p.add_argument("--batch-reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                   help="torch CPU threads (default: half the cores; oversubscribing a shared CPU is ruinous)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="torch CPU threads (default: half the cores; oversubscribing a shared CPU is ruinous)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threshold", type=float, default=None, help="override DecodeOptions.threshold")
     p.add_argument("--selection", default=None, choices=["threshold", "topk"], help="override DecodeOptions.selection")
     p.add_argument("--steps", type=int, default=None, help="override DecodeOptions.steps")
-    p.add_argument("--decode", default=None, metavar="JSON", help="""override any DecodeOptions, e.g. '{"pad_left": false}'""")
+    p.add_argument(
+        "--decode", default=None, metavar="JSON", help="""override any DecodeOptions, e.g. '{"pad_left": false}'"""
+    )
     p.add_argument("--quick", action="store_true", help="tiny model (unless --model), one rep: for tests")
-    p.add_argument("--incremental", action="store_true",
-                   help="per-keystroke mode: full recompute vs context reuse on typed keystrokes (dlm_lsp/measure/bench_incremental.py)")
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        help="per-keystroke mode: full recompute vs context reuse on typed keystrokes (dlm_lsp/measure/bench_incremental.py)",
+    )
     p.add_argument("--keys", type=int, default=32, help="--incremental: keystrokes typed (default 32; 8 with --quick)")
     p.add_argument("--file", default=None, help="--incremental: the file typed into (default: a held-out file)")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON to this path")
@@ -94,9 +106,18 @@ def _tiny_checkpoint(folder: Path) -> Path:
 
     texts = [t for t in (f.read() for f in corpus.heldout_files()[:8]) if t]
     tok = train_bpe(texts, 512)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=1024,
-                      mask_token_id=tok.token_id(MASK), pad_token_id=tok.token_id(PAD),
-                      eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS)).validate()
+    cfg = ModelConfig(
+        vocab_size=tok.vocab_size,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        ffn_dim=64,
+        max_seq_len=1024,
+        mask_token_id=tok.token_id(MASK),
+        pad_token_id=tok.token_id(PAD),
+        eos_token_id=tok.token_id(EOS),
+        bos_token_id=tok.token_id(BOS),
+    ).validate()
     model = Transformer(cfg)
     model.init_weights(0)
     save_checkpoint(folder, model, tok)
@@ -116,8 +137,10 @@ def _ar_model(args, cfg):
         if acfg.attention != "causal":
             raise SystemExit(f"bench: {path} is not a causal model (attention={acfg.attention!r})")
         if acfg.vocab_size != cfg.vocab_size:
-            raise SystemExit(f"bench: {path} has a vocabulary of {acfg.vocab_size}, the diffusion model {cfg.vocab_size}: "
-                             "the twin must share the model's tokenizer")
+            raise SystemExit(
+                f"bench: {path} has a vocabulary of {acfg.vocab_size}, the diffusion model {cfg.vocab_size}: "
+                "the twin must share the model's tokenizer"
+            )
         return model, True, str(path)
     model = Transformer(dataclasses.replace(cfg, attention="causal"))
     model.init_weights(0)
@@ -145,15 +168,23 @@ def _diffusion(svc, holes, n: int, opts: DecodeOptions, context: int, reps: int)
             later.extend(f.ms_per_step[1:])
     med = statistics.median(ms)
     st = statistics.mean(steps)
-    return {"ms_p50": med, "ms_p90": _p(ms, 0.9), "steps": st, "tokens_per_step": n / st,
-            "fill_tokens": statistics.mean(fill_tokens), "slots_per_s": n / med * 1000,
-            "first_step_ms": statistics.median(first), "later_step_ms": statistics.median(later) if later else 0.0}
+    return {
+        "ms_p50": med,
+        "ms_p90": _p(ms, 0.9),
+        "steps": st,
+        "tokens_per_step": n / st,
+        "fill_tokens": statistics.mean(fill_tokens),
+        "slots_per_s": n / med * 1000,
+        "first_step_ms": statistics.median(first),
+        "later_step_ms": statistics.median(later) if later else 0.0,
+    }
 
 
 def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: DecodeOptions) -> dict:
     from engine.decode.autoregressive import fim_prompt, greedy_decode
 
     from engine.decode.forward import build_canvas
+
     ms, prefill, per_token = [], [], []
     for _, prefix, suffix in holes:
         p_ids, s_ids = tok.encode_batch([prefix, suffix])
@@ -167,14 +198,25 @@ def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: 
             prefill.append(r.prefill_ms)
             per_token.extend(r.ms_per_token)
     med = statistics.median(ms)
-    return {"ms_p50": med, "ms_p90": _p(ms, 0.9), "steps": n, "tokens_per_step": 1.0, "fill_tokens": n,
-            "slots_per_s": n / med * 1000, "first_step_ms": statistics.median(prefill),
-            "later_step_ms": statistics.median(per_token) if per_token else 0.0}
+    return {
+        "ms_p50": med,
+        "ms_p90": _p(ms, 0.9),
+        "steps": n,
+        "tokens_per_step": 1.0,
+        "fill_tokens": n,
+        "slots_per_s": n / med * 1000,
+        "first_step_ms": statistics.median(prefill),
+        "later_step_ms": statistics.median(per_token) if per_token else 0.0,
+    }
 
 
 def _batching(svc, holes, n: int, context: int, batch: int, reps: int, opts: DecodeOptions) -> dict:
-    jobs = lambda: [FillJob(prefix=p, suffix=s, max_tokens=n, context_tokens=context, options=opts)  # noqa: E731
-                    for _, p, s in (holes * batch)[:batch]]
+    jobs = (
+        lambda: [
+            FillJob(prefix=p, suffix=s, max_tokens=n, context_tokens=context, options=opts)  # noqa: E731
+            for _, p, s in (holes * batch)[:batch]
+        ]
+    )
     serial, together, tokens = [], [], 0
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -186,9 +228,17 @@ def _batching(svc, holes, n: int, context: int, batch: int, reps: int, opts: Dec
         together.append(time.perf_counter() - t0)
         tokens = sum(f.tokens for f in fills)
     s, t = statistics.median(serial), statistics.median(together)
-    return {"jobs": batch, "slots": n, "serial_ms": s * 1000, "batched_ms": t * 1000,
-            "serial_slots_per_s": batch * n / s, "batched_slots_per_s": batch * n / t,
-            "fill_tokens": tokens, "speedup": s / t, "max_batch_seen": svc.stats["max_batch_seen"]}
+    return {
+        "jobs": batch,
+        "slots": n,
+        "serial_ms": s * 1000,
+        "batched_ms": t * 1000,
+        "serial_slots_per_s": batch * n / s,
+        "batched_slots_per_s": batch * n / t,
+        "fill_tokens": tokens,
+        "speedup": s / t,
+        "max_batch_seen": svc.stats["max_batch_seen"],
+    }
 
 
 def _break_even(rows: list[dict], n: int, ratio: float) -> float | None:
@@ -250,16 +300,26 @@ def run_bench(args: argparse.Namespace) -> int:
     ar, ar_trained, ar_desc = _ar_model(args, cfg)
     holes = _holes(args.holes, min_chars=args.context * 5)
     full_opts = dataclasses.replace(opts, cache=False)
-    print(f"model {model_path or 'models/default'}: {sum(p.numel() for p in svc.model.parameters()) / 1e6:.2f}M params, "
-          f"{cfg.n_layers} layers x {cfg.dim}, vocab {cfg.vocab_size}; {args.device}, {args.threads} thread(s)")
+    print(
+        f"model {model_path or 'models/default'}: {sum(p.numel() for p in svc.model.parameters()) / 1e6:.2f}M params, "
+        f"{cfg.n_layers} layers x {cfg.dim}, vocab {cfg.vocab_size}; {args.device}, {args.threads} thread(s)"
+    )
     print(f"AR baseline: {ar_desc}")
     effective = min(args.context, cfg.context_len or cfg.max_seq_len, cfg.max_seq_len)
-    print(f"holes: {', '.join(h[0] for h in holes)}; canvas {args.context} tokens"
-          + (f" (cut to {effective}: the model was trained on windows of {effective})" if effective < args.context else "")
-          + f"; {args.reps} reps per hole")
-    print(f"decoding: selection={opts.selection} threshold={opts.threshold} confidence={opts.confidence} "
-          f"pad_stop={opts.pad_stop} steps={opts.steps} refresh_every={opts.refresh_every} window={opts.window} "
-          f"heal={opts.heal}")
+    print(
+        f"holes: {', '.join(h[0] for h in holes)}; canvas {args.context} tokens"
+        + (
+            f" (cut to {effective}: the model was trained on windows of {effective})"
+            if effective < args.context
+            else ""
+        )
+        + f"; {args.reps} reps per hole"
+    )
+    print(
+        f"decoding: selection={opts.selection} threshold={opts.threshold} confidence={opts.confidence} "
+        f"pad_stop={opts.pad_stop} steps={opts.steps} refresh_every={opts.refresh_every} window={opts.window} "
+        f"heal={opts.heal}"
+    )
 
     # warm up every path once (allocator, oneDNN primitives, lazy imports)
     _diffusion(svc, holes[:1], sizes[0], opts, args.context, 1)
@@ -268,13 +328,18 @@ def run_bench(args: argparse.Namespace) -> int:
 
     rows = []
     for n in sizes:
-        for mode, fn in (("full", lambda: _diffusion(svc, holes, n, full_opts, args.context, args.reps)),
-                         ("cached", lambda: _diffusion(svc, holes, n, opts, args.context, args.reps)),
-                         ("ar", lambda: _autoregressive(ar, tok, svc, holes, n, args.context, args.reps, opts))):
+        for mode, fn in (
+            ("full", lambda: _diffusion(svc, holes, n, full_opts, args.context, args.reps)),
+            ("cached", lambda: _diffusion(svc, holes, n, opts, args.context, args.reps)),
+            ("ar", lambda: _autoregressive(ar, tok, svc, holes, n, args.context, args.reps, opts)),
+        ):
             r = {"mode": mode, "n": n, **fn()}
             rows.append(r)
-            print(f"  {mode:>6} n={n:<3} {r['ms_p50']:8.1f} ms p50  {r['steps']:6.1f} steps  "
-                  f"{r['tokens_per_step']:5.2f} slots/step  {r['slots_per_s']:7.0f} slots/s", flush=True)
+            print(
+                f"  {mode:>6} n={n:<3} {r['ms_p50']:8.1f} ms p50  {r['steps']:6.1f} steps  "
+                f"{r['tokens_per_step']:5.2f} slots/step  {r['slots_per_s']:7.0f} slots/s",
+                flush=True,
+            )
 
     svc.start()  # the worker thread: the model is already loaded, it only serves
     svc.wait_ready(60)
@@ -295,43 +360,71 @@ def run_bench(args: argparse.Namespace) -> int:
         "fill_tokens_by_size": {str(n): get("cached", n, "fill_tokens") for n in sizes},
         "batch4_speedup": batch["speedup"],
         "step_costs_ms": {  # medians at the largest size: what a fill costs, whatever tokens/step the model reaches
-            "diffusion_first_full": get("cached", big, "first_step_ms"), "diffusion_cached": get("cached", big, "later_step_ms"),
+            "diffusion_first_full": get("cached", big, "first_step_ms"),
+            "diffusion_cached": get("cached", big, "later_step_ms"),
             "diffusion_full_recompute": get("full", big, "later_step_ms"),
-            "ar_prefill": get("ar", big, "first_step_ms"), "ar_per_token": get("ar", big, "later_step_ms")},
+            "ar_prefill": get("ar", big, "first_step_ms"),
+            "ar_per_token": get("ar", big, "later_step_ms"),
+        },
         "break_even_tokens_per_step_3x_ar": _break_even(rows, big, 3.0),
         "rows": rows,
         "batch": batch,
         "settings": {
-            "model": model_path or "models/default", "ar_model": ar_desc, "ar_trained": ar_trained,
-            "context_tokens": args.context, "effective_context_tokens": effective, "sizes": sizes, "holes": [h[0] for h in holes], "reps": args.reps,
-            "batch_jobs": args.batch, "batch_reps": args.batch_reps, "threads": args.threads, "device": args.device,
-            "quick": bool(args.quick), "decode_options": dataclasses.asdict(opts), "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "model": model_path or "models/default",
+            "ar_model": ar_desc,
+            "ar_trained": ar_trained,
+            "context_tokens": args.context,
+            "effective_context_tokens": effective,
+            "sizes": sizes,
+            "holes": [h[0] for h in holes],
+            "reps": args.reps,
+            "batch_jobs": args.batch,
+            "batch_reps": args.batch_reps,
+            "threads": args.threads,
+            "device": args.device,
+            "quick": bool(args.quick),
+            "decode_options": dataclasses.asdict(opts),
+            "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
             "kernels": importlib.import_module("kernels.slot_stats").backend(),
             "speedup_size": big,
         },
     }
     print()
-    print(f"{'':>10}{'full ms':>10}{'cached ms':>11}{'AR ms':>9}{'steps':>8}{'slots/step':>12}{'fill tok':>10}"
-          f"{'cache x':>9}{'vs AR x':>9}")
+    print(
+        f"{'':>10}{'full ms':>10}{'cached ms':>11}{'AR ms':>9}{'steps':>8}{'slots/step':>12}{'fill tok':>10}"
+        f"{'cache x':>9}{'vs AR x':>9}"
+    )
     for n in sizes:
-        print(f"{'n=' + str(n):>10}{get('full', n):10.1f}{get('cached', n):11.1f}{get('ar', n):9.1f}"
-              f"{get('cached', n, 'steps'):8.1f}{get('cached', n, 'tokens_per_step'):12.2f}"
-              f"{get('cached', n, 'fill_tokens'):10.1f}{get('full', n) / get('cached', n):9.2f}"
-              f"{get('ar', n) / get('cached', n):9.2f}")
-    print(f"batch of {args.batch} x {bn} slots: one at a time {batch['serial_ms']:.0f} ms, together "
-          f"{batch['batched_ms']:.0f} ms -> {batch['speedup']:.2f}x aggregate throughput")
-    print(f"cached_speedup {result['cached_speedup']:.2f}x (target >= 3)  ar_speedup_{big} {result['ar_speedup_64']:.2f}x "
-          f"(target >= 3)  fill32_p50 {result['fill32_p50_ms']:.1f} ms (target <= 100)  batch4 "
-          f"{result['batch4_speedup']:.2f}x (target >= 2)")
+        print(
+            f"{'n=' + str(n):>10}{get('full', n):10.1f}{get('cached', n):11.1f}{get('ar', n):9.1f}"
+            f"{get('cached', n, 'steps'):8.1f}{get('cached', n, 'tokens_per_step'):12.2f}"
+            f"{get('cached', n, 'fill_tokens'):10.1f}{get('full', n) / get('cached', n):9.2f}"
+            f"{get('ar', n) / get('cached', n):9.2f}"
+        )
+    print(
+        f"batch of {args.batch} x {bn} slots: one at a time {batch['serial_ms']:.0f} ms, together "
+        f"{batch['batched_ms']:.0f} ms -> {batch['speedup']:.2f}x aggregate throughput"
+    )
+    print(
+        f"cached_speedup {result['cached_speedup']:.2f}x (target >= 3)  ar_speedup_{big} {result['ar_speedup_64']:.2f}x "
+        f"(target >= 3)  fill32_p50 {result['fill32_p50_ms']:.1f} ms (target <= 100)  batch4 "
+        f"{result['batch4_speedup']:.2f}x (target >= 2)"
+    )
     sc = result["step_costs_ms"]
-    print(f"step costs (n={big}, medians): diffusion first full forward {sc['diffusion_first_full']:.1f} ms, cached step "
-          f"{sc['diffusion_cached']:.1f} ms, full-recompute step {sc['diffusion_full_recompute']:.1f} ms; AR prefill "
-          f"{sc['ar_prefill']:.1f} ms, AR token {sc['ar_per_token']:.1f} ms")
+    print(
+        f"step costs (n={big}, medians): diffusion first full forward {sc['diffusion_first_full']:.1f} ms, cached step "
+        f"{sc['diffusion_cached']:.1f} ms, full-recompute step {sc['diffusion_full_recompute']:.1f} ms; AR prefill "
+        f"{sc['ar_prefill']:.1f} ms, AR token {sc['ar_per_token']:.1f} ms"
+    )
     be = result["break_even_tokens_per_step_3x_ar"]
-    print(f"3x faster than AR at n={big} needs >= {be:.1f} slots/step" if be is not None else
-          f"3x faster than AR at n={big} is out of reach at any slots/step: the first full forward alone costs "
-          "more than a third of AR decoding")
+    print(
+        f"3x faster than AR at n={big} needs >= {be:.1f} slots/step"
+        if be is not None
+        else f"3x faster than AR at n={big} is out of reach at any slots/step: the first full forward alone costs "
+        "more than a third of AR decoding"
+    )
     if not ar_trained:
         print("note: the AR baseline has random weights (no trained twin found): its timing is valid, its text is not")
     if args.json_out:

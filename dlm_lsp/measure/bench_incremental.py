@@ -20,6 +20,7 @@ and how often the two fills were the same tokens. A layout with no reuse at all 
 DreamOn's growing middle) is measured with the full recompute only and reuse is reported as not
 available; no reuse figure is made up for it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,9 @@ def typed_text(path: str | None, context: int, keys: int) -> tuple[str, str, str
     else:
         from engine.train import corpus
 
-        name, text = next(((f.key, t) for f in corpus.heldout_files() if len(t := f.read() or "") >= context * 10 + keys),
-                          (None, ""))
+        name, text = next(
+            ((f.key, t) for f in corpus.heldout_files() if len(t := f.read() or "") >= context * 10 + keys), (None, "")
+        )
         if name is None:
             raise SystemExit("bench: no held-out file is long enough for the context; lower --context or give --file")
     cut = text.find("\n", max(len(text) // 2, min(len(text), context * 5))) + 1
@@ -71,13 +73,17 @@ def typed_text(path: str | None, context: int, keys: int) -> tuple[str, str, str
 
 def _summary(fills: list, ms: list[float]) -> dict:
     fwd = [f.forwarded_tokens for f in fills]
-    return {"ms_p50": statistics.median(ms), "ms_p95": _p(ms, 0.95),
-            "first_step_ms_p50": statistics.median(f.ms_per_step[0] for f in fills),
-            "first_step_ms_p95": _p([f.ms_per_step[0] for f in fills], 0.95),
-            "forwarded_tokens_mean": statistics.fmean(fwd), "forwarded_tokens_p95": _p(fwd, 0.95),
-            "reused_tokens_mean": statistics.fmean(f.reused_tokens for f in fills),
-            "reuse_share": sum(f.reused_tokens > 0 for f in fills) / len(fills),
-            "steps_mean": statistics.fmean(f.steps for f in fills)}
+    return {
+        "ms_p50": statistics.median(ms),
+        "ms_p95": _p(ms, 0.95),
+        "first_step_ms_p50": statistics.median(f.ms_per_step[0] for f in fills),
+        "first_step_ms_p95": _p([f.ms_per_step[0] for f in fills], 0.95),
+        "forwarded_tokens_mean": statistics.fmean(fwd),
+        "forwarded_tokens_p95": _p(fwd, 0.95),
+        "reused_tokens_mean": statistics.fmean(f.reused_tokens for f in fills),
+        "reuse_share": sum(f.reused_tokens > 0 for f in fills) / len(fills),
+        "steps_mean": statistics.fmean(f.steps for f in fills),
+    }
 
 
 def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_path: str | None) -> int:
@@ -90,12 +96,17 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
     exact, available = kind == "exact", kind is not None
     reuse_opts = dataclasses.replace(opts, reuse=True) if kind == "approximate" else opts
     p_ids, s_ids = svc.tok.encode_batch([before, after])
-    canvas_tokens = build_canvas(p_ids, s_ids, n, cfg, dataclasses.replace(opts, heal=False),
-                                         args.context).ids.shape[0]
+    canvas_tokens = build_canvas(p_ids, s_ids, n, cfg, dataclasses.replace(opts, heal=False), args.context).ids.shape[0]
 
     def job(k: int, session: str | None) -> FillJob:
-        return FillJob(prefix=before + typed[:k], suffix=after, max_tokens=n, context_tokens=args.context,
-                       options=reuse_opts if session else opts, session=session)
+        return FillJob(
+            prefix=before + typed[:k],
+            suffix=after,
+            max_tokens=n,
+            context_tokens=args.context,
+            options=reuse_opts if session else opts,
+            session=session,
+        )
 
     def timed(j: FillJob):
         t0 = time.perf_counter()
@@ -110,28 +121,47 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
     per_key = []
     for k in range(1, keys + 1):
         row = {"k": k, "typed": typed[k - 1]}
-        for mode in (modes if k % 2 else modes[::-1]):
+        for mode in modes if k % 2 else modes[::-1]:
             seen = dict(svc._reuse.stats)
             f, ms = timed(job(k, session if mode == "reuse" else None))
             if mode == "reuse" and kind == "approximate":  # what the staleness policy decided
                 row["reuse_outcome"] = next((o for o in svc._reuse.OUTCOMES if svc._reuse.stats[o] > seen[o]), None)
             runs[mode][0].append(f)
             runs[mode][1].append(ms)
-            row.update({f"{mode}_ms": round(ms, 3), f"{mode}_first_step_ms": round(f.ms_per_step[0], 3),
-                        f"{mode}_forwarded": f.forwarded_tokens, f"{mode}_reused": f.reused_tokens,
-                        f"{mode}_steps": f.steps})
+            row.update(
+                {
+                    f"{mode}_ms": round(ms, 3),
+                    f"{mode}_first_step_ms": round(f.ms_per_step[0], 3),
+                    f"{mode}_forwarded": f.forwarded_tokens,
+                    f"{mode}_reused": f.reused_tokens,
+                    f"{mode}_steps": f.steps,
+                }
+            )
         per_key.append(row)
     full = _summary(*runs["full"])
     reuse = _summary(*runs["reuse"]) if available else None
-    note = None if available else (
-        f"reuse is not available for this layout (attention {cfg.attention!r}, canvas {cfg.canvas!r}); only the full "
-        "recompute was measured")
+    note = (
+        None
+        if available
+        else (
+            f"reuse is not available for this layout (attention {cfg.attention!r}, canvas {cfg.canvas!r}); only the full "
+            "recompute was measured"
+        )
+    )
     fwd_full = sum(f.forwarded_tokens for f in runs["full"][0])
-    same = ([a.token_ids == b.token_ids for a, b in zip(runs["full"][0], runs["reuse"][0])] if available else None)
+    same = [a.token_ids == b.token_ids for a, b in zip(runs["full"][0], runs["reuse"][0])] if available else None
     result = {
-        "mode": "incremental", "reuse_available": available, "reuse_kind": kind, "reuse_note": note,
+        "mode": "incremental",
+        "reuse_available": available,
+        "reuse_kind": kind,
+        "reuse_note": note,
         "layout": {"attention": cfg.attention, "canvas": cfg.canvas},
-        "file": name, "keystrokes": keys, "slots": n, "canvas_tokens": canvas_tokens, "full": full, "reuse": reuse,
+        "file": name,
+        "keystrokes": keys,
+        "slots": n,
+        "canvas_tokens": canvas_tokens,
+        "full": full,
+        "reuse": reuse,
         "speedup_p50": full["ms_p50"] / reuse["ms_p50"] if available else None,
         "speedup_p95": full["ms_p95"] / reuse["ms_p95"] if available else None,
         "first_step_speedup_p50": full["first_step_ms_p50"] / reuse["first_step_ms_p50"] if available else None,
@@ -140,13 +170,19 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
         "identical_fills": all(same) if exact else None,
         "same_fills_share": sum(same) / len(same) if available else None,
         "reuse_budget": reuse_opts.reuse_budget if kind == "approximate" else None,
-        "full_recomputes": (sum(r.get("reuse_outcome", "reused") != "reused" for r in per_key)
-                            if kind == "approximate" else None),
+        "full_recomputes": (
+            sum(r.get("reuse_outcome", "reused") != "reused" for r in per_key) if kind == "approximate" else None
+        ),
         "per_keystroke": per_key,
         "settings": {
-            "model": model_path or "models/default", "context_tokens": args.context, "threads": args.threads,
-            "device": args.device, "quick": bool(args.quick), "decode_options": dataclasses.asdict(opts),
-            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "model": model_path or "models/default",
+            "context_tokens": args.context,
+            "threads": args.threads,
+            "device": args.device,
+            "quick": bool(args.quick),
+            "decode_options": dataclasses.asdict(opts),
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
         },
     }
     _print(result, cfg, args)
@@ -158,26 +194,37 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
 
 
 def _print(r: dict, cfg, args) -> None:
-    print(f"incremental: {r['keystrokes']} keystrokes typed one character at a time at the cursor of {r['file']} "
-          f"(canvas {r['canvas_tokens']} tokens, {r['slots']} slots); layout attention={cfg.attention} "
-          f"canvas={cfg.canvas}; {args.threads} thread(s)")
-    print(f"{'':20}{'ms p50':>9}{'ms p95':>9}{'first step p50':>16}{'tokens fwd mean':>17}{'p95':>7}"
-          f"{'reused mean':>13}{'steps':>7}")
+    print(
+        f"incremental: {r['keystrokes']} keystrokes typed one character at a time at the cursor of {r['file']} "
+        f"(canvas {r['canvas_tokens']} tokens, {r['slots']} slots); layout attention={cfg.attention} "
+        f"canvas={cfg.canvas}; {args.threads} thread(s)"
+    )
+    print(
+        f"{'':20}{'ms p50':>9}{'ms p95':>9}{'first step p50':>16}{'tokens fwd mean':>17}{'p95':>7}"
+        f"{'reused mean':>13}{'steps':>7}"
+    )
     for mode in ("full", "reuse"):
         s = r[mode]
         label = "full recompute" if mode == "full" else f"{r['reuse_kind'] or ''} reuse".strip()
         if s is None:
             print(f"{label:20}{'n/a':>9}{'n/a':>9}{'n/a':>16}{'n/a':>17}{'n/a':>7}{'n/a':>13}{'n/a':>7}")
             continue
-        print(f"{label:20}{s['ms_p50']:9.1f}{s['ms_p95']:9.1f}{s['first_step_ms_p50']:16.1f}"
-              f"{s['forwarded_tokens_mean']:17.1f}{s['forwarded_tokens_p95']:7.0f}{s['reused_tokens_mean']:13.1f}"
-              f"{s['steps_mean']:7.1f}")
+        print(
+            f"{label:20}{s['ms_p50']:9.1f}{s['ms_p95']:9.1f}{s['first_step_ms_p50']:16.1f}"
+            f"{s['forwarded_tokens_mean']:17.1f}{s['forwarded_tokens_p95']:7.0f}{s['reused_tokens_mean']:13.1f}"
+            f"{s['steps_mean']:7.1f}"
+        )
     if not r["reuse_available"]:
         print(r["reuse_note"])
         return
-    tail = (f"identical fills: {r['identical_fills']}" if r["reuse_kind"] == "exact" else
-            f"approximate (budget {r['reuse_budget']} changed tokens, {r['full_recomputes']} full recomputes): "
-            f"the same fill on {r['same_fills_share']:.0%} of keystrokes")
-    print(f"{r['reuse_kind']} reuse {r['speedup_p50']:.2f}x faster per keystroke at p50 ({r['speedup_p95']:.2f}x at p95; "
-          f"first step {r['first_step_speedup_p50']:.2f}x; target >= 3), forwarding {r['forwarded_ratio']:.3f} of the "
-          f"rows; {r['reuse']['reuse_share']:.0%} of keystrokes reused context; {tail}")
+    tail = (
+        f"identical fills: {r['identical_fills']}"
+        if r["reuse_kind"] == "exact"
+        else f"approximate (budget {r['reuse_budget']} changed tokens, {r['full_recomputes']} full recomputes): "
+        f"the same fill on {r['same_fills_share']:.0%} of keystrokes"
+    )
+    print(
+        f"{r['reuse_kind']} reuse {r['speedup_p50']:.2f}x faster per keystroke at p50 ({r['speedup_p95']:.2f}x at p95; "
+        f"first step {r['first_step_speedup_p50']:.2f}x; target >= 3), forwarding {r['forwarded_ratio']:.3f} of the "
+        f"rows; {r['reuse']['reuse_share']:.0%} of keystrokes reused context; {tail}"
+    )

@@ -5,6 +5,7 @@ writes (`load_samples`: each fill's features and whether the true text starts wi
 against the raw confidence on other holes (`judge`) or out of sample on its own (`cross_validate`),
 and stored in the model's serving.json under "calibrator", which gate.Calibrator reads at serving time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,9 @@ def hole_ids(paths: list[str]) -> set[tuple]:
     return {_hole_id(s) for _, s in _samples(paths)}
 
 
-def load_samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None,
-                 exclude: set[tuple] | None = None):
+def load_samples(
+    paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None, exclude: set[tuple] | None = None
+):
     """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files,
     leaving out the holes in `exclude` ((key, line, col): the holes the gate will be judged on)."""
     rows, labels = [], []
@@ -115,8 +117,13 @@ def _at_shares(fills: list[tuple], holes: int, shares, per_shown: bool) -> list[
     return out
 
 
-def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tuple[str, ...] | None = None,
-          shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)) -> dict:
+def judge(
+    paths: list[str],
+    cal: Calibrator,
+    model: str | None = None,
+    kinds: tuple[str, ...] | None = None,
+    shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+) -> dict:
     """The raw confidence and the calibrated score as gates on the same filled holes (eval
     --samples files, every hole counted in `shown`'s denominator): accepted among the fills each
     ranks highest when the top `share` of holes are shown, and each one's curve over gates."""
@@ -126,20 +133,37 @@ def judge(paths: list[str], cal: Calibrator, model: str | None = None, kinds: tu
         if _has_fill(s):
             x = dict(zip(FEATURES, s["features"]))
             fills.append(_fill(s, _sigmoid(cal.bias + sum(w * x[n] for n, w in zip(cal.names, cal.weights)))))
-    out: dict = {"holes": holes, "fills": len(fills), "accepted_ungated": round(sum(f[2] for f in fills) / max(1, len(fills)), 4),
-                 "at_shown": _at_shares(fills, holes, shares, per_shown=False), "curves": {}}
+    out: dict = {
+        "holes": holes,
+        "fills": len(fills),
+        "accepted_ungated": round(sum(f[2] for f in fills) / max(1, len(fills)), 4),
+        "at_shown": _at_shares(fills, holes, shares, per_shown=False),
+        "curves": {},
+    }
     for name, i in (("confidence", 0), ("calibrated", 1)):
         pts = []
         for g in [round(0.05 * j, 2) for j in range(21)]:
             sel = [f for f in fills if f[i] >= g]
-            pts.append({"gate": g, "shown": round(len(sel) / max(1, holes), 4),
-                        "accepted": round(sum(f[2] for f in sel) / max(1, len(sel)), 4)})
+            pts.append(
+                {
+                    "gate": g,
+                    "shown": round(len(sel) / max(1, holes), 4),
+                    "accepted": round(sum(f[2] for f in sel) / max(1, len(sel)), 4),
+                }
+            )
         out["curves"][name] = pts
     return out
 
 
-def cross_validate(paths: list[str], names: tuple[str, ...], l2: float, folds: int, model: str | None = None,
-                   kinds: tuple[str, ...] | None = None, shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)) -> dict:
+def cross_validate(
+    paths: list[str],
+    names: tuple[str, ...],
+    l2: float,
+    folds: int,
+    model: str | None = None,
+    kinds: tuple[str, ...] | None = None,
+    shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+) -> dict:
     """Fits on all but one fold of files (sha256 of the hole's file key) and scores the held-out
     fold, for every fold: the raw and the calibrated gate compared out of sample on the fit's own
     samples (how a choice of features is made without the holes it will be judged on)."""
@@ -161,27 +185,56 @@ def cross_validate(paths: list[str], names: tuple[str, ...], l2: float, folds: i
             raise SystemExit("calibrate --folds: a fold's training side has one class only")
         w, b = fit([p[1] for p in train], labels, l2)
         fills += [_fill(p[2], _sigmoid(b + sum(wi * xi for wi, xi in zip(w, p[1])))) for p in per if p[0] == k]
-    return {"folds": folds, "features": list(names), "holes": holes, "fills": len(fills),
-            "at_shown": _at_shares(fills, holes, shares, per_shown=True)}
+    return {
+        "folds": folds,
+        "features": list(names),
+        "holes": holes,
+        "fills": len(fills),
+        "at_shown": _at_shares(fills, holes, shares, per_shown=True),
+    }
 
 
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("samples", nargs="+", help="JSONL written by dlm-lsp eval --samples (holes not scored later)")
     p.add_argument("--label", default="diffusion", help="the eval's model label to fit on (default diffusion)")
     p.add_argument("--kinds", default=None, help="comma-separated hole kinds to fit on (default all)")
-    p.add_argument("--exclude", nargs="*", default=[], metavar="SAMPLES",
-                   help="leave out the holes of these eval --samples files (the ones the gate is judged on)")
-    p.add_argument("--drop", default=",".join(DROP),
-                   help=f"comma-separated FEATURES not to fit (default {','.join(DROP)}; '' fits all)")
+    p.add_argument(
+        "--exclude",
+        nargs="*",
+        default=[],
+        metavar="SAMPLES",
+        help="leave out the holes of these eval --samples files (the ones the gate is judged on)",
+    )
+    p.add_argument(
+        "--drop",
+        default=",".join(DROP),
+        help=f"comma-separated FEATURES not to fit (default {','.join(DROP)}; '' fits all)",
+    )
     p.add_argument("--l2", type=float, default=1.0, help="L2 penalty on the standardized weights")
-    p.add_argument("--write", default=None, metavar="SERVING_JSON",
-                   help="store the calibrator in this serving.json (its other keys kept)")
+    p.add_argument(
+        "--write",
+        default=None,
+        metavar="SERVING_JSON",
+        help="store the calibrator in this serving.json (its other keys kept)",
+    )
     p.add_argument("--note", default=None, help="a line stored with the fit (where the samples came from)")
-    p.add_argument("--judge", nargs="*", default=[], metavar="SAMPLES",
-                   help="compare the raw and the calibrated gate on these eval --samples files (other holes)")
-    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the fit and the judgement as JSON")
-    p.add_argument("--folds", type=int, default=0, metavar="K",
-                   help="also cross-validate on the samples themselves, K folds of files: raw vs calibrated out of sample")
+    p.add_argument(
+        "--judge",
+        nargs="*",
+        default=[],
+        metavar="SAMPLES",
+        help="compare the raw and the calibrated gate on these eval --samples files (other holes)",
+    )
+    p.add_argument(
+        "--json", dest="json_out", default=None, metavar="OUT", help="write the fit and the judgement as JSON"
+    )
+    p.add_argument(
+        "--folds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also cross-validate on the samples themselves, K folds of files: raw vs calibrated out of sample",
+    )
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -199,8 +252,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     keep = [i for i, n in enumerate(FEATURES) if n not in drop]
     weights, bias = fit([[r[i] for i in keep] for r in rows], labels, args.l2)
     names = tuple(FEATURES[i] for i in keep)
-    info = {"fills": len(rows), "accepted": sum(labels), "l2": args.l2,
-            "samples": [Path(p).name for p in args.samples]}
+    info = {"fills": len(rows), "accepted": sum(labels), "l2": args.l2, "samples": [Path(p).name for p in args.samples]}
     if args.exclude:
         info["excluded_holes_of"] = [Path(p).name for p in args.exclude]
     if args.note:
@@ -215,15 +267,21 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"cross-validated over {cv['folds']} folds of files ({cv['holes']} holes, {cv['fills']} with a fill):")
         print("  shown   accepted (raw, calibrated)   accepted characters per shown fill (raw, calibrated)")
         for row in cv["at_shown"]:
-            print(f"  {row['shown']:.2f}    {row['confidence']:.3f}, {row['calibrated']:.3f}"
-                  f"                 {row['confidence_chars_per_shown']:.2f}, {row['calibrated_chars_per_shown']:.2f}")
+            print(
+                f"  {row['shown']:.2f}    {row['confidence']:.3f}, {row['calibrated']:.3f}"
+                f"                 {row['confidence_chars_per_shown']:.2f}, {row['calibrated_chars_per_shown']:.2f}"
+            )
     if args.judge:
         report["judge"] = j = judge(args.judge, cal, args.label, kinds)
         print(f"judged on {j['holes']} holes ({j['fills']} with a fill, {j['accepted_ungated']:.3f} of them accepted):")
-        print("  shown   accepted (raw confidence)   accepted (calibrated)   characters per accepted fill (raw, calibrated)")
+        print(
+            "  shown   accepted (raw confidence)   accepted (calibrated)   characters per accepted fill (raw, calibrated)"
+        )
         for row in j["at_shown"]:
-            print(f"  {row['shown']:.2f}    {row['confidence']:.3f}                     {row['calibrated']:.3f}"
-                  f"                   {row['confidence_chars']:.1f}, {row['calibrated_chars']:.1f}")
+            print(
+                f"  {row['shown']:.2f}    {row['confidence']:.3f}                     {row['calibrated']:.3f}"
+                f"                   {row['confidence_chars']:.1f}, {row['calibrated_chars']:.1f}"
+            )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.write:

@@ -6,6 +6,7 @@ times what the server does around the model for each keystroke: the incremental 
 (`postprocess.finish` with the tree-sitter syntax check) of a fill. The fill is the text that
 really follows the cursor, so the checks do the work a real fill needs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,9 @@ def run_ctxbench(args: argparse.Namespace) -> int:
             req = context.build_request(doc, offset)
             t2 = time.perf_counter()
             # as the server: no syntax check for a document too big for a tree (documents.py limits)
-            check = (postprocess.SyntaxCheck(doc.text, doc.tree.copy(), doc.parser, offset)
-                     if doc.tree is not None else None)
+            check = (
+                postprocess.SyntaxCheck(doc.text, doc.tree.copy(), doc.parser, offset) if doc.tree is not None else None
+            )
             postprocess.finish(req, rest[k + 1 :], check)
             t3 = time.perf_counter()
             change_ms.append((t1 - t0) * 1000)
@@ -86,16 +88,27 @@ def run_ctxbench(args: argparse.Namespace) -> int:
         doc.apply_change((row, 0), (row, len(cur)), line)
         doc.version += 1
         doc.reparse(incremental=True)
-    res = {"lines": doc.text.count("\n"), "bytes": len(doc.text.encode("utf-8", "surrogatepass")),
-           "tree": doc.tree is not None, "keystrokes": typed}
-    series = (("didchange", change_ms), ("context", ctx_ms), ("postprocess", post_ms),
-              ("context_post", cp_ms), ("total", total_ms))
+    res = {
+        "lines": doc.text.count("\n"),
+        "bytes": len(doc.text.encode("utf-8", "surrogatepass")),
+        "tree": doc.tree is not None,
+        "keystrokes": typed,
+    }
+    series = (
+        ("didchange", change_ms),
+        ("context", ctx_ms),
+        ("postprocess", post_ms),
+        ("context_post", cp_ms),
+        ("total", total_ms),
+    )
     for name, xs in series:
         res[f"{name}_p50_ms"] = round(statistics.median(xs), 3)
         res[f"{name}_p95_ms"] = round(_pct(xs, 0.95), 3)
         res[f"{name}_max_ms"] = round(max(xs), 3)
-    print(f"{res['lines']} lines, {res['bytes'] / 1e6:.1f} MB{'' if res['tree'] else ' (no syntax tree: over the size limit)'}, "
-          f"{typed} keystrokes (didChange + reparse, context, post-processing):")
+    print(
+        f"{res['lines']} lines, {res['bytes'] / 1e6:.1f} MB{'' if res['tree'] else ' (no syntax tree: over the size limit)'}, "
+        f"{typed} keystrokes (didChange + reparse, context, post-processing):"
+    )
     print(f"{'':12} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
     for name, _ in series:
         print(f"{name:12} {res[name + '_p50_ms']:8.2f} {res[name + '_p95_ms']:8.2f} {res[name + '_max_ms']:8.2f}")

@@ -30,6 +30,7 @@ plain "diffusion" fills of the same requests, which recompute their context in f
 time the scored fill only; the JSON's "reuse" adds the rows reused and forwarded per scored fill and
 the staleness policy's outcomes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -192,6 +193,7 @@ def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
             return ""
         index = indexes[name]
         return cross_file_text(index, hole.document, hole.a, SNIPPET_CHARS, exclude=hole.key)
+
     return fn
 
 
@@ -214,9 +216,14 @@ def _postprocessor():
     try:
         from dlm_lsp.fill.postprocess import SyntaxCheck, finish
     except ImportError:
-        return "stop rules only (dlm_lsp.fill.postprocess.finish not importable)", \
-            lambda doc, req, raw, confidence=1.0, min_confidence=0.0, calibrator=None: \
-            (apply_stop_rules(req, raw), 0, None)
+        return (
+            "stop rules only (dlm_lsp.fill.postprocess.finish not importable)",
+            lambda doc, req, raw, confidence=1.0, min_confidence=0.0, calibrator=None: (
+                apply_stop_rules(req, raw),
+                0,
+                None,
+            ),
+        )
 
     def run(doc, req, raw, confidence=1.0, min_confidence=0.0, calibrator=None):
         check = SyntaxCheck(doc.text, doc.tree, doc.parser, req.offset) if doc.tree is not None else None
@@ -292,15 +299,34 @@ class Filler:
         from dlm_lsp.fill.gate import features
 
         feats = features(req, ungated, self.last_confidence, replace_len) if ungated.strip() else None
-        return Sample(raw, shown, ms, engine_ms, steps, tokens, req.hole_kind, replace_len if shown else 0,
-                      conf, ungated, self.last_confidence, feats, replace_len)
+        return Sample(
+            raw,
+            shown,
+            ms,
+            engine_ms,
+            steps,
+            tokens,
+            req.hole_kind,
+            replace_len if shown else 0,
+            conf,
+            ungated,
+            self.last_confidence,
+            feats,
+            replace_len,
+        )
 
 
 class DiffusionFiller(Filler):
     """The diffusion engine as the server runs it: EngineService.run_now(FillJob)."""
 
-    def __init__(self, model: str | None, device: str = "cpu", threads: int | None = None,
-                 budget_ms: float | None = None, options=None):
+    def __init__(
+        self,
+        model: str | None,
+        device: str = "cpu",
+        threads: int | None = None,
+        budget_ms: float | None = None,
+        options=None,
+    ):
         from engine.api import DecodeOptions
         from engine.serve.service import EngineService
 
@@ -368,14 +394,18 @@ class TypedReuseFiller(DiffusionFiller):
         """Rows reused / forwarded per scored fill and the staleness policy's outcomes over the run."""
         fwd = [f for f, _ in self.rows]
         stats = self.service._reuse.stats
-        return {"typing": self.typing, "reuse_budget": self.options.reuse_budget,
-                # holes whose fill with reuse is the plain fill's (raw engine text, what is shown)
-                "same_raw_share": round(self.same[0], 4), "same_shown_share": round(self.same[1], 4),
-                "scored_fills": len(self.rows),
-                "reused_share": round(sum(u > 0 for _, u in self.rows) / max(1, len(self.rows)), 4),
-                "reused_tokens_mean": round(statistics.fmean([u for _, u in self.rows]), 1) if self.rows else 0.0,
-                "forwarded_tokens_mean": round(statistics.fmean(fwd), 1) if fwd else 0.0,
-                "outcomes": {k: stats[k] - self.outcomes_before.get(k, 0) for k in type(self.service._reuse).OUTCOMES}}
+        return {
+            "typing": self.typing,
+            "reuse_budget": self.options.reuse_budget,
+            # holes whose fill with reuse is the plain fill's (raw engine text, what is shown)
+            "same_raw_share": round(self.same[0], 4),
+            "same_shown_share": round(self.same[1], 4),
+            "scored_fills": len(self.rows),
+            "reused_share": round(sum(u > 0 for _, u in self.rows) / max(1, len(self.rows)), 4),
+            "reused_tokens_mean": round(statistics.fmean([u for _, u in self.rows]), 1) if self.rows else 0.0,
+            "forwarded_tokens_mean": round(statistics.fmean(fwd), 1) if fwd else 0.0,
+            "outcomes": {k: stats[k] - self.outcomes_before.get(k, 0) for k in type(self.service._reuse).OUTCOMES},
+        }
 
 
 class AutoregressiveFiller(Filler):
@@ -393,8 +423,10 @@ class AutoregressiveFiller(Filler):
         # a plain Llama (SmolLM2 from `dlm-lsp base-model`) is a causal LM without FIM tokens: prefix-only
         self.model, self.tok, self.cfg = load_ar_model(model, device=device)
         if self.cfg.attention != "causal":
-            raise SystemExit(f"--ar-model {model}: attention is {self.cfg.attention!r}, expected 'causal' "
-                             "(train it with --objective ar)")
+            raise SystemExit(
+                f"--ar-model {model}: attention is {self.cfg.attention!r}, expected 'causal' "
+                "(train it with --objective ar)"
+            )
 
     def decode(self, hole, req):
         ids, healed = fim_greedy(self.model, self.tok, req.prefix, req.suffix, req.mask_slots, heal=self.heal)
@@ -411,8 +443,9 @@ class OracleFiller(Filler):
         return hole.middle, 0, 0
 
 
-def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_tokens: int = 512,
-               heal: bool = False) -> tuple[list[int], str]:
+def fim_greedy(
+    model, tok, prefix: str, suffix: str, max_tokens: int, context_tokens: int = 512, heal: bool = False
+) -> tuple[list[int], str]:
     """Returns (the middle's token ids, healed text) from greedy PSM decoding with a KV cache
     (engine.decode.autoregressive), stopping at end-of-text or padding. The context is cut like the
     diffusion canvas (engine.decode.sampler.Canvas.build): the suffix keeps at most a third of the room.
@@ -436,16 +469,18 @@ def fim_greedy(model, tok, prefix: str, suffix: str, max_tokens: int, context_to
     prompt = fim_prompt(p_ids[len(p_ids) - p_keep :], s_ids[:s_keep], tok)
     if not prompt:  # prefix-only at the top of a file (or all of it re-typed): start a document
         prompt = [cfg.bos_token_id if cfg.bos_token_id is not None else cfg.eos_token_id]
-    ids = greedy_decode(model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id),
-                        heal=(h.first, h.then) if h else None).ids
+    ids = greedy_decode(
+        model, prompt, max_tokens, stop_ids=(cfg.eos_token_id, cfg.pad_token_id), heal=(h.first, h.then) if h else None
+    ).ids
     return ids, h.text if h else ""
 
 
 # ----------------------------------------------------------------------------- running
 
 
-def load_files(source: str | None, limit_files: int | None, corpus_dir: str | None = None,
-               heldout: str = "all") -> list[tuple[str, str]]:
+def load_files(
+    source: str | None, limit_files: int | None, corpus_dir: str | None = None, heldout: str = "all"
+) -> list[tuple[str, str]]:
     """(key, text) of the held-out files of the training split, of a built corpus's held-out side, or
     of every .py file under `source`."""
     if corpus_dir:
@@ -455,7 +490,9 @@ def load_files(source: str | None, limit_files: int | None, corpus_dir: str | No
             sides = built_files(corpus_dir)
         except FileNotFoundError as e:
             raise SystemExit(str(e)) from e
-        picked = {"files": ["heldout"], "packages": ["heldout_packages"], "all": ["heldout", "heldout_packages"]}[heldout]
+        picked = {"files": ["heldout"], "packages": ["heldout_packages"], "all": ["heldout", "heldout_packages"]}[
+            heldout
+        ]
         items = sorted(((f.key, f.path) for side in picked for f in sides[side]), key=lambda kv: kv[0])
     elif source:
         root = Path(source).resolve()
@@ -507,8 +544,14 @@ def accept_curve(holes: list[Hole], samples: list[Sample], gates=None) -> list[d
                 ok = _accepted(h, text, s.ungated_replace_len if s.ungated is not None else s.replace_len)
                 acc += ok
                 chars += ok * len(text.rstrip())
-        out.append({"gate": g, "shown": round(shown / n, 4), "accepted": round(acc / max(1, shown), 4),
-                    "chars": round(chars / n, 3)})
+        out.append(
+            {
+                "gate": g,
+                "shown": round(shown / n, 4),
+                "accepted": round(acc / max(1, shown), 4),
+                "chars": round(chars / n, 3),
+            }
+        )
     return out
 
 
@@ -524,7 +567,7 @@ def plot_curves(curves: dict[str, list[dict]], png: str, gate: float | None = No
         pts = [p for p in pts if p["shown"] > 0]  # a gate that hides everything has no accepted share
         if not pts:
             continue
-        line, = ax.plot([p["shown"] for p in pts], [p["accepted"] for p in pts], "o-", ms=3, label=name)
+        (line,) = ax.plot([p["shown"] for p in pts], [p["accepted"] for p in pts], "o-", ms=3, label=name)
         if gate is not None:
             at = min(pts, key=lambda p: abs(p["gate"] - gate))
             ax.plot([at["shown"]], [at["accepted"]], "s", ms=8, color=line.get_color(), mfc="none")
@@ -606,20 +649,37 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
             done += 1
             if samples_out is not None:
                 ungated = s.ungated if s.ungated is not None else s.shown
-                samples_out.write(json.dumps({
-                    "model": label, **h.describe(), "raw": s.raw, "shown": s.shown, "ms": round(s.ms, 1),
-                    "server_kind": s.server_kind, "ungated": ungated, "confidence": round(s.raw_confidence, 6),
-                    "score": round(s.confidence, 6), "features": s.features,
-                    # what `dlm-lsp calibrate` fits: would the user keep the ungated fill
-                    "accepted": _accepted(h, ungated, s.ungated_replace_len) if _shown(ungated) else None,
-                    # the shown fill as scored (score(): exact; accepted_chars), for paired comparisons
-                    # of two runs on the same holes (dlm_lsp/measure/paired.py)
-                    "exact": exact_match(s.shown, h.middle + h.suffix[: s.replace_len]),
-                    "kept_chars": len(s.shown.rstrip()) if _shown(s.shown) and _accepted(h, s.shown, s.replace_len) else 0,
-                }) + "\n")
+                samples_out.write(
+                    json.dumps(
+                        {
+                            "model": label,
+                            **h.describe(),
+                            "raw": s.raw,
+                            "shown": s.shown,
+                            "ms": round(s.ms, 1),
+                            "server_kind": s.server_kind,
+                            "ungated": ungated,
+                            "confidence": round(s.raw_confidence, 6),
+                            "score": round(s.confidence, 6),
+                            "features": s.features,
+                            # what `dlm-lsp calibrate` fits: would the user keep the ungated fill
+                            "accepted": _accepted(h, ungated, s.ungated_replace_len) if _shown(ungated) else None,
+                            # the shown fill as scored (score(): exact; accepted_chars), for paired comparisons
+                            # of two runs on the same holes (dlm_lsp/measure/paired.py)
+                            "exact": exact_match(s.shown, h.middle + h.suffix[: s.replace_len]),
+                            "kept_chars": len(s.shown.rstrip())
+                            if _shown(s.shown) and _accepted(h, s.shown, s.replace_len)
+                            else 0,
+                        }
+                    )
+                    + "\n"
+                )
             if done % 50 == 0 or done == total:
-                print(f"[eval{' ' + label if label else ''}] {done}/{total} holes, {time.time() - t0:.0f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[eval{' ' + label if label else ''}] {done}/{total} holes, {time.time() - t0:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         results[kind] = score(hs, samples)
         results[kind]["curve"] = accept_curve(hs, samples)
     return results
@@ -631,57 +691,102 @@ def _chars(r: dict) -> str:
 
 def markdown_table(results: dict[str, dict[str, dict]]) -> str:
     """A Markdown table: one row per (model, kind)."""
-    rows = ["| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | kept chars | p50 ms | p95 ms |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | kept chars | p50 ms | p95 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for label, res in results.items():
         for kind in KINDS:
             if kind not in res:
                 continue
             r = res[kind]
-            rows.append(f"| {label} | {kind} | {r['holes']} | {r['exact']:.3f} | {r['edit_sim']:.3f} | "
-                        f"{r['syntax_clean']:.3f} | {r['shown']:.3f} | {r['accepted']:.3f} | {_chars(r)} | "
-                        f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
+            rows.append(
+                f"| {label} | {kind} | {r['holes']} | {r['exact']:.3f} | {r['edit_sim']:.3f} | "
+                f"{r['syntax_clean']:.3f} | {r['shown']:.3f} | {r['accepted']:.3f} | {_chars(r)} | "
+                f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} |"
+            )
     return "\n".join(rows)
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default=None, help="evaluate on the .py files of DIR (default: the held-out split)")
     p.add_argument("--corpus", default=None, help="a corpus built by `dlm-lsp corpus`: take its held-out side")
-    p.add_argument("--heldout", choices=["files", "packages", "all"], default="all",
-                   help="with --corpus: held-out files, whole held-out packages, or both")
-    p.add_argument("--curve", default=None, metavar="PNG", help="write the accepted-vs-shown curve over the confidence gate")
+    p.add_argument(
+        "--heldout",
+        choices=["files", "packages", "all"],
+        default="all",
+        help="with --corpus: held-out files, whole held-out packages, or both",
+    )
+    p.add_argument(
+        "--curve", default=None, metavar="PNG", help="write the accepted-vs-shown curve over the confidence gate"
+    )
     p.add_argument("--model", default=None, help="diffusion checkpoint folder (default: models/default)")
     p.add_argument("--ar-model", default=None, help="also evaluate this autoregressive FIM twin on the same holes")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write metrics as JSON")
     p.add_argument("--md", dest="md_out", default=None, metavar="OUT", help="write the Markdown table")
     p.add_argument("--samples", default=None, metavar="OUT", help="write every hole and fill as JSON lines")
     p.add_argument("--per-kind", type=int, default=300, help="holes per kind (default 300)")
-    p.add_argument("--neighbours", type=int, default=0, metavar="N",
-                   help="cross-file context: give each fill the N nearest evaluated files of its folder as other open documents")
-    p.add_argument("--retrieve", default=None, choices=("neighbours", "package"),
-                   help="cross-file context as the snippets most like the cursor's code (dlm_lsp.fill.retrieval) "
-                        "from the --neighbours files or from the package's other evaluated files")
+    p.add_argument(
+        "--neighbours",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cross-file context: give each fill the N nearest evaluated files of its folder as other open documents",
+    )
+    p.add_argument(
+        "--retrieve",
+        default=None,
+        choices=("neighbours", "package"),
+        help="cross-file context as the snippets most like the cursor's code (dlm_lsp.fill.retrieval) "
+        "from the --neighbours files or from the package's other evaluated files",
+    )
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hole kinds")
     p.add_argument("--limit-files", type=int, default=None, help="use only the first N files (by key)")
     p.add_argument("--seed", type=int, default=0, help="hole-cutting seed")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--oracle", action="store_true",
-                   help="also score the true middle through the same post-processing (the ceiling)")
-    p.add_argument("--oracle-only", action="store_true",
-                   help="score only the true middle (no model is loaded): the post-processing ceiling")
-    p.add_argument("--decode", default=None, metavar="JSON",
-                   help="""override the server's decoding options, e.g. '{"pad_left": false}'""")
-    p.add_argument("--min-confidence", type=float, default=None,
-                   help="hide fills the engine is less sure of (default: the server's minConfidence)")
-    p.add_argument("--raw-gate", action="store_true",
-                   help="gate on the engine's raw confidence even where the model has a calibrated gate "
-                        "(serving.json \"calibrator\"): the calibrator off, for comparison")
-    p.add_argument("--reuse-typing", type=int, default=0, metavar="N",
-                   help="also fill each hole after typing its last N characters one at a time with approximate "
-                        "context reuse on (DecodeOptions.reuse; reuse_budget from --decode): quality with reuse on vs off")
-    p.add_argument("--budget-ms", type=float, default=None,
-                   help="give each fill the server's deadline (default: none, so results do not depend on load)")
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also score the true middle through the same post-processing (the ceiling)",
+    )
+    p.add_argument(
+        "--oracle-only",
+        action="store_true",
+        help="score only the true middle (no model is loaded): the post-processing ceiling",
+    )
+    p.add_argument(
+        "--decode",
+        default=None,
+        metavar="JSON",
+        help="""override the server's decoding options, e.g. '{"pad_left": false}'""",
+    )
+    p.add_argument(
+        "--min-confidence",
+        type=float,
+        default=None,
+        help="hide fills the engine is less sure of (default: the server's minConfidence)",
+    )
+    p.add_argument(
+        "--raw-gate",
+        action="store_true",
+        help="gate on the engine's raw confidence even where the model has a calibrated gate "
+        '(serving.json "calibrator"): the calibrator off, for comparison',
+    )
+    p.add_argument(
+        "--reuse-typing",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also fill each hole after typing its last N characters one at a time with approximate "
+        "context reuse on (DecodeOptions.reuse; reuse_budget from --decode): quality with reuse on vs off",
+    )
+    p.add_argument(
+        "--budget-ms",
+        type=float,
+        default=None,
+        help="give each fill the server's deadline (default: none, so results do not depend on load)",
+    )
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -694,8 +799,11 @@ def run_eval(args: argparse.Namespace) -> int:
         print("no Python files to cut holes from", file=sys.stderr)
         return 1
     holes = cut_holes(files, args.per_kind, args.seed, kinds)
-    print(f"[eval] {len(files)} files, holes: " + ", ".join(f"{k} {len(v)}" for k, v in holes.items()),
-          file=sys.stderr, flush=True)
+    print(
+        f"[eval] {len(files)} files, holes: " + ", ".join(f"{k} {len(v)}" for k, v in holes.items()),
+        file=sys.stderr,
+        flush=True,
+    )
 
     samples_out = open(args.samples, "w") if args.samples else None
     if getattr(args, "oracle_only", False):
@@ -708,10 +816,16 @@ def run_eval(args: argparse.Namespace) -> int:
         table = markdown_table(results)
         print(table)
         out = dict(results["oracle"])
-        out["meta"] = {"oracle_only": True, "source": _source_name(args),
-                       "files": len(files), "seed": args.seed, "per_kind": args.per_kind,
-                       "counts": {k: len(v) for k, v in holes.items()}, "postprocess": oracle.post_name,
-                       "elapsed_s": round(time.time() - t_start, 1)}
+        out["meta"] = {
+            "oracle_only": True,
+            "source": _source_name(args),
+            "files": len(files),
+            "seed": args.seed,
+            "per_kind": args.per_kind,
+            "counts": {k: len(v) for k, v in holes.items()},
+            "postprocess": oracle.post_name,
+            "elapsed_s": round(time.time() - t_start, 1),
+        }
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
         if args.md_out:
@@ -727,17 +841,22 @@ def run_eval(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"eval: {e}", file=sys.stderr)
             return 2
-        dlm = DiffusionFiller(args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms,
-                              options=decode)
+        dlm = DiffusionFiller(
+            args.model, device=args.device, threads=args.threads, budget_ms=args.budget_ms, options=decode
+        )
         if not getattr(args, "raw_gate", False):  # the model's calibrated gate, as the server applies it
             from dlm_lsp.fill.gate import Calibrator
 
             dlm.calibrator = Calibrator.from_json(dlm.service.serving.get("calibrator"))
         # the server's gate: the user's minConfidence (here --min-confidence), else the model's own
         default_gate = InitializationOptions().min_confidence
-        dlm.min_confidence = (args.min_confidence if args.min_confidence is not None
-                              else default_gate if default_gate is not None
-                              else dlm.service.serving.get("min_confidence", 0.0))
+        dlm.min_confidence = (
+            args.min_confidence
+            if args.min_confidence is not None
+            else default_gate
+            if default_gate is not None
+            else dlm.service.serving.get("min_confidence", 0.0)
+        )
         Filler.neighbours = Filler.snippets = None  # nothing from an earlier run in this process
         Filler.workspace = False
         if getattr(args, "neighbours", 0):  # cross-file context: siblings as the other open documents
@@ -758,8 +877,10 @@ def run_eval(args: argparse.Namespace) -> int:
             typed = TypedReuseFiller(dlm, args.reuse_typing)
             reused: list[Sample] = []
             results["diffusion+reuse"] = evaluate(typed, holes, "diffusion+reuse", samples_out, keep=reused)
-            typed.same = (sum(a.raw == b.raw for a, b in zip(plain, reused)) / max(1, len(reused)),
-                          sum(a.shown == b.shown for a, b in zip(plain, reused)) / max(1, len(reused)))
+            typed.same = (
+                sum(a.raw == b.raw for a, b in zip(plain, reused)) / max(1, len(reused)),
+                sum(a.shown == b.shown for a, b in zip(plain, reused)) / max(1, len(reused)),
+            )
         ar = None
         if args.ar_model:
             ar = AutoregressiveFiller(args.ar_model, device=args.device, threads=args.threads, heal=decode.heal)
@@ -789,9 +910,12 @@ def run_eval(args: argparse.Namespace) -> int:
         # as the engine ran it: fields left at None take the model's serving.json "decode"
         "decode": dataclasses.asdict(with_model_defaults(dlm.options, dlm.service.serving.get("decode", {}))),
         # per hole kind where the model's setting differs (serving.json "ngram_kinds", "local_ngram_kinds"; FillJob.kind)
-        "decode_by_kind": {k: dataclasses.asdict(with_model_defaults(dlm.options, dlm.service.serving.get("decode", {}), k))
-                           for k in sorted({k for key in KIND_DECODE_KEYS
-                                            for k in dlm.service.serving.get("decode", {}).get(f"{key}_kinds", {})})},
+        "decode_by_kind": {
+            k: dataclasses.asdict(with_model_defaults(dlm.options, dlm.service.serving.get("decode", {}), k))
+            for k in sorted(
+                {k for key in KIND_DECODE_KEYS for k in dlm.service.serving.get("decode", {}).get(f"{key}_kinds", {})}
+            )
+        },
         "mask_slots": dict(MASK_SLOTS),
         "context": "dlm_lsp.fill.context.build_request",
         "postprocess": dlm.post_name,
@@ -812,8 +936,12 @@ def run_eval(args: argparse.Namespace) -> int:
     table = markdown_table(results)
     print(table)
     if getattr(args, "curve", None):
-        curves = {f"{label} {kind}": r["curve"] for label, res in results.items() if label != "oracle"
-                  for kind, r in res.items()}
+        curves = {
+            f"{label} {kind}": r["curve"]
+            for label, res in results.items()
+            if label != "oracle"
+            for kind, r in res.items()
+        }
         plot_curves(curves, args.curve, gate=dlm.min_confidence)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")

@@ -9,6 +9,7 @@ Only files that parse without errors are used, so "the fill adds no syntax error
 Sampling is deterministic for a seed: each kind has its own RNG, a file is drawn uniformly (so one
 big file of tables cannot dominate) and then a candidate in it, without repeats.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,8 +22,19 @@ BLOCK_LINES = (2, 8)  # body lines, inclusive
 MIDDLE_CHARS = (2, 40)  # bytes of a middle-hole node
 MAX_LINE_CHARS = 160  # longer lines are data tables or generated code, not what people type
 # single-line nodes that are not code a user types as a unit
-_MIDDLE_SKIP = {"comment", "string_content", "string_start", "string_end", "escape_sequence", "block",
-                "module", "expression_statement", "line_continuation", "interpolation", "format_specifier"}
+_MIDDLE_SKIP = {
+    "comment",
+    "string_content",
+    "string_start",
+    "string_end",
+    "escape_sequence",
+    "block",
+    "module",
+    "expression_statement",
+    "line_continuation",
+    "interpolation",
+    "format_specifier",
+}
 
 
 @lru_cache(maxsize=1)
@@ -217,8 +229,9 @@ class _File:
         return Hole(kind, self.key, self.text, self.char_offset(a), self.char_offset(b))
 
 
-def cut_holes(files: list[tuple[str, str]], per_kind: int, seed: int = 0,
-              kinds: tuple[str, ...] = KINDS) -> dict[str, list[Hole]]:
+def cut_holes(
+    files: list[tuple[str, str]], per_kind: int, seed: int = 0, kinds: tuple[str, ...] = KINDS
+) -> dict[str, list[Hole]]:
     """Returns up to `per_kind` holes of each kind from (key, text) pairs, deterministic for a seed."""
     parsed = [_File(k, t) for k, t in sorted(files, key=lambda kt: kt[0])]
     parsed = [f for f in parsed if f.ok]

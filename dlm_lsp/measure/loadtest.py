@@ -7,6 +7,7 @@ Bounded by construction: the URL must be loopback (this is a tool for one's own 
 to flood someone else's), at most MAX_CLIENTS clients and MAX_SECONDS seconds, one request in
 flight per client. The fills are holes cut from a few fixed snippets (deterministic, no files read).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,10 @@ MAX_SECONDS = 600
 
 SNIPPETS = [
     ("def add(a, b):\n    return ", "\n\n\nprint(add(1, 2))\n"),
-    ("import os\n\n\ndef list_files(path):\n    out = []\n    for name in os.listdir(path):\n        ", "\n    return out\n"),
+    (
+        "import os\n\n\ndef list_files(path):\n    out = []\n    for name in os.listdir(path):\n        ",
+        "\n    return out\n",
+    ),
     ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.", "\n"),
     ("for i in range(10):\n    ", "\n"),
     ("def area(r):\n    import math\n    return math.pi * ", "\n"),
@@ -45,8 +49,15 @@ def percentile(xs: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def run(url: str, clients: int, seconds: float, path: str = "/v1/completions", deadline_ms: int = 1000,
-              token: str | None = None, warmup: int = 1) -> dict:
+async def run(
+    url: str,
+    clients: int,
+    seconds: float,
+    path: str = "/v1/completions",
+    deadline_ms: int = 1000,
+    token: str | None = None,
+    warmup: int = 1,
+) -> dict:
     """The load test's report (a dict; `dlm-lsp loadtest` prints it and writes it as JSON)."""
     import httpx
 
@@ -60,6 +71,7 @@ async def run(url: str, clients: int, seconds: float, path: str = "/v1/completio
     errors: Counter = Counter()
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(limits=limits, timeout=deadline_ms / 1000 + 30, trust_env=False) as client:
+
         async def one(i: int) -> tuple[int, float, dict | None]:
             prompt, suffix = SNIPPETS[i % len(SNIPPETS)]
             body = {"prompt": prompt, "suffix": suffix, "deadline_ms": deadline_ms}
@@ -99,11 +111,21 @@ async def run(url: str, clients: int, seconds: float, path: str = "/v1/completio
         wall = time.monotonic() - started
     ok = len(latencies)
     return {
-        "url": endpoint, "clients": clients, "seconds": round(wall, 2), "deadline_ms": deadline_ms,
-        "requests": sum(statuses.values()), "ok": ok, "statuses": dict(statuses), "errors": dict(errors),
+        "url": endpoint,
+        "clients": clients,
+        "seconds": round(wall, 2),
+        "deadline_ms": deadline_ms,
+        "requests": sum(statuses.values()),
+        "ok": ok,
+        "statuses": dict(statuses),
+        "errors": dict(errors),
         "throughput_rps": round(ok / wall, 3) if wall > 0 else 0.0,
-        "latency_ms": {"p50": _r(percentile(latencies, 50)), "p95": _r(percentile(latencies, 95)),
-                       "p99": _r(percentile(latencies, 99)), "mean": _r(statistics.fmean(latencies) if latencies else None)},
+        "latency_ms": {
+            "p50": _r(percentile(latencies, 50)),
+            "p95": _r(percentile(latencies, 95)),
+            "p99": _r(percentile(latencies, 99)),
+            "mean": _r(statistics.fmean(latencies) if latencies else None),
+        },
         "by_process": dict(pids),
     }
 
@@ -124,7 +146,9 @@ def check_url(url: str) -> str | None:
 
 def add_loadtest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="the API's base, e.g. http://127.0.0.1:8765 (loopback only)")
-    p.add_argument("--clients", type=int, default=8, help=f"concurrent clients, each one request at a time (<= {MAX_CLIENTS})")
+    p.add_argument(
+        "--clients", type=int, default=8, help=f"concurrent clients, each one request at a time (<= {MAX_CLIENTS})"
+    )
     p.add_argument("--seconds", type=float, default=20, help=f"how long (<= {MAX_SECONDS})")
     p.add_argument("--path", default="/v1/completions", help="/v1/completions or /v1/fim/completions")
     p.add_argument("--deadline-ms", type=int, default=1000, help="each request's deadline_ms")
@@ -144,9 +168,11 @@ def run_loadtest(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     report = asyncio.run(run(args.url, args.clients, args.seconds, args.path, args.deadline_ms, token))
     lat = report["latency_ms"]
-    print(f"{report['url']}: {report['clients']} clients, {report['seconds']} s: {report['ok']}/{report['requests']} ok "
-          f"{report['statuses']}, {report['throughput_rps']} fills/s, p50 {lat['p50']} ms, p95 {lat['p95']} ms, "
-          f"p99 {lat['p99']} ms; by process {report['by_process']}")
+    print(
+        f"{report['url']}: {report['clients']} clients, {report['seconds']} s: {report['ok']}/{report['requests']} ok "
+        f"{report['statuses']}, {report['throughput_rps']} fills/s, p50 {lat['p50']} ms, p95 {lat['p95']} ms, "
+        f"p99 {lat['p99']} ms; by process {report['by_process']}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

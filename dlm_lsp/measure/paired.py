@@ -10,6 +10,7 @@ the same (key, line, column and kind, in order; the same --seed, --per-kind, --k
 Samples written before session 24 lack the "exact" and "kept_chars" fields; for them exact is the
 shown fill against the middle alone (a fill that re-types closers after the cursor is not counted)
 and kept characters use the ungated fill's "accepted" (the same at gate 0)."""
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,14 @@ def compare(pairs: list[tuple[str, str]]) -> dict:
         se = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1) / n) if n > 1 else float("nan")
         out[kind] = {
             "holes": n,
-            "kept_a": round(sum(_kept(x) for x, _ in xs) / n, 3), "kept_b": round(sum(_kept(y) for _, y in xs) / n, 3),
-            "kept_diff": round(mean, 3), "kept_diff_se": round(se, 3),
-            "exact_a": sum(_exact(x) for x, _ in xs), "exact_b": sum(_exact(y) for _, y in xs),
-            "won": sum(_exact(y) and not _exact(x) for x, y in xs), "lost": sum(_exact(x) and not _exact(y) for x, y in xs),
+            "kept_a": round(sum(_kept(x) for x, _ in xs) / n, 3),
+            "kept_b": round(sum(_kept(y) for _, y in xs) / n, 3),
+            "kept_diff": round(mean, 3),
+            "kept_diff_se": round(se, 3),
+            "exact_a": sum(_exact(x) for x, _ in xs),
+            "exact_b": sum(_exact(y) for _, y in xs),
+            "won": sum(_exact(y) and not _exact(x) for x, y in xs),
+            "lost": sum(_exact(x) and not _exact(y) for x, y in xs),
         }
     return out
 
@@ -72,8 +77,13 @@ def _pair(arg: str) -> tuple[str, str]:
 
 
 def add_paired_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pairs", nargs="+", type=_pair, metavar="A.jsonl:B.jsonl",
-                   help="two eval --samples files of the same holes (A first); several pairs are pooled per kind")
+    p.add_argument(
+        "pairs",
+        nargs="+",
+        type=_pair,
+        metavar="A.jsonl:B.jsonl",
+        help="two eval --samples files of the same holes (A first); several pairs are pooled per kind",
+    )
     p.add_argument("--json", help="write the comparison here")
 
 
@@ -85,9 +95,11 @@ def run_paired(args: argparse.Namespace) -> int:
         print(f"paired: {e}", file=sys.stderr)
         return 2
     for kind, r in res.items():
-        print(f"{kind:6s} {r['holes']:5d} holes  kept chars {r['kept_a']:.3f} -> {r['kept_b']:.3f} "
-              f"(paired {r['kept_diff']:+.3f} +- {r['kept_diff_se']:.3f})  exact {r['exact_a']} -> {r['exact_b']} "
-              f"(won {r['won']}, lost {r['lost']})")
+        print(
+            f"{kind:6s} {r['holes']:5d} holes  kept chars {r['kept_a']:.3f} -> {r['kept_b']:.3f} "
+            f"(paired {r['kept_diff']:+.3f} +- {r['kept_diff_se']:.3f})  exact {r['exact_a']} -> {r['exact_b']} "
+            f"(won {r['won']}, lost {r['lost']})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"pairs": [list(x) for x in pairs], "by_kind": res}, indent=1) + "\n")
     return 0

@@ -20,6 +20,7 @@ one for the previous request first, like VS Code). Reported (and written with --
   null when the engine reports no rows.
 `LspClient` is a minimal JSON-RPC client over a subprocess's stdio, also used by the tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,9 @@ class LspClient:
     """JSON-RPC over a child process's stdin/stdout. Server->client requests are answered with
     null (or `config` for workspace/configuration); notifications are kept in `notifications`."""
 
-    def __init__(self, cmd: list[str], env: dict | None = None, cwd: str | None = None, stderr=None,
-                 config: dict | None = None):
+    def __init__(
+        self, cmd: list[str], env: dict | None = None, cwd: str | None = None, stderr=None, config: dict | None = None
+    ):
         self.cmd, self.env, self.cwd, self.stderr = cmd, env, cwd, stderr
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
@@ -61,9 +63,14 @@ class LspClient:
 
     async def start(self) -> "LspClient":
         self.proc = await asyncio.create_subprocess_exec(
-            *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            *self.cmd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
             stderr=self.stderr if self.stderr is not None else asyncio.subprocess.DEVNULL,
-            env=self.env, cwd=self.cwd, limit=2**24)
+            env=self.env,
+            cwd=self.cwd,
+            limit=2**24,
+        )
         self._reader = asyncio.create_task(self._read_loop())
         return self
 
@@ -151,14 +158,23 @@ class LspClient:
                 pass
 
     async def initialize(self, options: dict | None = None, capabilities: dict | None = None, root: str | None = None):
-        caps = capabilities if capabilities is not None else {
-            "general": {"positionEncodings": ["utf-16"]},
-            "textDocument": {"inlineCompletion": {}, "synchronization": {"dynamicRegistration": False}},
-        }
-        result = await self.request("initialize", {
-            "processId": os.getpid(), "rootUri": Path(root).resolve().as_uri() if root else None,
-            "capabilities": caps, "initializationOptions": options,
-        })
+        caps = (
+            capabilities
+            if capabilities is not None
+            else {
+                "general": {"positionEncodings": ["utf-16"]},
+                "textDocument": {"inlineCompletion": {}, "synchronization": {"dynamicRegistration": False}},
+            }
+        )
+        result = await self.request(
+            "initialize",
+            {
+                "processId": os.getpid(),
+                "rootUri": Path(root).resolve().as_uri() if root else None,
+                "capabilities": caps,
+                "initializationOptions": options,
+            },
+        )
         self.notify("initialized", {})
         return result
 
@@ -207,9 +223,20 @@ def forwarded_summary(job_rows: list) -> dict:
     forwarded = [f for f, _ in rows]
     recompute = [f + u for f, u in rows]
     if not sum(recompute):  # no job ran, or an engine that does not count rows (an HTTP endpoint)
-        return {"engine_jobs_run": len(rows), **{k: None for k in (
-            "forwarded_tokens_mean", "forwarded_tokens_p95", "recompute_tokens_mean", "recompute_tokens_p95",
-            "forwarded_ratio", "reuse_share")}}
+        return {
+            "engine_jobs_run": len(rows),
+            **{
+                k: None
+                for k in (
+                    "forwarded_tokens_mean",
+                    "forwarded_tokens_p95",
+                    "recompute_tokens_mean",
+                    "recompute_tokens_p95",
+                    "forwarded_ratio",
+                    "reuse_share",
+                )
+            },
+        }
     return {
         "engine_jobs_run": len(rows),
         "forwarded_tokens_mean": round(statistics.fmean(forwarded), 1),
@@ -221,16 +248,26 @@ def forwarded_summary(job_rows: list) -> dict:
     }
 
 
-async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: bool = False, model: str | None = None,
-                 budget_ms: int | None = None, device: str | None = None, server_cmd: list[str] | None = None,
-                 log_path: str | None = None, ready_timeout: float = 180.0, at: int | None = None) -> dict:
+async def replay(
+    path: str,
+    cps: float = 10.0,
+    max_chars: int = 400,
+    cancel: bool = False,
+    model: str | None = None,
+    budget_ms: int | None = None,
+    device: str | None = None,
+    server_cmd: list[str] | None = None,
+    log_path: str | None = None,
+    ready_timeout: float = 180.0,
+    at: int | None = None,
+) -> dict:
     """Types `path` into a fresh server and returns the measurements (see module docstring)."""
     full = Path(path).read_text(encoding="utf-8")
     start = 0 if at is None else at
     if not 0 <= start <= len(full):
         raise ValueError(f"--at {start} is outside {path} ({len(full)} characters)")
-    text = full[start:start + max_chars]
-    opened = "" if at is None else full[:start] + full[start + len(text):]
+    text = full[start : start + max_chars]
+    opened = "" if at is None else full[:start] + full[start + len(text) :]
     lang = language_id_for_path(path)
     opts: dict = {}
     if model:
@@ -246,7 +283,9 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
         await client.initialize(opts)
         status = await client.wait_ready(ready_timeout)
         uri = Path(path).resolve().as_uri() + ".replay"
-        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": 1, "text": opened}})
+        client.notify(
+            "textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": lang, "version": 1, "text": opened}}
+        )
         before = full[:start].split("\n")
         line, char = len(before) - 1, units_len(before[-1])  # cursor in UTF-16 units
         records: list[dict] = []
@@ -258,20 +297,34 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
             if cancel and pending_prev is not None and not pending_prev[1].done():
                 client.cancel(pending_prev[0])
             version = i + 2
-            client.notify("textDocument/didChange", {
-                "textDocument": {"uri": uri, "version": version},
-                "contentChanges": [{"range": {"start": {"line": line, "character": char},
-                                              "end": {"line": line, "character": char}}, "text": ch}],
-            })
+            client.notify(
+                "textDocument/didChange",
+                {
+                    "textDocument": {"uri": uri, "version": version},
+                    "contentChanges": [
+                        {
+                            "range": {
+                                "start": {"line": line, "character": char},
+                                "end": {"line": line, "character": char},
+                            },
+                            "text": ch,
+                        }
+                    ],
+                },
+            )
             if ch == "\n":
                 line, char = line + 1, 0
             else:
                 char += units_len(ch)
             rec = {"i": i + 1, "sent": time.monotonic(), "version": version}
-            msg_id, fut = client.send_request("textDocument/inlineCompletion", {
-                "textDocument": {"uri": uri}, "position": {"line": line, "character": char},
-                "context": {"triggerKind": 2},
-            })
+            msg_id, fut = client.send_request(
+                "textDocument/inlineCompletion",
+                {
+                    "textDocument": {"uri": uri},
+                    "position": {"line": line, "character": char},
+                    "context": {"triggerKind": 2},
+                },
+            )
             fut.add_done_callback(lambda f, rec=rec: rec.update(done=time.monotonic()))
             rec["future"] = fut
             records.append(rec)
@@ -320,20 +373,35 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
                 common += 1
             prefix_share.append(common / len(fill))
     result = {
-        "path": str(path), "at": at, "chars": len(text), "cps": cps, "cancel": cancel,
-        "model": status.get("model"), "device": status.get("device"), "budget_ms": budget_ms or 300,
-        "requests": len(records), "answered": len(answered_lat), "empty": stats.get("empty"),
+        "path": str(path),
+        "at": at,
+        "chars": len(text),
+        "cps": cps,
+        "cancel": cancel,
+        "model": status.get("model"),
+        "device": status.get("device"),
+        "budget_ms": budget_ms or 300,
+        "requests": len(records),
+        "answered": len(answered_lat),
+        "empty": stats.get("empty"),
         "cancelled": (stats.get("cancelled") or 0) + (stats.get("stale") or 0),
         "stale": stats.get("stale"),
-        "typed_through": stats.get("typedThrough"), "typed_along": stats.get("typedAlong"), "errors": errors + (stats.get("errors") or 0),
-        "p50_ms": _percentile(answered_lat, 0.5), "p95_ms": _percentile(answered_lat, 0.95),
+        "typed_through": stats.get("typedThrough"),
+        "typed_along": stats.get("typedAlong"),
+        "errors": errors + (stats.get("errors") or 0),
+        "p50_ms": _percentile(answered_lat, 0.5),
+        "p95_ms": _percentile(answered_lat, 0.95),
         "max_ms": round(max(answered_lat), 1) if answered_lat else None,
         "mean_ms": round(statistics.fmean(answered_lat), 1) if answered_lat else None,
         # every answer, empty and superseded ones included: how fast the server responds at all
-        "response_p50_ms": _percentile(all_lat, 0.5), "response_p95_ms": _percentile(all_lat, 0.95),
-        "engine_jobs": stats.get("engineJobs"), "engine_steps": stats.get("engineSteps"),
-        "wasted_steps": stats.get("wastedSteps"), "wasted_step_share": round(stats.get("wastedStepShare") or 0.0, 4),
-        "shown": shown, "next_text_match": round(matched / shown, 4) if shown else 0.0,
+        "response_p50_ms": _percentile(all_lat, 0.5),
+        "response_p95_ms": _percentile(all_lat, 0.95),
+        "engine_jobs": stats.get("engineJobs"),
+        "engine_steps": stats.get("engineSteps"),
+        "wasted_steps": stats.get("wastedSteps"),
+        "wasted_step_share": round(stats.get("wastedStepShare") or 0.0, 4),
+        "shown": shown,
+        "next_text_match": round(matched / shown, 4) if shown else 0.0,
         "next_text_prefix_share": round(statistics.fmean(prefix_share), 4) if prefix_share else 0.0,
         **forwarded_summary(stats.get("engineJobRows")),
         "latencies_ms": [round(x, 1) for x in answered_lat],
@@ -343,8 +411,9 @@ async def replay(path: str, cps: float = 10.0, max_chars: int = 400, cancel: boo
     return result
 
 
-def write_histogram(latencies: list[float], out: str, title: str, budget_ms: float | None = None,
-                    responses: list[float] | None = None) -> None:
+def write_histogram(
+    latencies: list[float], out: str, title: str, budget_ms: float | None = None, responses: list[float] | None = None
+) -> None:
     """Latency histogram PNG (matplotlib, Agg backend): answered fills, and every response behind."""
     import matplotlib
 
@@ -361,7 +430,9 @@ def write_histogram(latencies: list[float], out: str, title: str, budget_ms: flo
     if responses:
         ax.hist(responses, bins=bins, color="#c8c8c8", edgecolor="white", label=f"all responses ({len(responses)})")
     if latencies:
-        ax.hist(latencies, bins=bins, color="#3b7dd8", edgecolor="white", label=f"fills shown/answered ({len(latencies)})")
+        ax.hist(
+            latencies, bins=bins, color="#3b7dd8", edgecolor="white", label=f"fills shown/answered ({len(latencies)})"
+        )
     if budget_ms:
         ax.axvline(budget_ms, color="#d83b3b", linestyle="--", label=f"budget {budget_ms:.0f} ms")
     if values or budget_ms:
@@ -379,9 +450,14 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="source file to type")
     p.add_argument("--cps", type=float, default=10.0, help="characters per second (default 10)")
     p.add_argument("--max-chars", type=int, default=400, help="type at most this many characters (default 400)")
-    p.add_argument("--at", type=int, default=None, metavar="N",
-                   help="open the whole file less the typed span and type it back at character offset N "
-                        "(default: type from an empty document)")
+    p.add_argument(
+        "--at",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open the whole file less the typed span and type it back at character offset N "
+        "(default: type from an empty document)",
+    )
     p.add_argument("--cancel", action="store_true", help="send $/cancelRequest for the previous request (like VS Code)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--png", default=None, metavar="OUT", help="write a latency histogram PNG")
@@ -393,8 +469,19 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
 
 def run_replay(args: argparse.Namespace) -> int:
     try:
-        res = asyncio.run(replay(args.path, cps=args.cps, max_chars=args.max_chars, cancel=args.cancel, model=args.model,
-                                 budget_ms=args.budget_ms, device=args.device, log_path=args.server_log, at=args.at))
+        res = asyncio.run(
+            replay(
+                args.path,
+                cps=args.cps,
+                max_chars=args.max_chars,
+                cancel=args.cancel,
+                model=args.model,
+                budget_ms=args.budget_ms,
+                device=args.device,
+                log_path=args.server_log,
+                at=args.at,
+            )
+        )
     except ValueError as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2
@@ -403,8 +490,16 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{k:24} {v}")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({**res, "latencies_ms": lat, "response_latencies_ms": rlat, "shown_fills": fills}, indent=2) + "\n")
+        Path(args.json_out).write_text(
+            json.dumps({**res, "latencies_ms": lat, "response_latencies_ms": rlat, "shown_fills": fills}, indent=2)
+            + "\n"
+        )
     if args.png:
-        write_histogram(lat, args.png, f"replay {Path(args.path).name} at {args.cps:g} cps, model {res['model']}",
-                        res["budget_ms"], rlat)
+        write_histogram(
+            lat,
+            args.png,
+            f"replay {Path(args.path).name} at {args.cps:g} cps, model {res['model']}",
+            res["budget_ms"],
+            rlat,
+        )
     return 0

@@ -16,6 +16,7 @@ warm-up (--warmup-s) to the end, in percent. The engine runs inside the server (
 so that RSS is the model's too; with --engine shared the daemon's RSS is reported beside it.
 Exit status 1 when lost > 0 or late > 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,11 +100,24 @@ def default_sources(most: int = 8, max_bytes: int = 40_000) -> list[Path]:
 
 
 class Soak:
-    def __init__(self, seconds: float, cps: float = 20.0, docs: int = 5, cancel_rate: float = 1.0,
-                 model: str | None = None, sources: list[Path] | None = None, warmup_s: float | None = None,
-                 late_ms: float = 2000.0, grace_s: float = 5.0, seed: int = 0, budget_ms: int | None = None,
-                 server_cmd: list[str] | None = None, log_path: str | None = None, options: dict | None = None,
-                 engine: str = "inproc"):
+    def __init__(
+        self,
+        seconds: float,
+        cps: float = 20.0,
+        docs: int = 5,
+        cancel_rate: float = 1.0,
+        model: str | None = None,
+        sources: list[Path] | None = None,
+        warmup_s: float | None = None,
+        late_ms: float = 2000.0,
+        grace_s: float = 5.0,
+        seed: int = 0,
+        budget_ms: int | None = None,
+        server_cmd: list[str] | None = None,
+        log_path: str | None = None,
+        options: dict | None = None,
+        engine: str = "inproc",
+    ):
         self.seconds, self.cps, self.n_docs, self.cancel_rate = seconds, cps, docs, cancel_rate
         self.model, self.late_ms, self.grace_s = model, late_ms, grace_s
         self.warmup_s = warmup_s if warmup_s is not None else min(60.0, seconds * 0.2)
@@ -168,7 +182,9 @@ class Soak:
         docs = []
         for i in range(self.n_docs):
             uri = f"file:///soak/doc{i}.py"
-            client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": ""}})
+            client.notify(
+                "textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": ""}}
+            )
             docs.append({"uri": uri, "version": 1, "file": i % len(self.texts), "i": 0, "line": 0, "char": 0})
         loop = asyncio.get_running_loop()
         start, k, active, prev = loop.time(), 0, 0, None
@@ -183,24 +199,36 @@ class Soak:
             text = self.texts[d["file"]]
             if d["i"] >= len(text):  # file done: empty the document and type the next file
                 d.update(file=(d["file"] + 1) % len(self.texts), i=0, line=0, char=0, version=d["version"] + 1)
-                client.notify("textDocument/didChange", {"textDocument": {"uri": d["uri"], "version": d["version"]},
-                                                         "contentChanges": [{"text": ""}]})
+                client.notify(
+                    "textDocument/didChange",
+                    {"textDocument": {"uri": d["uri"], "version": d["version"]}, "contentChanges": [{"text": ""}]},
+                )
                 continue
             ch = text[d["i"]]
             d["i"] += 1
             d["version"] += 1
             at = {"line": d["line"], "character": d["char"]}
-            client.notify("textDocument/didChange", {"textDocument": {"uri": d["uri"], "version": d["version"]},
-                                                     "contentChanges": [{"range": {"start": at, "end": at}, "text": ch}]})
+            client.notify(
+                "textDocument/didChange",
+                {
+                    "textDocument": {"uri": d["uri"], "version": d["version"]},
+                    "contentChanges": [{"range": {"start": at, "end": at}, "text": ch}],
+                },
+            )
             if ch == "\n":
                 d["line"], d["char"] = d["line"] + 1, 0
             else:
                 d["char"] += utf16_len(ch)
             if prev is not None and not prev[1].done() and self.rng.random() < self.cancel_rate:
                 client.cancel(prev[0])
-            msg_id, fut = client.send_request("textDocument/inlineCompletion", {
-                "textDocument": {"uri": d["uri"]}, "position": {"line": d["line"], "character": d["char"]},
-                "context": {"triggerKind": 2}})
+            msg_id, fut = client.send_request(
+                "textDocument/inlineCompletion",
+                {
+                    "textDocument": {"uri": d["uri"]},
+                    "position": {"line": d["line"], "character": d["char"]},
+                    "context": {"triggerKind": 2},
+                },
+            )
             rec = {"sent": time.monotonic(), "future": fut}
             fut.add_done_callback(lambda f, rec=rec: rec.update(done=time.monotonic()))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -236,26 +264,50 @@ class Soak:
         warm = [kb for t, kb in self.rss if t >= self.warmup_s]
         growth = round((warm[-1] - warm[0]) / warm[0] * 100, 1) if len(warm) >= 2 else None
         ewarm = [kb for t, kb in self.engine_rss if t >= self.warmup_s]
-        engine = {"engine_rss_end_mb": round(ewarm[-1] / 1024, 1),
-                  "engine_rss_growth_pct": round((ewarm[-1] - ewarm[0]) / ewarm[0] * 100, 1)} if len(ewarm) >= 2 else {}
+        engine = (
+            {
+                "engine_rss_end_mb": round(ewarm[-1] / 1024, 1),
+                "engine_rss_growth_pct": round((ewarm[-1] - ewarm[0]) / ewarm[0] * 100, 1),
+            }
+            if len(ewarm) >= 2
+            else {}
+        )
         server_errors = int(stats.get("errors") or 0)
         return {
             "ok": lost == 0 and late == 0 and exited is None,
-            "seconds": round(typed_s, 1), "cps": self.cps, "docs": self.n_docs, "cancel_rate": self.cancel_rate,
-            "model": status.get("model"), "device": status.get("device"),
-            "requests": len(self.records), "answered": len(lat), "fills": fills, "cancelled": cancelled,
-            "errors": errors + server_errors, "error_kinds": error_kinds, "server_errors": server_errors,
-            "lost": lost, "late": late, "late_ms": self.late_ms, "exited": exited,
-            "p50_ms": _percentile(lat, 0.5), "p95_ms": _percentile(lat, 0.95),
+            "seconds": round(typed_s, 1),
+            "cps": self.cps,
+            "docs": self.n_docs,
+            "cancel_rate": self.cancel_rate,
+            "model": status.get("model"),
+            "device": status.get("device"),
+            "requests": len(self.records),
+            "answered": len(lat),
+            "fills": fills,
+            "cancelled": cancelled,
+            "errors": errors + server_errors,
+            "error_kinds": error_kinds,
+            "server_errors": server_errors,
+            "lost": lost,
+            "late": late,
+            "late_ms": self.late_ms,
+            "exited": exited,
+            "p50_ms": _percentile(lat, 0.5),
+            "p95_ms": _percentile(lat, 0.95),
             "max_ms": round(max(lat), 1) if lat else None,
             "rss_start_mb": round(self.rss[0][1] / 1024, 1) if self.rss else None,
             "rss_warm_mb": round(warm[0] / 1024, 1) if warm else None,
             "rss_end_mb": round(self.rss[-1][1] / 1024, 1) if self.rss else None,
             "rss_max_mb": round(max(kb for _, kb in self.rss) / 1024, 1) if self.rss else None,
-            "rss_growth_pct": growth, "warmup_s": self.warmup_s, "engine": self.engine, **engine,
-            "engine_jobs": stats.get("engineJobs"), "typed_through": stats.get("typedThrough"),
+            "rss_growth_pct": growth,
+            "warmup_s": self.warmup_s,
+            "engine": self.engine,
+            **engine,
+            "engine_jobs": stats.get("engineJobs"),
+            "typed_through": stats.get("typedThrough"),
             "server_exceptions": self.exceptions,
-            "rss_kb": self.rss, **({"engine_rss_kb": self.engine_rss} if self.engine_rss else {}),
+            "rss_kb": self.rss,
+            **({"engine_rss_kb": self.engine_rss} if self.engine_rss else {}),
         }
 
 
@@ -268,29 +320,62 @@ def add_soak_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seconds", type=float, default=None, help="how long to type, in seconds (short runs)")
     p.add_argument("--cps", type=float, default=20.0, help="keystrokes per second, all documents together (default 20)")
     p.add_argument("--docs", type=int, default=5, help="documents open at once (default 5)")
-    p.add_argument("--cancel-rate", type=float, default=1.0,
-                   help="share of keystrokes that cancel the previous unanswered request (default 1: VS Code)")
+    p.add_argument(
+        "--cancel-rate",
+        type=float,
+        default=1.0,
+        help="share of keystrokes that cancel the previous unanswered request (default 1: VS Code)",
+    )
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
-    p.add_argument("--model", default=None, help="model folder, or scripted:... for the scripted engine (default: the embedded model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model folder, or scripted:... for the scripted engine (default: the embedded model)",
+    )
     p.add_argument("--source", dest="sources", action="append", default=None, help="a file to type (repeatable)")
-    p.add_argument("--warmup-s", type=float, default=None, help="RSS growth is counted from here (default 20%% of the run, at most 60 s)")
-    p.add_argument("--late-ms", type=float, default=2000.0, help="an answer later than this fails the run (default 2000)")
-    p.add_argument("--grace-s", type=float, default=5.0, help="how long unanswered requests may still answer after typing ends")
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="RSS growth is counted from here (default 20%% of the run, at most 60 s)",
+    )
+    p.add_argument(
+        "--late-ms", type=float, default=2000.0, help="an answer later than this fails the run (default 2000)"
+    )
+    p.add_argument(
+        "--grace-s", type=float, default=5.0, help="how long unanswered requests may still answer after typing ends"
+    )
     p.add_argument("--budget-ms", type=int, default=None, help="server budget per fill (default 300)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine", choices=["inproc", "shared"], default="inproc",
-                   help="the engine in the server process (default: its RSS is the server's) or the shared daemon "
-                        "(its RSS reported apart)")
+    p.add_argument(
+        "--engine",
+        choices=["inproc", "shared"],
+        default="inproc",
+        help="the engine in the server process (default: its RSS is the server's) or the shared daemon "
+        "(its RSS reported apart)",
+    )
     p.add_argument("--server-log", default=None, help="write the server's stderr here")
     p.add_argument("--server-cmd", default=None, help="run this server command instead of dlm-lsp serve")
 
 
 def run_soak(args: argparse.Namespace) -> int:
     seconds = args.seconds if args.seconds is not None else (args.minutes if args.minutes is not None else 30) * 60
-    soak = Soak(seconds, cps=args.cps, docs=args.docs, cancel_rate=args.cancel_rate, model=args.model,
-                sources=[Path(s) for s in args.sources] if args.sources else None, warmup_s=args.warmup_s,
-                late_ms=args.late_ms, grace_s=args.grace_s, seed=args.seed, budget_ms=args.budget_ms, log_path=args.server_log,
-                server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None, engine=args.engine)
+    soak = Soak(
+        seconds,
+        cps=args.cps,
+        docs=args.docs,
+        cancel_rate=args.cancel_rate,
+        model=args.model,
+        sources=[Path(s) for s in args.sources] if args.sources else None,
+        warmup_s=args.warmup_s,
+        late_ms=args.late_ms,
+        grace_s=args.grace_s,
+        seed=args.seed,
+        budget_ms=args.budget_ms,
+        log_path=args.server_log,
+        server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None,
+        engine=args.engine,
+    )
     rep = asyncio.run(soak.run())
     for k, v in rep.items():
         if k not in ("rss_kb", "engine_rss_kb"):

@@ -18,6 +18,7 @@ beyond the windows), tokenized at admission, of which the last 16k tokens (`far_
 with numpy for the slot's run; an id gains the larger of its near gain and k x `copy_far`, k its
 longest match there, so an id both sides predict is not counted twice. The far text is only
 searched, never forwarded: it costs a scan, not model time."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from engine.api import DecodeOptions
+
 
 class Successors(Mapping):
     """The copy boost's near table, looked up as it is needed: run (1..`order` ids) -> the sorted
@@ -62,8 +64,12 @@ class Successors(Mapping):
 
     def _table(self) -> dict[tuple, list[int]]:  # every key (iteration, len, ==: tests and debugging)
         a = [] if self._arr is None else self._arr.tolist()
-        runs = {tuple(a[i - k : i]) for i in range(1, len(a)) for k in range(1, self.order + 1)
-                if i - k >= 0 and a[i] >= 0 and min(a[i - k : i]) >= 0}
+        runs = {
+            tuple(a[i - k : i])
+            for i in range(1, len(a))
+            for k in range(1, self.order + 1)
+            if i - k >= 0 and a[i] >= 0 and min(a[i - k : i]) >= 0
+        }
         return {r: self[r] for r in runs}
 
     def __iter__(self):
@@ -108,8 +114,16 @@ def far_successors(far: np.ndarray, run: tuple) -> list[list[int]]:
     return out
 
 
-def copy_bias(left: list[tuple], uni: list[int], succ: dict[tuple, list[int]], vocab: int,
-              opts: DecodeOptions, dtype=torch.float32, device="cpu", far: np.ndarray | None = None) -> torch.Tensor:
+def copy_bias(
+    left: list[tuple],
+    uni: list[int],
+    succ: dict[tuple, list[int]],
+    vocab: int,
+    opts: DecodeOptions,
+    dtype=torch.float32,
+    device="cpu",
+    far: np.ndarray | None = None,
+) -> torch.Tensor:
     """(M, V) logit bias of the context copy boost for M slots; `left[r]`: the committed ids just
     left of slot r (up to copy_order, nearest last; empty when its neighbour is still masked).
     `copy_unigram` on every context id; k x `copy_bigram` on the ids that follow the slot's last k
@@ -119,9 +133,13 @@ def copy_bias(left: list[tuple], uni: list[int], succ: dict[tuple, list[int]], v
     far_w = opts.copy_far if far is not None else 0
     for r, run in enumerate(left):
         gain: dict[int, float] = {}
-        for w, found in ((opts.copy_bigram, lambda k: succ.get(tuple(run[-k:]), ())),
-                         (far_w, (lambda fs: lambda k: fs[k - 1] if k <= len(fs) else ())(
-                             far_successors(far, run) if far_w else []))):
+        for w, found in (
+            (opts.copy_bigram, lambda k: succ.get(tuple(run[-k:]), ())),
+            (
+                far_w,
+                (lambda fs: lambda k: fs[k - 1] if k <= len(fs) else ())(far_successors(far, run) if far_w else []),
+            ),
+        ):
             if not w:
                 continue
             seen: set[int] = set()
@@ -137,8 +155,16 @@ def copy_bias(left: list[tuple], uni: list[int], succ: dict[tuple, list[int]], v
     return bias
 
 
-def chain_copy_bias(left: list[tuple], chain: list[bool], logits: torch.Tensor, tables: tuple, opts: DecodeOptions,
-                    order: int, far: np.ndarray | None = None, restrict=None) -> torch.Tensor:
+def chain_copy_bias(
+    left: list[tuple],
+    chain: list[bool],
+    logits: torch.Tensor,
+    tables: tuple,
+    opts: DecodeOptions,
+    order: int,
+    far: np.ndarray | None = None,
+    restrict=None,
+) -> torch.Tensor:
     """copy_bias for draft chaining (DecodeOptions.copy_chain), row by row from the left: row r's
     run is `left[r]`, or, when `chain[r]` (its left neighbour is row r - 1's slot, masked and
     predicted now), row r - 1's run plus row r - 1's prediction: the argmax of its logits + bias
@@ -153,7 +179,9 @@ def chain_copy_bias(left: list[tuple], chain: list[bool], logits: torch.Tensor, 
                 row = restrict(r - 1, row)
             run = (runs[r - 1] + (int(row.argmax()),))[-order:]
         runs.append(run)
-        bias[r] = copy_bias([run], *tables, logits.shape[-1], opts, dtype=logits.dtype, device=logits.device, far=far)[0]
+        bias[r] = copy_bias([run], *tables, logits.shape[-1], opts, dtype=logits.dtype, device=logits.device, far=far)[
+            0
+        ]
     return bias
 
 

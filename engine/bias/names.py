@@ -20,6 +20,7 @@ a name the file already has builds nothing new.
 
 Only ASCII identifiers are tracked; a token with other letters is never penalized.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -229,8 +230,16 @@ class NameBias:
     slot's candidate ids, cached per partial identifier. `base`: the canvas's prefix text just
     before slot 0; `decode`: ids -> text (the job's tokenizer)."""
 
-    def __init__(self, vocab: Vocab, sets: list[NameSet], weight: float, base: str = "", decode=None,
-                 brackets: float = 0.0, ends: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        vocab: Vocab,
+        sets: list[NameSet],
+        weight: float,
+        base: str = "",
+        decode=None,
+        brackets: float = 0.0,
+        ends: tuple[int, ...] = (),
+    ):
         self.vocab, self.weight = vocab, float(weight)
         self.sets = [s for s in sets if s.sorted]
         self.base, self.decode = base, decode
@@ -253,8 +262,11 @@ class NameBias:
         left = self.left_of(slot_ids)
         if heal is not None:
             return self.heal_row(left, heal) if self.weight else None
-        rows = [r for r in (self.row(left) if self.weight else None,
-                            self.bracket_row(left) if self.brackets else None) if r is not None]
+        rows = [
+            r
+            for r in (self.row(left) if self.weight else None, self.bracket_row(left) if self.brackets else None)
+            if r is not None
+        ]
         return None if not rows else rows[0] if len(rows) == 1 else rows[0] + rows[1]
 
     def bracket_row(self, left: str) -> torch.Tensor | None:

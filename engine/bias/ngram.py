@@ -39,6 +39,7 @@ run; its most frequent next ids gain weight x P) to the project's own text:
   and its document (FillJob.workspace, FillJob.document), whose own pairs `view(exclude)` subtracts.
 Both weights are per hole kind like `ngram` ("local_ngram_kinds", "workspace_ngram_kinds").
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -112,11 +113,17 @@ class NgramTable:
     def save(self, path: Path, tokenizer_sha256: str, about: dict | None = None) -> None:
         from safetensors.numpy import save_file
 
-        meta = {"orders": json.dumps(sorted(self.orders)), "tokenizer_sha256": tokenizer_sha256,
-                "about": json.dumps(about or {})}
+        meta = {
+            "orders": json.dumps(sorted(self.orders)),
+            "tokenizer_sha256": tokenizer_sha256,
+            "about": json.dumps(about or {}),
+        }
         nxt_dtype = np.int16 if int(self.nxt.max(initial=0)) < 32768 else np.int32  # -1: none
-        save_file({"ctx": self.ctx, "next": self.nxt.astype(nxt_dtype), "prob": self.prob.astype(np.float16)},
-                  str(path), metadata=meta)
+        save_file(
+            {"ctx": self.ctx, "next": self.nxt.astype(nxt_dtype), "prob": self.prob.astype(np.float16)},
+            str(path),
+            metadata=meta,
+        )
 
 
 def add_bias(table, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
@@ -136,7 +143,9 @@ def add_hit(logits: torch.Tensor, r: int, hit: tuple[np.ndarray, np.ndarray], we
     ids, p = hit
     ok = ids < logits.shape[-1]
     if ok.any():
-        logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(logits.device, logits.dtype)
+        logits[r, torch.from_numpy(ids[ok]).to(logits.device)] += torch.from_numpy(weight * p[ok]).to(
+            logits.device, logits.dtype
+        )
 
 
 LOCAL_ORDERS = (3, 4, 5, 6)
@@ -157,8 +166,13 @@ class LocalNgram:
     Each order's context hash is kept per position, so a lookup is one comparison over the texts'
     ids (a few thousand), not a table built per keystroke (docs/MODEL.md, "Session 21")."""
 
-    def __init__(self, parts: list, orders: tuple[int, ...] = LOCAL_ORDERS, min_count: int = LOCAL_MIN_COUNT,
-                 top: int = LOCAL_TOP):
+    def __init__(
+        self,
+        parts: list,
+        orders: tuple[int, ...] = LOCAL_ORDERS,
+        min_count: int = LOCAL_MIN_COUNT,
+        top: int = LOCAL_TOP,
+    ):
         chunks = [np.r_[np.asarray(p, dtype=np.int64), -1] for p in parts if p is not None and len(p)]
         self.a = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
         self.orders = tuple(sorted(orders, reverse=True))  # longest first
@@ -213,8 +227,13 @@ class WorkspaceNgram:
     Used only where the fill's own n-gram has no context (Canvas.add_local): on the held-out line
     holes it is a fallback, not a second vote (docs/MODEL.md, "Session 22")."""
 
-    def __init__(self, orders: tuple[int, ...] = LOCAL_ORDERS, min_count: int = LOCAL_MIN_COUNT,
-                 top: int = LOCAL_TOP, max_tokens: int = WORKSPACE_MAX_TOKENS):
+    def __init__(
+        self,
+        orders: tuple[int, ...] = LOCAL_ORDERS,
+        min_count: int = LOCAL_MIN_COUNT,
+        top: int = LOCAL_TOP,
+        max_tokens: int = WORKSPACE_MAX_TOKENS,
+    ):
         import threading
 
         self.orders = tuple(sorted(orders, reverse=True))
@@ -351,14 +370,22 @@ def load_table(folder) -> NgramTable | None:
         raise NgramError(str(e)) from None
     meta = header.get("__metadata__") or {}
     names = {k for k in header if k != "__metadata__"}
-    if names != {"ctx", "next", "prob"} or header["ctx"].get("dtype") != "U64" \
-            or header["next"].get("dtype") not in ("I16", "I32") or header["prob"].get("dtype") not in ("F16", "F32"):
-        raise NgramError(f"{path}: expected tensors ctx (U64), next (I16 or I32) and prob (F16 or F32), found "
-                         f"{ {k: header[k].get('dtype') for k in sorted(names)} }")
+    if (
+        names != {"ctx", "next", "prob"}
+        or header["ctx"].get("dtype") != "U64"
+        or header["next"].get("dtype") not in ("I16", "I32")
+        or header["prob"].get("dtype") not in ("F16", "F32")
+    ):
+        raise NgramError(
+            f"{path}: expected tensors ctx (U64), next (I16 or I32) and prob (F16 or F32), found "
+            f"{ {k: header[k].get('dtype') for k in sorted(names)} }"
+        )
     want = tokenizer_digest(folder) if (Path(folder) / "tokenizer.json").exists() else None
     if meta.get("tokenizer_sha256") != want:
-        raise NgramError(f"{path} was counted with another tokenizer than {Path(folder) / 'tokenizer.json'}; "
-                         "rebuild it with `dlm-lsp ngram`")
+        raise NgramError(
+            f"{path} was counted with another tokenizer than {Path(folder) / 'tokenizer.json'}; "
+            "rebuild it with `dlm-lsp ngram`"
+        )
     try:
         orders = tuple(int(k) for k in json.loads(meta.get("orders", "[]")))
         from safetensors.numpy import load_file

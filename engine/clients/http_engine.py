@@ -23,6 +23,7 @@ state) over a FIM HTTP endpoint, so the language server's scheduler runs unchang
   backend went away behind a proxy (a Ray Serve replica killed: 500/502/503 without this API's
   error object, or the connection dropped mid-answer) is sent once more if the deadline allows.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,8 +84,15 @@ def base_url(url: str) -> str:
 class HttpEngine:
     """A FIM HTTP endpoint as the language server's engine; thread-safe submit()."""
 
-    def __init__(self, url: str, api: str = "openai-fim", api_key_env: str | None = None, model: str | None = None,
-                 on_state=None, max_connections: int = 8):
+    def __init__(
+        self,
+        url: str,
+        api: str = "openai-fim",
+        api_key_env: str | None = None,
+        model: str | None = None,
+        on_state=None,
+        max_connections: int = 8,
+    ):
         if api not in FLAVOURS:
             raise ValueError(f"engine api must be one of {sorted(FLAVOURS)}, got {api!r}")
         self.base = base_url(url)
@@ -118,9 +126,18 @@ class HttpEngine:
         self.state, self.message = state, message
         if self.on_state is not None:
             try:
-                self.on_state(state, {"model": self.model_id or self.base, "device": self.host, "message": message,
-                                      "threads": None, "gate": self.gate, "calibrator": self.calibrator,
-                                      "engine": "http"})
+                self.on_state(
+                    state,
+                    {
+                        "model": self.model_id or self.base,
+                        "device": self.host,
+                        "message": message,
+                        "threads": None,
+                        "gate": self.gate,
+                        "calibrator": self.calibrator,
+                        "engine": "http",
+                    },
+                )
             except Exception:  # a broken callback must not stop the engine thread
                 log.exception("on_state callback failed")
 
@@ -139,8 +156,11 @@ class HttpEngine:
             self._thread.start()
         self._set_state("loading", None)
         if self.api_key_env and self._api_key is None:
-            self._set_state("error", f"the environment variable {self.api_key_env} (engine apiKeyEnv) is not set: "
-                                     "the engine's API key goes there")
+            self._set_state(
+                "error",
+                f"the environment variable {self.api_key_env} (engine apiKeyEnv) is not set: "
+                "the engine's API key goes there",
+            )
             return self
         asyncio.run_coroutine_threadsafe(self._setup(), self._loop)
         return self
@@ -148,9 +168,12 @@ class HttpEngine:
     async def _setup(self) -> None:
         import httpx
 
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=self.max_connections,
-                                                             max_keepalive_connections=self.max_connections),
-                                         timeout=NO_DEADLINE_TIMEOUT_S, trust_env=False, follow_redirects=False)
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections),
+            timeout=NO_DEADLINE_TIMEOUT_S,
+            trust_env=False,
+            follow_redirects=False,
+        )
         self._reprobe()
 
     def close(self) -> None:
@@ -212,15 +235,25 @@ class HttpEngine:
                 self._set_state("loading", f"the engine at {self.base} does not answer ({why}); retrying")
             else:
                 if r.status_code in (401, 403):
-                    self._set_state("error", f"the engine at {self.base} refused the API key (HTTP {r.status_code})"
-                                    + (f"; check {self.api_key_env}" if self.api_key_env else
-                                       "; set engine apiKeyEnv to the environment variable that holds it"))
+                    self._set_state(
+                        "error",
+                        f"the engine at {self.base} refused the API key (HTTP {r.status_code})"
+                        + (
+                            f"; check {self.api_key_env}"
+                            if self.api_key_env
+                            else "; set engine apiKeyEnv to the environment variable that holds it"
+                        ),
+                    )
                     return
                 if r.status_code == 200:
                     self._read_models(r)
                 # 404 and the like: an endpoint without a model list still serves completions
-                log.info("engine at %s ready (HTTP %d from /models; %s)", self.base, r.status_code,
-                         "dlm-lsp" if self.dlm else self.api)
+                log.info(
+                    "engine at %s ready (HTTP %d from /models; %s)",
+                    self.base,
+                    r.status_code,
+                    "dlm-lsp" if self.dlm else self.api,
+                )
                 self._set_state("ready", None)
                 return
             await asyncio.sleep(PROBE_BACKOFF_S[min(tries, len(PROBE_BACKOFF_S) - 1)])
@@ -247,7 +280,9 @@ class HttpEngine:
         """Sends a job; the future resolves to a Fill (cancelled ones too) or raises EngineError."""
         fut: Future = Future()
         if self._closed.is_set() or self._loop is None:
-            fut.set_exception(EngineError("the engine is shut down" if self._closed.is_set() else "the engine is not started"))
+            fut.set_exception(
+                EngineError("the engine is shut down" if self._closed.is_set() else "the engine is not started")
+            )
             return fut
         if self.state == "error":
             fut.set_exception(EngineError(self.message or "the engine failed"))
@@ -310,7 +345,11 @@ class HttpEngine:
 
         t0 = time.monotonic()
         for attempt in (0, 1):
-            left = NO_DEADLINE_TIMEOUT_S if job.deadline is None else max(0.05, job.deadline - time.monotonic() + REQUEST_GRACE_S)
+            left = (
+                NO_DEADLINE_TIMEOUT_S
+                if job.deadline is None
+                else max(0.05, job.deadline - time.monotonic() + REQUEST_GRACE_S)
+            )
             retry = attempt == 0 and (job.deadline is None or job.deadline - time.monotonic() > RETRY_MIN_LEFT_S)
             try:
                 status, raw = await self._send(job, left)
@@ -333,8 +372,9 @@ class HttpEngine:
         raise AssertionError("unreachable")
 
     async def _send(self, job: FillJob, left: float) -> tuple[int, bytes]:
-        async with self._client.stream("POST", self.endpoint, json=self._body(job), headers=self._headers(),
-                                       timeout=left) as r:
+        async with self._client.stream(
+            "POST", self.endpoint, json=self._body(job), headers=self._headers(), timeout=left
+        ) as r:
             raw = bytearray()
             async for part in r.aiter_bytes():
                 raw += part
@@ -377,9 +417,17 @@ class HttpEngine:
             return [x for x in v if isinstance(x, (int, float))] if isinstance(v, list) else []
 
         tokens = int(num(use, "completion_tokens", 0))
-        return Fill(text=text, tokens=tokens, steps=int(num(ext, "steps", 0)), slots=job.max_tokens,
-                    deadline_hit=bool(ext.get("deadline_hit")), queue_ms=float(num(ext, "queue_ms")),
-                    compute_ms=round_trip_ms, tokens_per_step=[int(x) for x in nums(ext, "tokens_per_step")],
-                    ms_per_step=[float(x) for x in nums(ext, "ms_per_step")],
-                    confidence=float(num(ext, "confidence", 1.0)), forwarded_tokens=int(num(ext, "forwarded_tokens", 0)),
-                    reused_tokens=int(num(ext, "reused_tokens", 0)))
+        return Fill(
+            text=text,
+            tokens=tokens,
+            steps=int(num(ext, "steps", 0)),
+            slots=job.max_tokens,
+            deadline_hit=bool(ext.get("deadline_hit")),
+            queue_ms=float(num(ext, "queue_ms")),
+            compute_ms=round_trip_ms,
+            tokens_per_step=[int(x) for x in nums(ext, "tokens_per_step")],
+            ms_per_step=[float(x) for x in nums(ext, "ms_per_step")],
+            confidence=float(num(ext, "confidence", 1.0)),
+            forwarded_tokens=int(num(ext, "forwarded_tokens", 0)),
+            reused_tokens=int(num(ext, "reused_tokens", 0)),
+        )

@@ -12,6 +12,7 @@ engine daemon (engine/serve/daemon.py), which it starts when none is running. No
   (starting a new daemon; the lock makes windows that race for it end with one). A daemon that
   ended in the error state is not restarted: as in-process, the server is restarted instead.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -86,8 +87,15 @@ def _chunks(files: dict) -> list[dict]:
 class RemoteEngine:
     """A connection to the shared engine of (model, device); thread-safe submit()."""
 
-    def __init__(self, model: str | None = None, device: str = "auto", on_state=None, threads: int | None = None,
-                 idle_s: float | None = None, connect_timeout: float = CONNECT_TIMEOUT_S):
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        on_state=None,
+        threads: int | None = None,
+        idle_s: float | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+    ):
         self.model_name, self.device_name = model, device or "auto"
         self.on_state = on_state
         self.threads, self.idle_s, self.connect_timeout = threads, idle_s, connect_timeout
@@ -113,8 +121,12 @@ class RemoteEngine:
         self.state, self.message = state, message
         if self.on_state is None:
             return
-        out = {"model": str(self.model_name or "default"), "device": self.device_name, "message": message,
-               "threads": None}
+        out = {
+            "model": str(self.model_name or "default"),
+            "device": self.device_name,
+            "message": message,
+            "threads": None,
+        }
         out.update(info or {})
         out["message"] = message
         out["engine"] = "shared"
@@ -244,8 +256,15 @@ class RemoteEngine:
                 cmd += ["--idle-s", str(self.idle_s)]
             logfd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfd, stderr=logfd, pass_fds=(fd,),
-                                        start_new_session=True, cwd=str(REPO_ROOT))
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logfd,
+                    stderr=logfd,
+                    pass_fds=(fd,),
+                    start_new_session=True,
+                    cwd=str(REPO_ROOT),
+                )
             except OSError as e:
                 raise EngineError(f"could not start the shared engine ({e})") from None
             finally:
@@ -260,10 +279,14 @@ class RemoteEngine:
                     pass
                 rc = proc.poll()
                 if rc is not None:
-                    raise EngineError(f"the shared engine exited with code {rc} before it listened: "
-                                      f"{_log_tail(place.log)[-600:] or 'no log'} (log: {place.log})")
+                    raise EngineError(
+                        f"the shared engine exited with code {rc} before it listened: "
+                        f"{_log_tail(place.log)[-600:] or 'no log'} (log: {place.log})"
+                    )
                 if time.monotonic() > deadline:
-                    raise EngineError(f"the shared engine did not listen within {self.connect_timeout:.0f} s; see {place.log}")
+                    raise EngineError(
+                        f"the shared engine did not listen within {self.connect_timeout:.0f} s; see {place.log}"
+                    )
                 time.sleep(0.05)
         finally:
             os.close(fd)  # releases the lock unless the daemon did already
@@ -313,8 +336,9 @@ class RemoteEngine:
             with self._lock:
                 waiter = self._space_waiters.pop(m["id"], None)
             if waiter is not None:
-                _resolve(waiter, m.get("result")) if op == "workspace" else \
-                    _resolve(waiter, exc=EngineError(str(m.get("message") or "the shared engine refused the files")))
+                _resolve(waiter, m.get("result")) if op == "workspace" else _resolve(
+                    waiter, exc=EngineError(str(m.get("message") or "the shared engine refused the files"))
+                )
         elif op in ("fill", "error") and isinstance(m.get("id"), int):
             with self._lock:
                 entry = self._jobs.pop(m["id"], None)

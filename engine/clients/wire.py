@@ -17,6 +17,7 @@ Messages, each an object with "op":
 A job carries FillJob's fields, its deadline as `remaining_s` (seconds left when sent, null for
 none) and its age (`age_s`, for queue_ms); a fill carries Fill's fields.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,7 +114,9 @@ class Place:
 def place(model: str | None, device: str, create: bool = True) -> Place:
     p = Place(runtime_dir(create), engine_key(model, device))
     if len(str(p.socket).encode()) > 107:
-        raise EngineError(f"the engine socket path {p.socket} is too long for a Unix socket; set a shorter XDG_RUNTIME_DIR")
+        raise EngineError(
+            f"the engine socket path {p.socket} is too long for a Unix socket; set a shorter XDG_RUNTIME_DIR"
+        )
     return p
 
 
@@ -275,11 +278,18 @@ def job_message(job: FillJob, now: float | None = None) -> dict:
     """FillJob -> its wire form; the deadline goes as the seconds left."""
     now = time.monotonic() if now is None else now
     return {
-        "prefix": job.prefix, "suffix": job.suffix, "max_tokens": job.max_tokens,
-        "context_tokens": job.context_tokens, "options": dataclasses.asdict(job.options),
+        "prefix": job.prefix,
+        "suffix": job.suffix,
+        "max_tokens": job.max_tokens,
+        "context_tokens": job.context_tokens,
+        "options": dataclasses.asdict(job.options),
         "remaining_s": None if job.deadline is None else job.deadline - now,
-        "age_s": max(0.0, now - job.submitted_at), "session": job.session, "lookup": job.lookup,
-        "kind": job.kind, "workspace": job.workspace, "document": job.document,
+        "age_s": max(0.0, now - job.submitted_at),
+        "session": job.session,
+        "lookup": job.lookup,
+        "kind": job.kind,
+        "workspace": job.workspace,
+        "document": job.document,
     }
 
 
@@ -294,7 +304,9 @@ def job_from_message(m: dict, now: float | None = None) -> FillJob:
         raise ValueError("job must be an object")
     opts = m.get("options") or {}
     if not isinstance(opts, dict) or set(opts) - _OPTION_FIELDS:
-        raise ValueError(f"unknown decode options {sorted(set(opts) - _OPTION_FIELDS) if isinstance(opts, dict) else opts}")
+        raise ValueError(
+            f"unknown decode options {sorted(set(opts) - _OPTION_FIELDS) if isinstance(opts, dict) else opts}"
+        )
     prefix, suffix = m.get("prefix"), m.get("suffix", "")
     if not isinstance(prefix, str) or not isinstance(suffix, str):
         raise ValueError("prefix and suffix must be strings")
@@ -316,9 +328,17 @@ def job_from_message(m: dict, now: float | None = None) -> FillJob:
     for k, v in names.items():
         if v is not None and not isinstance(v, str):
             raise ValueError(f"{k} must be a string or null")
-    return FillJob(prefix=prefix, suffix=suffix, options=DecodeOptions(**opts), session=session, lookup=lookup, **names,
-                   deadline=None if remaining is None else now + remaining,
-                   submitted_at=now - max(0.0, age), **ints)
+    return FillJob(
+        prefix=prefix,
+        suffix=suffix,
+        options=DecodeOptions(**opts),
+        session=session,
+        lookup=lookup,
+        **names,
+        deadline=None if remaining is None else now + remaining,
+        submitted_at=now - max(0.0, age),
+        **ints,
+    )
 
 
 def fill_message(fill: Fill) -> dict:

@@ -6,6 +6,7 @@ The cache is allocated once per decode with its final size (gpt-fast style): eac
 writes its token's K/V in place at the next row and attends to a view of the filled part, so nothing
 is re-concatenated per step.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,8 +39,13 @@ def fim_prompt(prefix: list[int], suffix: list[int], tok) -> list[int]:
 
 
 @torch.inference_mode()
-def greedy_decode(model: Transformer, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
-                  heal: tuple[list[int], dict[int, list[int]]] | None = None) -> ARResult:
+def greedy_decode(
+    model: Transformer,
+    prompt: list[int],
+    n: int,
+    stop_ids: tuple[int, ...] = (),
+    heal: tuple[list[int], dict[int, list[int]]] | None = None,
+) -> ARResult:
     """Returns up to n greedy tokens after `prompt`, decoded one per step with a KV cache; stops early
     at a token in stop_ids. `heal` = (first, then): token healing (engine.tokenizer.Healing): the
     first token is one of `first`; when it is a key of `then`, the second is one of its ids."""

@@ -28,6 +28,7 @@ their positions too (`Canvas.kv_pos`, `ctx_pos` in `model.hidden`); the other to
 There the prefix's K/V are exact (no earlier block sees the canvas); the suffix's are stale only
 where a suffix token shares a block with a slot or follows it, which the slots never see otherwise.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -109,8 +110,10 @@ def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
         idx = torch.nonzero(keep).flatten()  # (Lc,) context positions, in order
         if c.kv is None:
             shape = (1,) + kvs[0][0].shape[1:2] + (L,) + kvs[0][0].shape[3:]  # (1, H, L, Dh)
-            c.kv = [(torch.empty(shape, dtype=k.dtype, device=k.device), torch.empty(shape, dtype=v.dtype, device=v.device))
-                    for k, v in kvs]
+            c.kv = [
+                (torch.empty(shape, dtype=k.dtype, device=k.device), torch.empty(shape, dtype=v.dtype, device=v.device))
+                for k, v in kvs
+            ]
         for (kb, vb), (k, v) in zip(c.kv, kvs):
             kb[0, :, : idx.numel()] = k[i, :, idx]
             vb[0, :, : idx.numel()] = v[i, :, idx]
@@ -170,9 +173,13 @@ class BatchContext:
         if len(canvases) != len(self._members) or any(a is not b for a, b in zip(canvases, self._members)):
             # room for the longest context, then the most outside slots and the most run rows after it
             B, cap = len(canvases), max(c.kv[0][0].shape[2] for c in canvases) + 2 * max(c.n for c in canvases) + 2
-            self._kv = [(torch.zeros((B,) + k.shape[1:2] + (cap,) + k.shape[3:], dtype=k.dtype, device=k.device),
-                         torch.zeros((B,) + v.shape[1:2] + (cap,) + v.shape[3:], dtype=v.dtype, device=v.device))
-                        for k, v in canvases[0].kv]
+            self._kv = [
+                (
+                    torch.zeros((B,) + k.shape[1:2] + (cap,) + k.shape[3:], dtype=k.dtype, device=k.device),
+                    torch.zeros((B,) + v.shape[1:2] + (cap,) + v.shape[3:], dtype=v.dtype, device=v.device),
+                )
+                for k, v in canvases[0].kv
+            ]
             self._valid = torch.zeros(B, cap, dtype=torch.bool, device=canvases[0].ids.device)
             self._pos = torch.zeros(B, cap, dtype=torch.long, device=canvases[0].ids.device)
             self._members, self._versions, self._copied = list(canvases), [None] * B, [0] * B
@@ -202,7 +209,9 @@ class BatchContext:
         self._pos = None
 
 
-def _write_outside(bufs, row: int, Lc: int, c: "Canvas", outside: torch.Tensor, pos: torch.Tensor | None = None) -> None:
+def _write_outside(
+    bufs, row: int, Lc: int, c: "Canvas", outside: torch.Tensor, pos: torch.Tensor | None = None
+) -> None:
     """Writes a canvas's masked slots right of its window (their K/V at the last full forward) into
     rows Lc.. of batch row `row` of the buffers (and their positions into `pos` (B, cap) if given)."""
     E = outside.numel()
@@ -252,8 +261,15 @@ def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | No
         if any(o is not None for o in outs):
             Lc, ctx_valid = _put_outside(bufs, Lc, canvases, outs, ctx_valid, bpos)
         extra = {} if bpos is None else {"ctx_pos": bpos[:, :Lc]}
-        out = model.hidden(ids, pos=pos, key_valid=None if bool(valid.all()) else valid, ctx=[(k, v, Lc) for k, v in bufs],
-                           ctx_valid=ctx_valid, return_kv=want_kv, **extra)
+        out = model.hidden(
+            ids,
+            pos=pos,
+            key_valid=None if bool(valid.all()) else valid,
+            ctx=[(k, v, Lc) for k, v in bufs],
+            ctx_valid=ctx_valid,
+            return_kv=want_kv,
+            **extra,
+        )
     h, kvs = out if want_kv else (out, None)
     res = []
     for i, (c, rp) in enumerate(zip(canvases, runs)):

@@ -19,6 +19,7 @@ break the healed slots re-type lies before the cursor. The autoregressive twin h
 `dlm-lsp bench` turns healing off so that its canvases have exactly n slots, like the twin's n
 tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,12 +85,22 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError(f"steps must be None or >= 1, got {o.steps}")
     if o.temperature < 0 or o.refresh_every < 0 or o.block < 0 or o.window < 0:
         raise ValueError("temperature, refresh_every, block and window must be >= 0")
-    if (o.copy_bigram or 0) < 0 or (o.copy_unigram or 0) < 0 or (o.copy_far or 0) < 0 or (o.names or 0) < 0 \
-            or (o.brackets or 0) < 0 or (o.ngram or 0) < 0 or (o.local_ngram or 0) < 0 \
-            or (o.workspace_ngram or 0) < 0 or (o.copy_order is not None and not 1 <= o.copy_order <= 8):
-        raise ValueError("copy_bigram, copy_unigram, copy_far, names, brackets, ngram, local_ngram and workspace_ngram "
-                         "must be >= 0 "
-                         "and copy_order in 1..8")
+    if (
+        (o.copy_bigram or 0) < 0
+        or (o.copy_unigram or 0) < 0
+        or (o.copy_far or 0) < 0
+        or (o.names or 0) < 0
+        or (o.brackets or 0) < 0
+        or (o.ngram or 0) < 0
+        or (o.local_ngram or 0) < 0
+        or (o.workspace_ngram or 0) < 0
+        or (o.copy_order is not None and not 1 <= o.copy_order <= 8)
+    ):
+        raise ValueError(
+            "copy_bigram, copy_unigram, copy_far, names, brackets, ngram, local_ngram and workspace_ngram "
+            "must be >= 0 "
+            "and copy_order in 1..8"
+        )
     if o.stop_below is not None and not 0 <= o.stop_below < 1:
         raise ValueError(f"stop_below must be in [0, 1), got {o.stop_below}")
     if o.stop_below and not o.pad_left:
@@ -148,22 +159,35 @@ class Canvas:
     ngram: object = None  # engine.bias.ngram.NgramTable of the corpus n-gram memory (DecodeOptions.ngram), None: off
     local: object = None  # engine.bias.ngram.LocalNgram of the fill's own texts (DecodeOptions.local_ngram), None: off
     local_near: list | None = None  # the context's ids for `local` (attach_far adds the lookup's)
-    workspace: object = None  # engine.bias.ngram.WorkspaceView (FillJob.workspace, DecodeOptions.workspace_ngram), None: off
+    workspace: object = (
+        None  # engine.bias.ngram.WorkspaceView (FillJob.workspace, DecodeOptions.workspace_ngram), None: off
+    )
     stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
     reuse: tuple | None = None  # (engine.decode.reuse.ReuseCache, session key): approximate context reuse (None: off)
     reused: int = 0  # context rows whose K/V the first forward took from the session (Fill.reused_tokens)
 
     @classmethod
-    def build(cls, prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
-              context_tokens: int = 512, device="cpu", heal: list[int] | None = None,
-              heal_then: dict[int, list[int]] | None = None) -> "Canvas":
+    def build(
+        cls,
+        prefix: list[int],
+        suffix: list[int],
+        n: int,
+        cfg: ModelConfig,
+        opts: DecodeOptions,
+        context_tokens: int = 512,
+        device="cpu",
+        heal: list[int] | None = None,
+        heal_then: dict[int, list[int]] | None = None,
+    ) -> "Canvas":
         """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots. Token
         healing (the caller removed the healed tail from the prefix): `heal`, the ids slot 0 may
         take; `heal_then`, for those that are a shorter piece of the tail, the ids slot 1 may then
         take. Slot 1 waits for slot 0 while any piece is possible."""
         if cls is Canvas and cfg.canvas is not None:  # a layout of its own: engine/decode/forward.build_canvas picks it
-            raise ValueError(f"a {cfg.canvas!r} canvas is built by engine.decode.forward.build_canvas, not Canvas.build")
+            raise ValueError(
+                f"a {cfg.canvas!r} canvas is built by engine.decode.forward.build_canvas, not Canvas.build"
+            )
         check_options(opts)
         if n < 1:
             raise ValueError("a fill needs at least one mask slot")
@@ -188,10 +212,19 @@ class Canvas:
         ids = torch.tensor(prefix + [cfg.mask_token_id] * n + suffix, dtype=torch.long, device=device)
         start = len(prefix)
         a0 = start - (1 if cfg.logits_shift else 0)
-        c = cls(ids=ids, start=start, n=n, masked=torch.ones(n, dtype=torch.bool, device=device), opts=opts,
-                cfg=cfg, active_pos=torch.arange(a0, start + n, device=device),
-                frozen=torch.zeros(n, dtype=torch.bool, device=device), n_masked=n, slot_prob=[0.0] * n,
-                middle=middle)
+        c = cls(
+            ids=ids,
+            start=start,
+            n=n,
+            masked=torch.ones(n, dtype=torch.bool, device=device),
+            opts=opts,
+            cfg=cfg,
+            active_pos=torch.arange(a0, start + n, device=device),
+            frozen=torch.zeros(n, dtype=torch.bool, device=device),
+            n_masked=n,
+            slot_prob=[0.0] * n,
+            middle=middle,
+        )
         if heal:
             then = heal_then or {}
             special = (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id)
@@ -211,8 +244,11 @@ class Canvas:
             skip = set(ngram_skip(cfg))
             c.local_near = [[-1 if t in skip else t for t in part] for part in (prefix, suffix)]
         if opts.copy_bigram or opts.copy_unigram or opts.copy_far:
-            c.copy = copy_tables(prefix + suffix, (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id),
-                                 max(1, opts.copy_order or 1))
+            c.copy = copy_tables(
+                prefix + suffix,
+                (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id),
+                max(1, opts.copy_order or 1),
+            )
         if opts.selection == "topk":
             c.plan = schedule(n, opts.steps or max(1, n // 2))
         elif opts.selection == "timesteps":
@@ -239,7 +275,9 @@ class Canvas:
     def fill_ids(self) -> list[int]:
         """Committed fill tokens so far: padding dropped, cut at end-of-text, masks left out."""
         slots = self.slot_ids()
-        return trim_fill([t for t, m in zip(slots, self.masked.tolist()) if not m], self.cfg.pad_token_id, self.cfg.eos_token_id)
+        return trim_fill(
+            [t for t, m in zip(slots, self.masked.tolist()) if not m], self.cfg.pad_token_id, self.cfg.eos_token_id
+        )
 
     def fill_confidence(self) -> float:
         """Geometric mean of the probabilities the fill's tokens had when committed (1.0 for an
@@ -278,7 +316,9 @@ class Canvas:
         slots = slot_idx.tolist()
         left = left_runs(self.ids.tolist(), [self.start + j for j in slots], order, self.cfg.mask_token_id)
         if logits is None or not self.opts.copy_chain or self.opts.temperature > 0:
-            return copy_bias(left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far)
+            return copy_bias(
+                left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far
+            )
         chain = [r > 0 and slots[r - 1] == j - 1 for r, j in enumerate(slots)]
         return chain_copy_bias(left, chain, logits, self.copy, self.opts, order, self.copy_far, restrict)
 

@@ -2,6 +2,7 @@
 canvas a model's layout needs; `forward` runs a batch of canvases through the model - the reorder
 layout's own forward, a first forward against a reuse session, full forwards, one cached step -
 and gives each canvas its rows."""
+
 from __future__ import annotations
 
 from engine.api import DecodeOptions
@@ -12,9 +13,17 @@ from engine.decode.reorder import ReorderCanvas
 from engine.model.config import ModelConfig
 
 
-def build_canvas(prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, opts: DecodeOptions,
-                 context_tokens: int = 512, device="cpu", heal: list[int] | None = None,
-                 heal_then: dict[int, list[int]] | None = None) -> Canvas:
+def build_canvas(
+    prefix: list[int],
+    suffix: list[int],
+    n: int,
+    cfg: ModelConfig,
+    opts: DecodeOptions,
+    context_tokens: int = 512,
+    device="cpu",
+    heal: list[int] | None = None,
+    heal_then: dict[int, list[int]] | None = None,
+) -> Canvas:
     """The canvas for this model's layout (Canvas.build's arguments): recipe (c)'s and WeDLM's
     reordered one (engine/decode/reorder.py) for `canvas: "reorder"` models, else the plain one."""
     kind = ReorderCanvas if cfg.canvas == "reorder" else Canvas

@@ -15,6 +15,7 @@ canvas with, in this order:
 What the service owns and the levers read (its tokenizer, model config, n-gram table, memories,
 caches, cost estimate) comes in an `Owned`, made afresh for each job.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,9 +61,17 @@ def prepare(job: FillJob, p_ids: list[int], s_ids: list[int], owned: Owned) -> t
     if heal:  # slot 0 (and maybe 1) re-types the prefix's last k tokens and may extend them
         p_ids = p_ids[: -heal.k]
     opts = options(job, owned)
-    canvas = build_canvas(p_ids, s_ids, job.max_tokens + (1 if heal else 0), owned.cfg, opts,
-                          job.context_tokens, owned.device, heal=heal.first if heal else None,
-                          heal_then=heal.then if heal else None)
+    canvas = build_canvas(
+        p_ids,
+        s_ids,
+        job.max_tokens + (1 if heal else 0),
+        owned.cfg,
+        opts,
+        job.context_tokens,
+        owned.device,
+        heal=heal.first if heal else None,
+        heal_then=heal.then if heal else None,
+    )
     attach_biases(canvas, job, opts, p_ids, owned)
     canvas.full_ms = owned.full_ms_per_token * canvas.ids.shape[0]
     attach_session(canvas, job, owned)
@@ -81,8 +90,10 @@ def options(job: FillJob, owned: Owned) -> DecodeOptions:
     opts = with_model_defaults(job.options, owned.decode_defaults, job.kind)  # the model's tuned decoding
     if opts.ngram and owned.ngram_table is None:
         if job.options.ngram:
-            raise EngineError(f"ngram {job.options.ngram}: this model has no n-gram table "
-                              f"({ngram.NGRAM_FILE}; `dlm-lsp ngram` builds one)")
+            raise EngineError(
+                f"ngram {job.options.ngram}: this model has no n-gram table "
+                f"({ngram.NGRAM_FILE}; `dlm-lsp ngram` builds one)"
+            )
         opts = dataclasses.replace(opts, ngram=0.0)  # the model's setting, its table missing: off
     return opts
 
@@ -102,9 +113,15 @@ def attach_biases(canvas: Canvas, job: FillJob, opts: DecodeOptions, p_ids: list
         canvas.ngram = owned.ngram_table
     if opts.names or opts.brackets:  # identifier-aware decoding (the names of the job's texts), the bracket rule
         known = names.known_names(job.prefix, job.suffix, job.lookup) if opts.names else names.NameSet(())
-        canvas.names = names.NameBias(names.vocab_for(tok), [known, owned.corpus_names], opts.names or 0.0,
-                                      tok.decode(p_ids[-48:]), tok.decode, brackets=opts.brackets or 0.0,
-                                      ends=(cfg.pad_token_id, cfg.eos_token_id) + tuple(canvas.stop_ids or ()))
+        canvas.names = names.NameBias(
+            names.vocab_for(tok),
+            [known, owned.corpus_names],
+            opts.names or 0.0,
+            tok.decode(p_ids[-48:]),
+            tok.decode,
+            brackets=opts.brackets or 0.0,
+            ends=(cfg.pad_token_id, cfg.eos_token_id) + tuple(canvas.stop_ids or ()),
+        )
 
 
 def attach_session(canvas: Canvas, job: FillJob, owned: Owned) -> None:

@@ -1,5 +1,6 @@
 """The naive oracle the fast loop is tested against token for token: full recompute every step, full
 softmax in fp64, plain Python selection."""
+
 from __future__ import annotations
 
 import torch
@@ -13,11 +14,21 @@ from engine.decode.reorder import reference_logits
 
 
 @torch.no_grad()
-def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: DecodeOptions,
-                   context_tokens: int = 512, heal: list[int] | None = None,
-                   heal_then: dict[int, list[int]] | None = None, lookup: list[int] | None = None,
-                   stop_ids: list[int] | None = None, names=None, ngram=None,
-                   workspace: list[list[int]] | None = None) -> list[int]:
+def reference_fill(
+    model,
+    prefix: list[int],
+    suffix: list[int],
+    n: int,
+    opts: DecodeOptions,
+    context_tokens: int = 512,
+    heal: list[int] | None = None,
+    heal_then: dict[int, list[int]] | None = None,
+    lookup: list[int] | None = None,
+    stop_ids: list[int] | None = None,
+    names=None,
+    ngram=None,
+    workspace: list[list[int]] | None = None,
+) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
     in fp64, plain Python selection. Temperature 0 only. Returns the fill's token ids. `heal`,
     `heal_then`: token healing, as in Canvas.build; `lookup`: the copy boost's far side (ids); `stop_ids`: Canvas.stop_ids;
@@ -36,8 +47,10 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
     h_slot, h_ids = (0, set(heal)) if heal else (None, set())
     seq, s = c.ids.tolist(), c.start
     masked = list(range(n))
-    plan = {"topk": lambda: schedule(n, opts.steps or max(1, n // 2)),
-            "timesteps": lambda: timestep_schedule(n, opts.steps or n)}.get(opts.selection, list)()
+    plan = {
+        "topk": lambda: schedule(n, opts.steps or max(1, n // 2)),
+        "timesteps": lambda: timestep_schedule(n, opts.steps or n),
+    }.get(opts.selection, list)()
     shift = 1 if cfg.logits_shift else 0
     steps = 0
     groups: list[list[int]] = []  # slots committed at each step (the reorder layout's cache order)
@@ -67,9 +80,12 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                         row[cfg.mask_token_id] = float("-inf")
                         if h_slot is not None and j - 1 == h_slot:
                             allowed = sorted(h_ids - set(then) if budget_now and h_slot == 0 else h_ids)
-                            row = torch.where(torch.isin(torch.arange(row.shape[0]), torch.tensor(allowed)), row,
-                                              torch.full_like(row, float("-inf")))
-                        run = (runs[r - 1] + (int(torch.argmax(row)),))[-max(1, opts.copy_order or 1):]
+                            row = torch.where(
+                                torch.isin(torch.arange(row.shape[0]), torch.tensor(allowed)),
+                                row,
+                                torch.full_like(row, float("-inf")),
+                            )
+                        run = (runs[r - 1] + (int(torch.argmax(row)),))[-max(1, opts.copy_order or 1) :]
                     runs.append(run)
                     bias[r] = copy_bias([run], *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)[0]
             else:
@@ -89,8 +105,9 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             # the fill's own n-gram: count the contexts in the lookup and the context, plainly; where
             # none is followed often enough, the same over the workspace's files
             texts = [[-1 if t in ngram_skip(cfg) else t for t in x] for x in (lookup or [], c_prefix, c_suffix)]
-            sources = ([(texts, opts.local_ngram)] if opts.local_ngram else []) \
-                + ([(workspace, opts.workspace_ngram)] if opts.workspace_ngram and workspace is not None else [])
+            sources = ([(texts, opts.local_ngram)] if opts.local_ngram else []) + (
+                [(workspace, opts.workspace_ngram)] if opts.workspace_ngram and workspace is not None else []
+            )
             for j in masked:
                 run, q = [], s + j - 1
                 while q >= 0 and len(run) < 6 and seq[q] != cfg.mask_token_id:
@@ -103,8 +120,12 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                     for k in (6, 5, 4, 3):  # the longest context followed at least twice
                         if k > len(run):
                             continue
-                        nexts = [x[i + k] for x in src for i in range(len(x) - k) if x[i + k] >= 0
-                                 and tuple(x[i : i + k]) == tuple(run[-k:])]
+                        nexts = [
+                            x[i + k]
+                            for x in src
+                            for i in range(len(x) - k)
+                            if x[i + k] >= 0 and tuple(x[i : i + k]) == tuple(run[-k:])
+                        ]
                         if len(nexts) >= 2:
                             ranked = sorted(set(nexts), key=lambda t: (-nexts.count(t), t))[:2]
                             for t in ranked:
@@ -153,12 +174,17 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
                 cand_e = cand
             if opts.pad_left:  # padding only at the leftmost masked slot
                 first = min(masked)
-                cand_e = [x for x in cand_e if x[0] == first or x[1] not in ends_now] \
-                    or [x for x in cand if x[0] == first]
+                cand_e = [x for x in cand_e if x[0] == first or x[1] not in ends_now] or [
+                    x for x in cand if x[0] == first
+                ]
             if h_slot == 0 and then:  # slot 1 waits while slot 0 may take a piece of the tail
                 cand_e = [x for x in cand_e if x[0] != 1]
             if cfg.block_size:  # block-causal: only the leftmost absolute block (sub-block) that has masks
-                unit = cfg.sub_block_size if cfg.sub_block_size and cfg.block_size % cfg.sub_block_size == 0 else cfg.block_size
+                unit = (
+                    cfg.sub_block_size
+                    if cfg.sub_block_size and cfg.block_size % cfg.sub_block_size == 0
+                    else cfg.block_size
+                )
                 lead = [x for x in cand if x[0] == min(masked)]
                 if cfg.logits_shift and (s + min(masked)) % cfg.block_size == 0:  # predicted from the block before
                     cand_e = lead
@@ -170,16 +196,25 @@ def reference_fill(model, prefix: list[int], suffix: list[int], n: int, opts: De
             else:
                 chosen = [x for x in cand_e if x[2] >= opts.threshold] or ranked[:1]
                 first = min(masked)
-                if opts.stop_below and cfg.family != "wedlm" and h_slot is None and cand_e and cand_e[0][0] == first \
-                        and not any(x[2] >= opts.threshold for x in cand_e) and max_p[first] < opts.stop_below:
+                if (
+                    opts.stop_below
+                    and cfg.family != "wedlm"
+                    and h_slot is None
+                    and cand_e
+                    and cand_e[0][0] == first
+                    and not any(x[2] >= opts.threshold for x in cand_e)
+                    and max_p[first] < opts.stop_below
+                ):
                     chosen = [(first, cfg.eos_token_id, 0, 0)]  # stop when unsure: the end, at the leftmost slot
         if opts.block > 0 or opts.pad_left or opts.window > 0:  # a committed padding/end slot ends the fill
             ends_at = [x[0] for x in chosen if x[1] in ends_now]
             if ends_at:
                 cut = min(ends_at)
-                chosen = [x for x in chosen if x[0] < cut] + [(cut, cfg.eos_token_id if opts.pad_left else
-                                                               next(x[1] for x in chosen if x[0] == cut), 0, 0)] \
+                chosen = (
+                    [x for x in chosen if x[0] < cut]
+                    + [(cut, cfg.eos_token_id if opts.pad_left else next(x[1] for x in chosen if x[0] == cut), 0, 0)]
                     + [(j, cfg.pad_token_id, 0, 0) for j in masked if j > cut]
+                )
         for j, tok, _, _ in chosen:
             seq[s + j] = tok
             masked.remove(j)

@@ -26,6 +26,7 @@ with its streaming window (the masks within 16 positions of the leftmost one) an
 
 Its training objective is in engine/train/objective.py (`layout`, `infill_example`).
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,18 @@ class ReorderCanvas(Canvas):
         self.keep = self.keep or self.n
 
     @classmethod
-    def build(cls, prefix: list[int], suffix: list[int], n: int, cfg, opts: DecodeOptions, context_tokens: int = 512,
-              device="cpu", heal=None, heal_then=None) -> "ReorderCanvas":
+    def build(
+        cls,
+        prefix: list[int],
+        suffix: list[int],
+        n: int,
+        cfg,
+        opts: DecodeOptions,
+        context_tokens: int = 512,
+        device="cpu",
+        heal=None,
+        heal_then=None,
+    ) -> "ReorderCanvas":
         """Canvas.build, except that a prefix too long for its room loses its head in whole chunks of
         CUT_CHUNK tokens, so its first rows (and every reusable K/V) stay put while the user types.
         WeDLM: its options (wedlm.options), and without a suffix WINDOW - 1 more slots after the n
@@ -159,8 +170,10 @@ def _alloc(c: ReorderCanvas, kvs) -> None:
     """K/V buffers (1, Hkv, L, Dh) per layer: room for the context, every slot, and a step's run rows."""
     k0, v0 = kvs[0]
     shape = (1, k0.shape[1], c.ids.shape[0], k0.shape[3])
-    c.kv = [(torch.empty(shape, dtype=k0.dtype, device=k0.device), torch.empty(shape, dtype=v0.dtype, device=v0.device))
-            for _ in kvs]
+    c.kv = [
+        (torch.empty(shape, dtype=k0.dtype, device=k0.device), torch.empty(shape, dtype=v0.dtype, device=v0.device))
+        for _ in kvs
+    ]
 
 
 def _forward_full(model, c: ReorderCanvas) -> Rows:
@@ -186,8 +199,12 @@ def _forward_full(model, c: ReorderCanvas) -> Rows:
                 vb[:, :, :k] = pv[:, :, :k]
             c.reused = k
     if k:  # only the rows from the first changed one run, against the reused rows (written in place after them)
-        h = model.hidden(ids[k:][None], pos=pos[k:][None], ctx=[(kb, vb, k) for kb, vb in c.kv],
-                         key_valid=torch.ones(1, ids.shape[0] - k, dtype=torch.bool, device=ids.device))
+        h = model.hidden(
+            ids[k:][None],
+            pos=pos[k:][None],
+            ctx=[(kb, vb, k) for kb, vb in c.kv],
+            key_valid=torch.ones(1, ids.shape[0] - k, dtype=torch.bool, device=ids.device),
+        )
     else:
         h, kvs = model.hidden(ids[None], pos=pos[None], return_kv=True)  # (1, R, D)
         if first:
@@ -224,8 +241,12 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
         # the step's K/V land right after the context in the canvas's own buffer (model.hidden's
         # (k_buf, v_buf, n) form), so the new commits' rows are cached in place; the masks' are overwritten
         # next step. key_valid forces the explicit causal mask (also with an empty context).
-        h = model.hidden(c.ids[run][None], pos=run[None], ctx=[(kb, vb, c.ctx_len) for kb, vb in c.kv],
-                         key_valid=torch.ones(1, run.shape[0], dtype=torch.bool, device=run.device))
+        h = model.hidden(
+            c.ids[run][None],
+            pos=run[None],
+            ctx=[(kb, vb, c.ctx_len) for kb, vb in c.kv],
+            key_valid=torch.ones(1, run.shape[0], dtype=torch.bool, device=run.device),
+        )
         join = c.joining(new)  # the first of the run's rows: their K/V stay where they were written
         c._cached(join)
         c.ctx_len += len(join)
@@ -236,8 +257,9 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
     pos, _ = pad_stack([run for _, run, _ in plans], 0)
     bctx = batch_ctx or BatchContext()
     bufs, Lc, ctx_valid = bctx.get(canvases)  # each member's cache, padded, topped up with last step's rows
-    h, kvs = model.hidden(ids, pos=pos, key_valid=valid, ctx=[(k, v, Lc) for k, v in bufs], ctx_valid=ctx_valid,
-                          return_kv=True)
+    h, kvs = model.hidden(
+        ids, pos=pos, key_valid=valid, ctx=[(k, v, Lc) for k, v in bufs], ctx_valid=ctx_valid, return_kv=True
+    )
     out = []
     for i, (c, (new, run, masks)) in enumerate(zip(canvases, plans)):
         join = c.joining(new)
@@ -270,8 +292,12 @@ def reference_logits(model, seq: list[int], start: int, n: int, groups: list[lis
     put back in logical order, (L, V)."""
     L = len(seq)
     done = [j for g in groups for j in g]
-    order = list(range(start)) + list(range(start + n, L)) + [start + j for j in done] \
+    order = (
+        list(range(start))
+        + list(range(start + n, L))
+        + [start + j for j in done]
         + [start + j for j in range(n) if j not in done]
+    )
     logits = model(torch.tensor([[seq[p] for p in order]]), pos=torch.tensor([order]))[0]
     out = torch.empty_like(logits)
     out[torch.tensor(order)] = logits

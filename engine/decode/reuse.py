@@ -50,6 +50,7 @@ fails or is cancelled before that leaves the previous entry as it was, and the e
 canvas's buffers (later steps write there). Exact layouts keep their own exact path (the reorder
 layout's SessionCache, engine/decode/reorder.py); this module only takes bidirectional canvases (`applies`).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -73,7 +74,9 @@ def applies(c: "Canvas") -> bool:
     return bool(c.opts.reuse and c.opts.cache and c.cfg.attention == "bidirectional" and c.middle is None)
 
 
-def rotation(cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotation(
+    cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) of (new - old) per row and frequency, (R, Dh), from the model's RoPE tables' own
     values (cos(a - b) = cos a cos b + sin a sin b, sin(a - b) = sin a cos b - cos a sin b)."""
     co, so, cn, sn = cos[old], sin[old], cos[new], sin[new]  # (R, Dh)
@@ -87,7 +90,9 @@ def rotate(k: torch.Tensor, cd: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
     return (kf * cd + torch.cat([-x2, x1], dim=-1) * sd).to(k.dtype)
 
 
-def rerotate(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+def rerotate(
+    k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, old: torch.Tensor, new: torch.Tensor
+) -> torch.Tensor:
     """Keys rotated (RoPE, rotate-half layout) for positions `old` -> the same keys rotated for `new`.
     k: (..., R, Dh); old, new: (R,); cos, sin: the model's tables (max_seq_len, Dh). The difference's
     cos/sin come from the tables' own values (`rotation`), so the result equals a recomputation at
@@ -125,7 +130,7 @@ def best_run(new: torch.Tensor, old: torch.Tensor, max_shift: int = MAX_SHIFT, n
     offs = sorted(range(-min(max_shift, Ln - 1), min(max_shift, Lo - 1) + 1), key=lambda o: (abs(o), o))
     first = [o for o in offs if abs(o) <= near]
     j0, j1, o = _best_on(new, old, first)
-    rest = offs[len(first):]
+    rest = offs[len(first) :]
     # rows a diagonal o can match on: new rows j with 0 <= j + o < Lo
     if not rest or j1 - j0 >= max(min(Ln, Lo - o) - max(0, -o) for o in rest):
         return j0, j1, o
@@ -249,7 +254,9 @@ class ReuseCache:
         if max(near, head, after) > JUMP_TOKENS:
             return "full_jump", None
         new_rows = torch.cat([torch.arange(pj0, pj1, device=dev), P + torch.arange(sj0, sj1, device=dev)])
-        old_rows = torch.cat([torch.arange(pj0 + po, pj1 + po, device=dev), oP + torch.arange(sj0 + so, sj1 + so, device=dev)])
+        old_rows = torch.cat(
+            [torch.arange(pj0 + po, pj1 + po, device=dev), oP + torch.arange(sj0 + so, sj1 + so, device=dev)]
+        )
         R = new_rows.numel()
         changed = (ids.shape[0] - R) + (e.ids.shape[0] - R) + abs(n - e.n)
         if R == 0 or e.stale + changed > budget:
@@ -326,5 +333,19 @@ def forward_first(model, c: "Canvas") -> Rows:
     return h[0, C:], act
 
 
-__all__ = ["Entry", "JUMP_TOKENS", "MAX_SHIFT", "Plan", "ReuseCache", "applies", "best_run", "context_rows",
-           "fingerprint", "forward_first", "rerotate", "rotate", "rotation", "segments"]
+__all__ = [
+    "Entry",
+    "JUMP_TOKENS",
+    "MAX_SHIFT",
+    "Plan",
+    "ReuseCache",
+    "applies",
+    "best_run",
+    "context_rows",
+    "fingerprint",
+    "forward_first",
+    "rerotate",
+    "rotate",
+    "rotation",
+    "segments",
+]

@@ -33,6 +33,7 @@ a guessed tail would take never run. Never while a healed slot is open, never on
 commits every mask), never for WeDLM (its authors' commit rule), and only with `pad_left`, whose cut
 it is. The stopped fill is a prefix of the unstopped one.
 """
+
 from __future__ import annotations
 
 import time
@@ -79,8 +80,9 @@ def eligible_slots(masked_slots: list[int], block: int) -> list[int]:
     return [i for i, s in enumerate(masked_slots) if s < end]
 
 
-def _end_at_padding(pick: list[int], pred_l: list[float], values: torch.Tensor, ends, pad_id: int,
-                    end_id: int | None = None):
+def _end_at_padding(
+    pick: list[int], pred_l: list[float], values: torch.Tensor, ends, pad_id: int, end_id: int | None = None
+):
     """Semi-AR: a committed padding/end slot ends the fill, so every masked slot after the first one
     is committed as padding in the same step (training lays a fill out as text, then padding).
     With `end_id` that first slot is committed as end-of-text, so text already committed further
@@ -146,8 +148,14 @@ def slot_predictions(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, 
     """Per predicted slot: its token's probability, its token, the second best's probability and the
     entropy (None where the confidence does not read it), every bias and restriction applied."""
     cfg, o = c.cfg, c.opts
-    if o.temperature > 0 or c.copy is not None or c.names is not None or c.ngram is not None or c.local is not None \
-            or c.workspace is not None:  # full rows
+    if (
+        o.temperature > 0
+        or c.copy is not None
+        or c.names is not None
+        or c.ngram is not None
+        or c.local is not None
+        or c.workspace is not None
+    ):  # full rows
         return row_predictions(c, biased_logits(model, c, slot_idx, h, final))
     if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
         return dreamon.stats_without_expand(model, h, cfg)
@@ -171,10 +179,12 @@ def biased_logits(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, fin
         if row is not None:
             logits[0] += row.to(logits.device, logits.dtype)
     if c.copy is not None:
+
         def restrict(r: int, row: torch.Tensor) -> torch.Tensor:  # what the row's pick must obey (chaining)
             row = row.clone()
             row[cfg.mask_token_id] = float("-inf")
             return heal_logits(row, c.heal_ids(final or c.last_step_due())) if r == 0 and c.heal_open else row
+
         chained = c.middle is None and cfg.family != "wedlm"
         logits += c.copy_bias(slot_idx, logits if chained else None, restrict)
     if c.ngram is not None or c.local is not None or c.workspace is not None:
@@ -213,8 +223,15 @@ def row_predictions(c: Canvas, logits: torch.Tensor):
     return max_p, pred, top2_p, ent
 
 
-def select_slots(c: Canvas, conf_l: list[float], maxp_l: list[float], pred_l: list[float], slot_l: list[int],
-                 ends: tuple, final: bool) -> tuple[list[int], bool]:
+def select_slots(
+    c: Canvas,
+    conf_l: list[float],
+    maxp_l: list[float],
+    pred_l: list[float],
+    slot_l: list[int],
+    ends: tuple,
+    final: bool,
+) -> tuple[list[int], bool]:
     """The slots to commit (indices into the step's), and True when the fill stops at the leftmost (stop_below)."""
     cfg, o = c.cfg, c.opts
     if final or c.last_step_due() or all(t in ends and p >= o.pad_stop for t, p in zip(pred_l, maxp_l)):
@@ -233,22 +250,32 @@ def select_slots(c: Canvas, conf_l: list[float], maxp_l: list[float], pred_l: li
         sub = select_topk(conf_e, c.plan.pop(0) if c.plan else 1)
     else:
         sub = select_threshold(conf_e, o.threshold)
-    if o.stop_below and o.selection == "threshold" and cfg.family != "wedlm" and not c.heal_open and elig and elig[0] == 0 \
-            and all(x < o.threshold for x in conf_e) and maxp_l[0] < o.stop_below:
+    if (
+        o.stop_below
+        and o.selection == "threshold"
+        and cfg.family != "wedlm"
+        and not c.heal_open
+        and elig
+        and elig[0] == 0
+        and all(x < o.threshold for x in conf_e)
+        and maxp_l[0] < o.stop_below
+    ):
         return [0], True
     return [elig[i] for i in sub], False
 
 
-def pad_after_end(c: Canvas, pick: list[int], pred: torch.Tensor, pred_l: list[float], ends: tuple,
-                  outside: torch.Tensor | None) -> tuple[list[int], torch.Tensor, int]:
+def pad_after_end(
+    c: Canvas, pick: list[int], pred: torch.Tensor, pred_l: list[float], ends: tuple, outside: torch.Tensor | None
+) -> tuple[list[int], torch.Tensor, int]:
     """The slots to commit and their tokens, every slot after a committed end made padding; commits
     the masked slots right of the window as padding when the fill ended inside it, and gives their count."""
     cfg, o = c.cfg, c.opts
     values = pred.clone()
     n_tail = 0  # masked slots right of the window committed as padding
     if o.block > 0 or o.pad_left or o.window > 0:
-        pick, values = _end_at_padding(pick, pred_l, values, ends, cfg.pad_token_id,
-                                       cfg.eos_token_id if o.pad_left else None)
+        pick, values = _end_at_padding(
+            pick, pred_l, values, ends, cfg.pad_token_id, cfg.eos_token_id if o.pad_left else None
+        )
         if outside is not None and any(int(pred_l[i]) in ends for i in pick):
             # the fill ended inside the window: every slot right of it is padding too
             c.ids[c.start + outside] = cfg.pad_token_id
@@ -258,8 +285,16 @@ def pad_after_end(c: Canvas, pick: list[int], pred: torch.Tensor, pred_l: list[f
     return pick, values, n_tail
 
 
-def write_commits(c: Canvas, slot_idx: torch.Tensor, pick: list[int], values: torch.Tensor, maxp_l: list[float],
-                  pred_l: list[float], slot_l: list[int], final: bool) -> torch.Tensor:
+def write_commits(
+    c: Canvas,
+    slot_idx: torch.Tensor,
+    pick: list[int],
+    values: torch.Tensor,
+    maxp_l: list[float],
+    pred_l: list[float],
+    slot_l: list[int],
+    final: bool,
+) -> torch.Tensor:
     """Writes the picked slots' tokens, probabilities, masks and healing state; gives back their slots (positions in the fill)."""
     pick_t = torch.tensor(pick, device=slot_idx.device)
     chosen = slot_idx[pick_t]
@@ -351,9 +386,15 @@ def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda:
         final = deadline_due(canvas, deadline)
         canvas.deadline_hit |= final
         step(model, [canvas], [final])
-    return DecodeResult(canvas.fill_ids(), canvas.steps, canvas.tokens_per_step, canvas.ms_per_step,
-                        cancelled=canvas.cancelled, deadline_hit=canvas.deadline_hit,
-                        confidence=canvas.fill_confidence())
+    return DecodeResult(
+        canvas.fill_ids(),
+        canvas.steps,
+        canvas.tokens_per_step,
+        canvas.ms_per_step,
+        cancelled=canvas.cancelled,
+        deadline_hit=canvas.deadline_hit,
+        confidence=canvas.fill_confidence(),
+    )
 
 
 # ---------------------------------------------------------------- the oracle

@@ -16,6 +16,7 @@ right, and commit only inside the leftmost block that still has masks:
 The rule is data: `ModelConfig.block_size`, `sub_block_size` (from the family registry) and
 `logits_shift`. tests/test_families_decode.py re-implements both authors' loops as oracles.
 """
+
 from __future__ import annotations
 
 

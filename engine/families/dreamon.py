@@ -17,6 +17,7 @@ make it exact (no context cache, one commit per step, no window, no healing), an
 middle after each commit. tests/test_families_decode.py re-implements the authors' loop as the
 oracle and the engine's fill equals it token for token.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,9 @@ class Middle:
         return final or n >= self.max_slots or self.budget <= 0
 
 
-def layout(prefix: list[int], suffix: list[int], n: int, cfg, context_tokens: int) -> tuple[list[int], list[int], int, Middle]:
+def layout(
+    prefix: list[int], suffix: list[int], n: int, cfg, context_tokens: int
+) -> tuple[list[int], list[int], int, Middle]:
     """(BOS + prefix, suffix + EOS, masks to start with, limits) for a middle of at most n slots;
     the prefix's oldest and the suffix's last tokens make room for BOS and EOS in the context."""
     over = len(prefix) + n + len(suffix) + 2 - context_tokens
@@ -59,8 +62,19 @@ def options(opts):
     """The decoding options DreamOn's loop needs, whatever was asked: the canvas changes length, so
     no context cache, window, block or padding rule; one commit per step (a threshold above every
     confidence commits exactly the most confident slot); no token healing."""
-    return dataclasses.replace(opts, cache=False, freeze=False, window=0, block=0, pad_left=False, heal=False,
-                               selection="threshold", threshold=2.0, steps=None, pad_stop=2.0)
+    return dataclasses.replace(
+        opts,
+        cache=False,
+        freeze=False,
+        window=0,
+        block=0,
+        pad_left=False,
+        heal=False,
+        selection="threshold",
+        threshold=2.0,
+        steps=None,
+        pad_stop=2.0,
+    )
 
 
 def stats_without_expand(model, h: torch.Tensor, cfg):

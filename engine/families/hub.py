@@ -1,5 +1,6 @@
 """The supported checkpoints already in the local Hugging Face cache (read only, no network), and
 `dlm-lsp models`, which lists them beside the supported families."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def scan(hub: Path | None = None) -> list[CachedModel]:
     if not hub.is_dir():
         return out
     for repo in sorted(hub.glob("models--*")):
-        repo_id = repo.name[len("models--"):].replace("--", "/")
+        repo_id = repo.name[len("models--") :].replace("--", "/")
         ref = repo / "refs" / "main"
         snaps = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
         snaps += sorted((p for p in (repo / "snapshots").glob("*") if p not in snaps), reverse=True)
@@ -49,15 +50,19 @@ def scan(hub: Path | None = None) -> list[CachedModel]:
         except ConfigError as e:
             out.append(CachedModel(repo_id, snap, None, str(e).replace(str(snap) + ": ", "")))
             continue
-        detail = (f"{cfg.n_layers}x{cfg.dim}, {cfg.n_heads}/{cfg.kv_heads} heads, vocab {cfg.vocab_size}, "
-                  f"{cfg.attention}{f' {cfg.block_size}' if cfg.block_size else ''}, "
-                  f"{'shifted' if cfg.logits_shift else 'unshifted'}, mask {cfg.mask_token_id}")
+        detail = (
+            f"{cfg.n_layers}x{cfg.dim}, {cfg.n_heads}/{cfg.kv_heads} heads, vocab {cfg.vocab_size}, "
+            f"{cfg.attention}{f' {cfg.block_size}' if cfg.block_size else ''}, "
+            f"{'shifted' if cfg.logits_shift else 'unshifted'}, mask {cfg.mask_token_id}"
+        )
         out.append(CachedModel(repo_id, snap, fam.name, detail + ("" if fam.decodes else " (forward only)")))
     return out
 
 
 def add_models_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", default=None, help="Hugging Face hub cache folder (default: HF_HUB_CACHE / HF_HOME / ~/.cache)")
+    p.add_argument(
+        "--cache", default=None, help="Hugging Face hub cache folder (default: HF_HUB_CACHE / HF_HOME / ~/.cache)"
+    )
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -65,8 +70,10 @@ def run_models(args: argparse.Namespace) -> int:
     for f in FAMILIES:
         extra = f" - {f.note}" if f.note else ""
         topo = f.attention + (" + reorder" if f.canvas == "reorder" else "")
-        print(f"  {f.name:13} {f.title}: {topo}{', shifted' if f.logits_shift else ''}; "
-              f"= transformers {f.hf_class}; {f.licence}{'' if f.decodes else ' (forward only)'}{extra}")
+        print(
+            f"  {f.name:13} {f.title}: {topo}{', shifted' if f.logits_shift else ''}; "
+            f"= transformers {f.hf_class}; {f.licence}{'' if f.decodes else ' (forward only)'}{extra}"
+        )
     hub = Path(args.cache).expanduser() if args.cache else hub_dir()
     found = scan(hub)
     print(f"\ncheckpoints in {hub}:" + ("" if found else " none"))
@@ -74,5 +81,7 @@ def run_models(args: argparse.Namespace) -> int:
         tag = m.family or "unsupported"
         print(f"  {m.repo_id:45} {tag:13} {m.detail}")
     if any(m.family and m.family != "dlm-lsp" for m in found):
-        print("\nuse one with: dlm-lsp complete FILE:LINE:COL --model <repo id>, or initializationOptions {\"model\": \"<repo id>\"}")
+        print(
+            '\nuse one with: dlm-lsp complete FILE:LINE:COL --model <repo id>, or initializationOptions {"model": "<repo id>"}'
+        )
     return 0

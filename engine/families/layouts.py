@@ -3,6 +3,7 @@ names -> engine/model/transformer.py's. Four layouts cover every family: `qwen2`
 (per-head q/k RMS norm, explicit head_dim), `wedlm` (either, as its config says), and `llada`
 (OLMo-style names over a Llama block).
 """
+
 from __future__ import annotations
 
 import re
@@ -90,9 +91,14 @@ def shape_fields(layout: str, cfg: dict) -> dict:
     _require(cfg, "use_sliding_window", lambda v: not v, "sliding-window attention is not supported")
     try:
         dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        out = dict(dim=dim, n_layers=int(cfg["num_hidden_layers"]), n_heads=heads,
-                   n_kv_heads=int(cfg.get("num_key_value_heads") or heads), ffn_dim=int(cfg["intermediate_size"]),
-                   vocab_size=int(cfg["vocab_size"]))
+        out = dict(
+            dim=dim,
+            n_layers=int(cfg["num_hidden_layers"]),
+            n_heads=heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            ffn_dim=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+        )
     except KeyError as e:
         raise ConfigError(f"config.json has no {e.args[0]!r}") from None
     hd = cfg.get("head_dim")
@@ -134,10 +140,21 @@ def _llada(cfg: dict) -> dict:
     ffn = cfg.get("mlp_hidden_size") or int(cfg.get("mlp_ratio", 4)) * dim
     bias = bool(cfg.get("include_bias", False))
     theta, factor = _rope(cfg)
-    return dict(dim=dim, n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_size=None, ffn_dim=int(ffn),
-                vocab_size=int(cfg.get("embedding_size") or cfg["vocab_size"]), rope_theta=theta,
-                rope_linear_factor=factor, norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                tie_embeddings=bool(cfg.get("weight_tying", False)),
-                max_seq_len=min(int(cfg.get("max_sequence_length", MAX_POSITIONS)), MAX_POSITIONS),
-                qkv_bias=bias or bool(cfg.get("include_qkv_bias", False)), out_bias=bias, mlp_bias=bias,
-                qk_norm=False)
+    return dict(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=heads,
+        n_kv_heads=kv,
+        head_size=None,
+        ffn_dim=int(ffn),
+        vocab_size=int(cfg.get("embedding_size") or cfg["vocab_size"]),
+        rope_theta=theta,
+        rope_linear_factor=factor,
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(cfg.get("weight_tying", False)),
+        max_seq_len=min(int(cfg.get("max_sequence_length", MAX_POSITIONS)), MAX_POSITIONS),
+        qkv_bias=bias or bool(cfg.get("include_qkv_bias", False)),
+        out_bias=bias,
+        mlp_bias=bias,
+        qk_norm=False,
+    )

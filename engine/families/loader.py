@@ -9,6 +9,7 @@ converted weights plus that buffer (on CUDA, the buffer only): a memory-mapped r
 of a 0.5B model; docs/MODELS.md has the measurement). Nothing is unpickled, no remote code runs, nothing is
 downloaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,9 @@ def family_config(folder: Path):
     return fam, fam.engine_config(cfg, files)
 
 
-def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                forward_only: bool = False):
+def load_family(
+    folder, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, forward_only: bool = False
+):
     """Returns (model in eval mode, tokenizer, config) for a family checkpoint. `forward_only`
     admits families the engine cannot decode yet (WeDLM) for parity checks."""
     folder = Path(folder)
@@ -84,8 +86,10 @@ def load_family(folder, device: str | torch.device = "cpu", dtype: torch.dtype |
         sd.pop("output.weight", None)  # a tied checkpoint may still store its head; transformers ignores it
     missing = sorted(set(want) - set(sd))
     if missing:
-        raise CheckpointError(f"{folder}: {fam.title} checkpoint lacks {', '.join(missing[:4])}"
-                              + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+        raise CheckpointError(
+            f"{folder}: {fam.title} checkpoint lacks {', '.join(missing[:4])}"
+            + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        )
     model.load_state_dict(sd, assign=True, strict=True)
     cos, sin = rope_tables(cfg, device=None)  # non-persistent buffers: computed on the CPU in fp32
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
@@ -130,15 +134,18 @@ def _take(fam: Family, cfg, name: str, shape: tuple, fill, want: dict, sd: dict,
     try:
         target = rename(fam.layout, name)
     except KeyError:
-        raise CheckpointError(f"{path}: tensor {name!r} is not part of a {fam.title} model "
-                              f"(layout {fam.layout}); is this the right family?") from None
+        raise CheckpointError(
+            f"{path}: tensor {name!r} is not part of a {fam.title} model "
+            f"(layout {fam.layout}); is this the right family?"
+        ) from None
     if target is None:
         return
     if target not in want:
         if target == "output.weight" and cfg.tie_embeddings:
             return
-        raise CheckpointError(f"{path}: tensor {name!r} ({target}) does not fit the config (biases or norms "
-                              "the config does not declare)")
+        raise CheckpointError(
+            f"{path}: tensor {name!r} ({target}) does not fit the config (biases or norms the config does not declare)"
+        )
     if shape != tuple(want[target]):
         raise CheckpointError(f"{path}: tensor {name!r} has shape {shape}, the config implies {tuple(want[target])}")
     out = torch.empty(shape, dtype=dtype, device=device)

@@ -6,6 +6,7 @@ shifted, where its block size lives, the names its mask (and expand) token goes 
 does not give the id, and the `transformers` class it is proven equal to (tests/test_families.py).
 Facts and their sources: ../shared/FAMILIES.md and docs/MODELS.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,46 +56,144 @@ class Family:
         block = 0
         if self.attention == "block_causal":
             block = int(cfg.get(self.block_key) or self.block_default)
-        mc = ModelConfig(**fields, attention=self.attention, block_size=block, logits_shift=self.logits_shift,
-                         model_type=str(cfg.get("model_type", "")), family=self.name, sub_block_size=self.sub_block,
-                         canvas=self.canvas, **ids)
+        mc = ModelConfig(
+            **fields,
+            attention=self.attention,
+            block_size=block,
+            logits_shift=self.logits_shift,
+            model_type=str(cfg.get("model_type", "")),
+            family=self.name,
+            sub_block_size=self.sub_block,
+            canvas=self.canvas,
+            **ids,
+        )
         return mc.validate()
 
 
 FAMILIES: tuple[Family, ...] = (
     # DreamOn first: the same config as Dream, plus an expand token (config.json expand_token_id or the
     # added token <|expand|>); engine/families/dreamon.py decodes its growing and shrinking middle
-    Family("dreamon", "DreamOn", ("DreamModel",), ("Dream",), "qwen2", "bidirectional", True, "Qwen2ForCausalLM",
-           "Apache-2.0", "Dream-org/DreamOn-v0-7B", mask_names=("<|mask|>",), expand_names=("<|expand|>",),
-           needs_expand_token=True,
-           note="variable-length middle: an expand becomes two masks, an end-of-text inside the middle is deleted"),
-    Family("dream", "Dream / Dream-Coder / DiffuCoder", ("DreamModel",), ("Dream",), "qwen2",
-           "bidirectional", True, "Qwen2ForCausalLM",
-           "Apache-2.0 (Dream, Dream-Coder); Apple sample-code licence, weights apple-amlr (DiffuCoder)",
-           "Dream-org/Dream-Coder-v0-Instruct-7B", mask_names=("<|mask|>",)),
-    Family("llada", "LLaDA-8B / LLaDA-1.5", ("LLaDAModelLM",), ("llada",), "llada", "bidirectional", False,
-           "LlamaForCausalLM", "MIT", "GSAI-ML/LLaDA-8B-Instruct", mask_names=("<|mdm_mask|>",)),
-    Family("coda", "CoDA", ("CoDALanguageModel",), ("CoDA",), "qwen3", "bidirectional", True, "Qwen3ForCausalLM",
-           "CC BY-NC 4.0 (non-commercial)", "Salesforce/CoDA-v0-Instruct", mask_names=("<|mask|>",),
-           note="CoDA's own code ignores padding: batch rows are compared unpadded"),
-    Family("sdar", "SDAR / TraDo", ("SDARForCausalLM",), ("sdar",), "qwen3", "block_causal", False,
-           "Qwen3ForCausalLM", "MIT (SDAR); see the model card (TraDo)", "JetLM/SDAR-1.7B-Chat",
-           block_key="block_size", block_default=4, mask_names=("<|MASK|>", "<|mask|>")),
-    Family("fast-dllm-v2", "Fast-dLLM v2", ("Fast_dLLM_QwenForCausalLM",), ("Fast_dLLM_Qwen",), "qwen2",
-           "block_causal", True, "Qwen2ForCausalLM", "see the model card", "Efficient-Large-Model/Fast_dLLM_v2_7B",
-           block_key="bd_size", block_default=32, mask_names=("|<MASK>|",), sub_block=8,
-           note="sub-blocks (8) are a decoding schedule, not part of the attention"),
+    Family(
+        "dreamon",
+        "DreamOn",
+        ("DreamModel",),
+        ("Dream",),
+        "qwen2",
+        "bidirectional",
+        True,
+        "Qwen2ForCausalLM",
+        "Apache-2.0",
+        "Dream-org/DreamOn-v0-7B",
+        mask_names=("<|mask|>",),
+        expand_names=("<|expand|>",),
+        needs_expand_token=True,
+        note="variable-length middle: an expand becomes two masks, an end-of-text inside the middle is deleted",
+    ),
+    Family(
+        "dream",
+        "Dream / Dream-Coder / DiffuCoder",
+        ("DreamModel",),
+        ("Dream",),
+        "qwen2",
+        "bidirectional",
+        True,
+        "Qwen2ForCausalLM",
+        "Apache-2.0 (Dream, Dream-Coder); Apple sample-code licence, weights apple-amlr (DiffuCoder)",
+        "Dream-org/Dream-Coder-v0-Instruct-7B",
+        mask_names=("<|mask|>",),
+    ),
+    Family(
+        "llada",
+        "LLaDA-8B / LLaDA-1.5",
+        ("LLaDAModelLM",),
+        ("llada",),
+        "llada",
+        "bidirectional",
+        False,
+        "LlamaForCausalLM",
+        "MIT",
+        "GSAI-ML/LLaDA-8B-Instruct",
+        mask_names=("<|mdm_mask|>",),
+    ),
+    Family(
+        "coda",
+        "CoDA",
+        ("CoDALanguageModel",),
+        ("CoDA",),
+        "qwen3",
+        "bidirectional",
+        True,
+        "Qwen3ForCausalLM",
+        "CC BY-NC 4.0 (non-commercial)",
+        "Salesforce/CoDA-v0-Instruct",
+        mask_names=("<|mask|>",),
+        note="CoDA's own code ignores padding: batch rows are compared unpadded",
+    ),
+    Family(
+        "sdar",
+        "SDAR / TraDo",
+        ("SDARForCausalLM",),
+        ("sdar",),
+        "qwen3",
+        "block_causal",
+        False,
+        "Qwen3ForCausalLM",
+        "MIT (SDAR); see the model card (TraDo)",
+        "JetLM/SDAR-1.7B-Chat",
+        block_key="block_size",
+        block_default=4,
+        mask_names=("<|MASK|>", "<|mask|>"),
+    ),
+    Family(
+        "fast-dllm-v2",
+        "Fast-dLLM v2",
+        ("Fast_dLLM_QwenForCausalLM",),
+        ("Fast_dLLM_Qwen",),
+        "qwen2",
+        "block_causal",
+        True,
+        "Qwen2ForCausalLM",
+        "see the model card",
+        "Efficient-Large-Model/Fast_dLLM_v2_7B",
+        block_key="bd_size",
+        block_default=32,
+        mask_names=("|<MASK>|",),
+        sub_block=8,
+        note="sub-blocks (8) are a decoding schedule, not part of the attention",
+    ),
     # WeDLM: causal attention over a reordered canvas (observed first, masks last, logical position
     # ids); its authors' streaming window in engine/families/wedlm.py. Its config.json has
     # "mask_token_id": null and its authors' code then uses 151665 (Tencent/WeDLM
     # wedlm/engine/model_runner.py `_init_mask_token`; finetune/src/trainer.py MASK_TOKEN_ID)
-    Family("wedlm", "WeDLM", ("WeDLMForCausalLM",), ("wedlm",), "wedlm", "causal", False,
-           "Qwen3ForCausalLM (WeDLM-8B) / Qwen2ForCausalLM (WeDLM-7B)", "Apache-2.0", "tencent/WeDLM-8B-Instruct",
-           mask_fallback=151665, canvas="reorder",
-           note="streaming window of 16 positions: entropy + position penalty, committed run cached exactly"),
-    Family("open-dcoder", "Open-dCoder", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "bidirectional", True,
-           "Qwen2ForCausalLM", "Apache-2.0", "fredzzp/open-dcoder-0.5B", needs_mask_token=True,
-           note="a Qwen2 checkpoint is taken for Open-dCoder only when its tokenizer files name a mask token"),
+    Family(
+        "wedlm",
+        "WeDLM",
+        ("WeDLMForCausalLM",),
+        ("wedlm",),
+        "wedlm",
+        "causal",
+        False,
+        "Qwen3ForCausalLM (WeDLM-8B) / Qwen2ForCausalLM (WeDLM-7B)",
+        "Apache-2.0",
+        "tencent/WeDLM-8B-Instruct",
+        mask_fallback=151665,
+        canvas="reorder",
+        note="streaming window of 16 positions: entropy + position penalty, committed run cached exactly",
+    ),
+    Family(
+        "open-dcoder",
+        "Open-dCoder",
+        ("Qwen2ForCausalLM",),
+        ("qwen2",),
+        "qwen2",
+        "bidirectional",
+        True,
+        "Qwen2ForCausalLM",
+        "Apache-2.0",
+        "fredzzp/open-dcoder-0.5B",
+        needs_mask_token=True,
+        note="a Qwen2 checkpoint is taken for Open-dCoder only when its tokenizer files name a mask token",
+    ),
 )
 
 
@@ -123,6 +222,8 @@ def detect(folder: Path, cfg: dict, files: TokenFiles | None = None) -> Family:
         return fam
     found = f"architectures {archs or 'none'}, model_type {mtype!r}"
     if any(f.needs_mask_token for f in cands):
-        raise FamilyError(f"{folder}: {found} but no mask token in its tokenizer files: an autoregressive "
-                          f"checkpoint, not a diffusion model. Supported: {supported()}")
+        raise FamilyError(
+            f"{folder}: {found} but no mask token in its tokenizer files: an autoregressive "
+            f"checkpoint, not a diffusion model. Supported: {supported()}"
+        )
     raise FamilyError(f"{folder}: {found} is not a supported diffusion model family. Supported: {supported()}")

@@ -7,6 +7,7 @@ every id is looked up in this order: config.json `<kind>_token_id`, tokenizer_co
 the registry) among tokenizer.json's added tokens. A name is turned into an id by tokenizer.json
 itself (or tokenizer_config.json's `added_tokens_decoder`).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,10 @@ class TokenFiles:
             v = v[0]
         if isinstance(v, int) and not isinstance(v, bool):
             return v, f"config.json {kind}_token_id"
-        for fname, d in (("tokenizer_config.json", self.tokenizer_config), ("special_tokens_map.json", self.special_tokens_map)):
+        for fname, d in (
+            ("tokenizer_config.json", self.tokenizer_config),
+            ("special_tokens_map.json", self.special_tokens_map),
+        ):
             tid = self.id_of(d.get(f"{kind}_token"))
             if tid is not None:
                 return tid, f"{fname} {kind}_token"
@@ -73,8 +77,9 @@ class TokenFiles:
         return None, ""
 
 
-def special_ids(files: TokenFiles, mask_names: tuple[str, ...], expand_names: tuple[str, ...] = (),
-                mask_fallback: int | None = None) -> dict:
+def special_ids(
+    files: TokenFiles, mask_names: tuple[str, ...], expand_names: tuple[str, ...] = (), mask_fallback: int | None = None
+) -> dict:
     """{mask,pad,eos,bos,expand}_token_id for ModelConfig, plus `_found` (kind -> where) for messages.
     `mask_fallback`: a family whose authors' code reads the mask id from config.json only and
     otherwise uses this id (WeDLM) - the tokenizer files are then not asked for the mask.
@@ -85,14 +90,19 @@ def special_ids(files: TokenFiles, mask_names: tuple[str, ...], expand_names: tu
             v = files.config.get("mask_token_id")
             found = isinstance(v, int) and not isinstance(v, bool)
             out["mask_token_id"] = v if found else mask_fallback
-            where["mask"] = "config.json mask_token_id" if found else "the family's authors' default (config.json names none)"
+            where["mask"] = (
+                "config.json mask_token_id" if found else "the family's authors' default (config.json names none)"
+            )
             continue
         tid, src = files.find(kind, names)
         out[f"{kind}_token_id"], where[kind] = tid, src
     if out["mask_token_id"] is None:
-        raise ValueError("no mask token: none of config.json mask_token_id, tokenizer_config.json / "
-                         "special_tokens_map.json mask_token" + (f", added tokens {', '.join(mask_names)}" if mask_names else "")
-                         + " names one")
+        raise ValueError(
+            "no mask token: none of config.json mask_token_id, tokenizer_config.json / "
+            "special_tokens_map.json mask_token"
+            + (f", added tokens {', '.join(mask_names)}" if mask_names else "")
+            + " names one"
+        )
     if out["eos_token_id"] is None:
         raise ValueError("no end-of-text token in config.json eos_token_id or the tokenizer files")
     if out["pad_token_id"] is None:  # Dream, LLaDA: padding is end-of-text

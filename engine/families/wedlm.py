@@ -30,6 +30,7 @@ The engine keeps one deliberate difference: a slot is never filled with the mask
 argmax may pick it; a trained WeDLM gives it ~0 probability at a mask), so the entropy is taken
 over the vocabulary without the mask id.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,16 @@ def options(opts):
     """The engine options under which its commit runs WeDLM's rule, whatever was asked: the family's
     own window (not `window`, which counts masked slots), no semi-AR block or padding rule, and
     entropy as the confidence (the rule reads it back as -confidence)."""
-    return dataclasses.replace(opts, window=0, block=0, pad_left=False, pad_stop=2.0, freeze=False,
-                               selection="threshold", confidence="neg_entropy")
+    return dataclasses.replace(
+        opts,
+        window=0,
+        block=0,
+        pad_left=False,
+        pad_stop=2.0,
+        freeze=False,
+        selection="threshold",
+        confidence="neg_entropy",
+    )
 
 
 def window_masks(masked_slots: list[int]) -> int:

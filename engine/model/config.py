@@ -20,6 +20,7 @@ so that no family's choice is a constant in code:
 `validate()` refuses, naming the value, what the decoder cannot run (a topology without its block
 size, a reordered canvas on a non-causal or shifted model, an id outside the vocabulary).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -96,7 +97,9 @@ class ModelConfig:
         if self.canvas == "reorder" and (self.attention != "causal" or self.logits_shift):
             raise ConfigError("canvas 'reorder' needs attention 'causal' and no logits_shift")
         if (self.attention == "block_causal") != (self.block_size > 0):
-            raise ConfigError(f"block_size {self.block_size} goes with attention 'block_causal' only (got {self.attention!r})")
+            raise ConfigError(
+                f"block_size {self.block_size} goes with attention 'block_causal' only (got {self.attention!r})"
+            )
         for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
             tid = getattr(self, name)
             if not 0 <= tid < self.vocab_size:

@@ -13,6 +13,7 @@ decoding loop can run the expensive part on few positions:
 Context K/V (`ctx`) lets a step run only the canvas positions against the cached prefix/suffix
 K/V (Fast-dLLM DualCache) and lets the causal twin decode with a KV cache; both use one code path.
 """
+
 from __future__ import annotations
 
 import math
@@ -186,8 +187,10 @@ class Transformer(nn.Module):
             ctx_pos = torch.arange(Lc, device=device).expand(B, Lc)
         key_pos = pos if not Lc else torch.cat([ctx_pos, pos], dim=1)  # (B, Lc+L)
         ok = (key_pos[:, None, :] // bs) <= (pos[:, :, None] // bs)  # (B, L, Lc+L)
-        valid = [v if v is not None else torch.ones(B, n, dtype=torch.bool, device=device)
-                 for v, n in ((ctx_valid, Lc), (key_valid, L))]
+        valid = [
+            v if v is not None else torch.ones(B, n, dtype=torch.bool, device=device)
+            for v, n in ((ctx_valid, Lc), (key_valid, L))
+        ]
         ok = ok & torch.cat(valid, dim=1)[:, None, :]
         ok[:, :, Lc:] |= torch.eye(L, dtype=torch.bool, device=device)  # padding rows stay finite
         return ok[:, None]

@@ -10,6 +10,7 @@ folder; a folder with only pickle weights (.bin, .pt, ...) is refused, never unp
 The bottom layer of model loading: engine/families and engine/weights read weights through this
 module, and it imports neither.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,15 +53,19 @@ def check_safetensors(path: Path, dtypes: dict[str, int] = WEIGHT_DTYPES) -> dic
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise CheckpointError(f"{path} is truncated ({size} bytes): a safetensors file starts with an "
-                                  "8-byte header length")
+            raise CheckpointError(
+                f"{path} is truncated ({size} bytes): a safetensors file starts with an 8-byte header length"
+            )
         (n,) = struct.unpack("<Q", head)
         if n > HEADER_LIMIT:
-            raise CheckpointError(f"{path}: the header claims {n:,} bytes, over the {HEADER_LIMIT // 2**20} MB "
-                                  "limit; not a safetensors file, or a corrupted one")
+            raise CheckpointError(
+                f"{path}: the header claims {n:,} bytes, over the {HEADER_LIMIT // 2**20} MB "
+                "limit; not a safetensors file, or a corrupted one"
+            )
         if 8 + n > size:
-            raise CheckpointError(f"{path} is truncated: the header claims {n:,} bytes, the file has {size - 8:,} "
-                                  "after the length")
+            raise CheckpointError(
+                f"{path} is truncated: the header claims {n:,} bytes, the file has {size - 8:,} after the length"
+            )
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -72,19 +77,26 @@ def check_safetensors(path: Path, dtypes: dict[str, int] = WEIGHT_DTYPES) -> dic
     for name, t in header.items():
         if name == "__metadata__":
             continue
-        if not (isinstance(t, dict) and isinstance(t.get("shape"), list) and isinstance(t.get("data_offsets"), list)
-                and len(t["data_offsets"]) == 2
-                and all(isinstance(x, int) and x >= 0 for x in t["shape"] + t["data_offsets"])):
+        if not (
+            isinstance(t, dict)
+            and isinstance(t.get("shape"), list)
+            and isinstance(t.get("data_offsets"), list)
+            and len(t["data_offsets"]) == 2
+            and all(isinstance(x, int) and x >= 0 for x in t["shape"] + t["data_offsets"])
+        ):
             raise CheckpointError(f"{path}: bad safetensors header entry for tensor {name!r}")
         if t.get("dtype") not in dtypes:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {t.get('dtype')!r}; "
-                                  f"{'weights' if dtypes is WEIGHT_DTYPES else 'its tensors'} must be one of {', '.join(dtypes)}")
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {t.get('dtype')!r}; "
+                f"{'weights' if dtypes is WEIGHT_DTYPES else 'its tensors'} must be one of {', '.join(dtypes)}"
+            )
         begin, end = t["data_offsets"]
         if end - begin != math.prod(t["shape"]) * dtypes[t["dtype"]]:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {t['shape']} but {end - begin} bytes")
         if end > data:
-            raise CheckpointError(f"{path} is truncated: tensor {name!r} ends at byte {end:,} of the data, the file "
-                                  f"has {data:,}")
+            raise CheckpointError(
+                f"{path} is truncated: tensor {name!r} ends at byte {end:,} of the data, the file has {data:,}"
+            )
     return header
 
 
@@ -119,8 +131,10 @@ def refuse_pickles(folder: Path) -> None:
     """Raises CheckpointError when `folder` has pickle weights (which are never loaded) and nothing else."""
     pickles = sorted(p.name for ext in ("bin", "pt", "pth", "ckpt") for p in folder.glob(f"*.{ext}"))
     if pickles:
-        raise CheckpointError(f"{folder} has only pickle weights ({', '.join(pickles)}), which are never loaded "
-                              "(unpickling can run code); convert them to safetensors")
+        raise CheckpointError(
+            f"{folder} has only pickle weights ({', '.join(pickles)}), which are never loaded "
+            "(unpickling can run code); convert them to safetensors"
+        )
 
 
 def weight_paths(folder: Path) -> list[Path]:

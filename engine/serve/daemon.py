@@ -13,6 +13,7 @@ and hands the locked descriptor to the child, so a second serve waits until the 
 and then connects instead of starting another. The idle exit takes the same lock, so a daemon never
 removes a socket a new one has just bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,15 @@ class _Client:
 class EngineDaemon:
     """The socket server around one EngineService."""
 
-    def __init__(self, model: str | None = None, device: str = "auto", threads: int | None = None,
-                 idle_s: float = IDLE_S, place: wire.Place | None = None, service_factory=None):
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        threads: int | None = None,
+        idle_s: float = IDLE_S,
+        place: wire.Place | None = None,
+        service_factory=None,
+    ):
         self.model, self.device, self.threads, self.idle_s = model, device, threads, idle_s
         self.place = place or wire.place(model, device)
         self.service_factory = service_factory
@@ -178,8 +186,13 @@ class EngineDaemon:
         self.service = self._make_service()
         self.service.start()
         self._listener.settimeout(0.5)
-        log.info("engine daemon %d on %s (model %s, device %s)", os.getpid(), self.place.socket,
-                 self.model or "default", self.device)
+        log.info(
+            "engine daemon %d on %s (model %s, device %s)",
+            os.getpid(),
+            self.place.socket,
+            self.model or "default",
+            self.device,
+        )
         try:
             while not self._stop.is_set():
                 try:
@@ -221,8 +234,9 @@ class EngineDaemon:
         if state == "error":
             # the model failed to load, or steps kept sticking: the windows keep the error (as
             # in-process, a server restart retries) and the next window starts a fresh daemon
-            log.error("engine in the error state (%s): the daemon exits; its windows keep the error",
-                      self.info.get("message"))
+            log.error(
+                "engine in the error state (%s): the daemon exits; its windows keep the error", self.info.get("message")
+            )
             if told:
                 self._told_error.set()
             threading.Thread(target=self._exit_after_error, name="dlm-daemon-error-exit", daemon=True).start()
@@ -266,8 +280,12 @@ class EngineDaemon:
             conn.close()
             return
         client = _Client(conn, pid)
-        client.channel = wire.Channel(conn, lambda m, c=client: self._on_message(c, m),
-                                      lambda c=client: self._on_close(c), name=f"dlm-daemon-{pid}")
+        client.channel = wire.Channel(
+            conn,
+            lambda m, c=client: self._on_message(c, m),
+            lambda c=client: self._on_close(c),
+            name=f"dlm-daemon-{pid}",
+        )
         with self._lock:
             self._clients.add(client)
         client.channel.start()
@@ -298,8 +316,9 @@ class EngineDaemon:
                 c.window = True
                 self.counters["windows"] += 1
             state = self.state
-            c.channel.send({"op": "hello", "state": state, "info": self.info, "pid": os.getpid(),
-                            "version": wire.PROTOCOL_VERSION})
+            c.channel.send(
+                {"op": "hello", "state": state, "info": self.info, "pid": os.getpid(), "version": wire.PROTOCOL_VERSION}
+            )
             if state == "error":
                 self._told_error.set()
         elif op == "submit":
@@ -332,9 +351,15 @@ class EngineDaemon:
         counting take seconds; the connection's jobs and cancels go on meanwhile), in the order
         sent; answered workspace {id, result} or error {id, message}."""
         jid, space, files = m.get("id"), m.get("space"), m.get("files")
-        if not isinstance(space, str) or not space or not isinstance(files, dict) \
-                or any(not isinstance(k, str) or not (v is None or isinstance(v, str)) for k, v in files.items()):
-            c.channel.send({"op": "error", "id": jid, "message": "bad workspace message: space and {key: text or null} files"})
+        if (
+            not isinstance(space, str)
+            or not space
+            or not isinstance(files, dict)
+            or any(not isinstance(k, str) or not (v is None or isinstance(v, str)) for k, v in files.items())
+        ):
+            c.channel.send(
+                {"op": "error", "id": jid, "message": "bad workspace message: space and {key: text or null} files"}
+            )
             return
         full = self._space(c, space)
         with c.lock:
@@ -394,25 +419,46 @@ class EngineDaemon:
         """Model, state, windows, queue and counters (what `dlm-lsp engine --status` prints)."""
         svc = self.service
         with self._lock:
-            windows = [{"pid": c.pid, "in_flight": len(c.jobs), "jobs": c.submitted,
-                        "connected_s": round(time.monotonic() - c.since, 1)}
-                       for c in self._clients if c.window]
+            windows = [
+                {
+                    "pid": c.pid,
+                    "in_flight": len(c.jobs),
+                    "jobs": c.submitted,
+                    "connected_s": round(time.monotonic() - c.since, 1),
+                }
+                for c in self._clients
+                if c.window
+            ]
         inbox = getattr(svc, "_inbox", None)
         running = getattr(svc, "_jobs", None)
         spaces = dict(getattr(svc, "workspaces", None) or {})  # the windows' workspace memories
         return {
-            "op": "status", "pid": os.getpid(), "socket": str(self.place.socket),
-            "model": str(self.model or "default"), "resolved_model": wire.resolved_model(self.model),
-            "device": str(self.info.get("device") or self.device), "state": self.state,
-            "message": self.info.get("message"), "threads": self.info.get("threads"),
-            "uptime_s": round(time.monotonic() - self.started, 1), "idle_exit_s": self.idle_s,
-            "loads": self.loads, "windows": windows,
-            "queue": {"queued": inbox.qsize() if inbox is not None else None,
-                      "running": len(running) if running is not None else None,
-                      "in_flight": sum(w["in_flight"] for w in windows)},
-            "stats": dict(getattr(svc, "stats", {}) or {}), "counters": dict(self.counters), "rss_mb": _rss_mb(),
-            "workspaces": {"memories": len(spaces), "files": sum(len(m) for m in spaces.values()),
-                           "tokens": sum(m.tokens for m in spaces.values())},
+            "op": "status",
+            "pid": os.getpid(),
+            "socket": str(self.place.socket),
+            "model": str(self.model or "default"),
+            "resolved_model": wire.resolved_model(self.model),
+            "device": str(self.info.get("device") or self.device),
+            "state": self.state,
+            "message": self.info.get("message"),
+            "threads": self.info.get("threads"),
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "idle_exit_s": self.idle_s,
+            "loads": self.loads,
+            "windows": windows,
+            "queue": {
+                "queued": inbox.qsize() if inbox is not None else None,
+                "running": len(running) if running is not None else None,
+                "in_flight": sum(w["in_flight"] for w in windows),
+            },
+            "stats": dict(getattr(svc, "stats", {}) or {}),
+            "counters": dict(self.counters),
+            "rss_mb": _rss_mb(),
+            "workspaces": {
+                "memories": len(spaces),
+                "files": sum(len(m) for m in spaces.values()),
+                "tokens": sum(m.tokens for m in spaces.values()),
+            },
         }
 
 
@@ -422,10 +468,18 @@ class EngineDaemon:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint folder or local HF repo id (default: the embedded model)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: DLM_THREADS, else the free cores)")
-    p.add_argument("--idle-s", type=float, default=None,
-                   help=f"exit after this many seconds with no window connected (default {IDLE_S:.0f}, or DLM_ENGINE_IDLE_S)")
-    p.add_argument("--status", action="store_true", help="show every running engine of this user (model, windows, queue, counters)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: DLM_THREADS, else the free cores)"
+    )
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=None,
+        help=f"exit after this many seconds with no window connected (default {IDLE_S:.0f}, or DLM_ENGINE_IDLE_S)",
+    )
+    p.add_argument(
+        "--status", action="store_true", help="show every running engine of this user (model, windows, queue, counters)"
+    )
     p.add_argument("--stop", action="store_true", help="stop every running engine of this user")
     p.add_argument("--json", action="store_true", help="with --status: print JSON")
     p.add_argument("--lock-fd", type=int, default=None, help=argparse.SUPPRESS)  # a starting serve's locked lock file
@@ -467,11 +521,15 @@ def ask_all(op: str) -> list[dict]:
 
 def _print_status(st: dict) -> None:
     s, q = st.get("stats", {}), st.get("queue", {})
-    print(f"engine pid {st['pid']}  {st['state']}  model {st['model']} ({st['resolved_model']}) on {st['device']}, "
-          f"{st.get('threads')} thread(s), rss {st.get('rss_mb') or 0:.0f} MB, up {st['uptime_s']:.0f} s")
+    print(
+        f"engine pid {st['pid']}  {st['state']}  model {st['model']} ({st['resolved_model']}) on {st['device']}, "
+        f"{st.get('threads')} thread(s), rss {st.get('rss_mb') or 0:.0f} MB, up {st['uptime_s']:.0f} s"
+    )
     print(f"  socket {st['socket']}; model loads {st['loads']}; exits after {st['idle_exit_s']:.0f} s without windows")
-    print(f"  windows {len(st['windows'])}: " + (", ".join(f"pid {w['pid']} ({w['jobs']} jobs, {w['in_flight']} in flight)"
-                                                    for w in st["windows"]) or "none"))
+    print(
+        f"  windows {len(st['windows'])}: "
+        + (", ".join(f"pid {w['pid']} ({w['jobs']} jobs, {w['in_flight']} in flight)" for w in st["windows"]) or "none")
+    )
     print(f"  queue: {q.get('queued')} queued, {q.get('running')} running")
     ws = st.get("workspaces") or {}
     if ws.get("memories"):
@@ -496,8 +554,9 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"stopped {len(stopped)} engine(s)")
         return 0
     try:
-        daemon = EngineDaemon(args.model, args.device, args.threads,
-                              args.idle_s if args.idle_s is not None else idle_default())
+        daemon = EngineDaemon(
+            args.model, args.device, args.threads, args.idle_s if args.idle_s is not None else idle_default()
+        )
         if not daemon.bind(args.lock_fd):
             print(f"an engine for this model and device is already running on {daemon.place.socket}", file=sys.stderr)
             return 0

@@ -32,6 +32,7 @@ thread, so the worker never waits for a count; files past its token cap are refu
 A job names the memory (FillJob.workspace) and its document (FillJob.document), which the fill's
 view leaves out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -127,8 +128,17 @@ WARM_UP_SLOTS = (16, 5, 1)  # the warm-up's fills (EngineService.warm_up)
 class EngineService:
     """Owns the model on its own thread; thread-safe submit()."""
 
-    def __init__(self, model: str | None = None, device: str = "auto", on_state=None, max_batch: int = 8,
-                 threads: int | None = None, stall_s: float = 60.0, max_stalls: int = 3, warm_up: bool | None = None):
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        on_state=None,
+        max_batch: int = 8,
+        threads: int | None = None,
+        stall_s: float = 60.0,
+        max_stalls: int = 3,
+        warm_up: bool | None = None,
+    ):
         self.model_name, self.device_name = model, device
         # before its first job the worker runs WARM_UP_SLOTS fills of its own (None: on a GPU only, where
         # the first fills compile the Triton kernel's variants and start cuBLAS: seconds; on the CPU the
@@ -141,8 +151,9 @@ class EngineService:
         # only) cpu_threads(); load() on a caller's thread applies only an explicit count
         self._explicit_threads = threads if threads and threads > 0 else _env_threads()
         self.threads = self._explicit_threads or cpu_threads()
-        self.threads_from = ("option" if threads and threads > 0
-                             else "DLM_THREADS" if self._explicit_threads else "cores")
+        self.threads_from = (
+            "option" if threads and threads > 0 else "DLM_THREADS" if self._explicit_threads else "cores"
+        )
         # a step running longer than this is stuck (also at least 10x the slowest step seen, so a
         # big model on a slow CPU is not taken for a stuck one)
         self.stall_s, self.max_stalls = stall_s, max_stalls
@@ -172,11 +183,26 @@ class EngineService:
         # per document: its last request's texts and their ids, so the next one re-tokenizes near the edit
         self._texts: OrderedDict[str, tuple[str, list[int], str, list[int]]] = OrderedDict()
         self._full_ms_per_token = 0.0  # running estimate of a full forward's cost, for first-step deadlines
-        self.stats = {"jobs": 0, "failed_jobs": 0, "steps": 0, "forwards": 0, "tokens": 0, "cancelled_jobs": 0,
-                      "cancelled_steps": 0, "batched_steps": 0, "max_batch_seen": 0, "expired_jobs": 0,
-                      "out_of_memory": 0, "worker_deaths": 0, "stalls": 0, "restarts": 0,
-                      "forwarded_tokens": 0, "reused_tokens": 0,  # rows run / context rows reused (Fill's)
-                      "warmup_fills": 0, "warmup_ms": 0.0}  # the worker's own fills before its first job
+        self.stats = {
+            "jobs": 0,
+            "failed_jobs": 0,
+            "steps": 0,
+            "forwards": 0,
+            "tokens": 0,
+            "cancelled_jobs": 0,
+            "cancelled_steps": 0,
+            "batched_steps": 0,
+            "max_batch_seen": 0,
+            "expired_jobs": 0,
+            "out_of_memory": 0,
+            "worker_deaths": 0,
+            "stalls": 0,
+            "restarts": 0,
+            "forwarded_tokens": 0,
+            "reused_tokens": 0,  # rows run / context rows reused (Fill's)
+            "warmup_fills": 0,
+            "warmup_ms": 0.0,
+        }  # the worker's own fills before its first job
         self._stats_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -185,10 +211,17 @@ class EngineService:
         self.state, self.message = state, message
         if self.on_state is not None:
             try:
-                self.on_state(state, {"model": str(self.model_name or "default"), "device": str(self.device or self.device_name),
-                                      "message": message, "threads": self.threads,
-                                      "gate": self.serving.get("min_confidence"),
-                                      "calibrator": self.serving.get("calibrator")})
+                self.on_state(
+                    state,
+                    {
+                        "model": str(self.model_name or "default"),
+                        "device": str(self.device or self.device_name),
+                        "message": message,
+                        "threads": self.threads,
+                        "gate": self.serving.get("min_confidence"),
+                        "calibrator": self.serving.get("calibrator"),
+                    },
+                )
             except Exception:  # a broken callback must not kill the engine
                 log.exception("on_state callback failed")
 
@@ -208,8 +241,9 @@ class EngineService:
         self._busy = None
         self._jobs = []
         self._batch_ctx = BatchContext()
-        self._thread = threading.Thread(target=self._run, args=(self._gen,), name=f"dlm-engine-{self._gen}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._gen,), name=f"dlm-engine-{self._gen}", daemon=True
+        )
         self._thread.start()
 
     def load(self) -> None:
@@ -233,8 +267,13 @@ class EngineService:
             self._set_state("error", f"could not load model: {e}")
             self._ready.set()
             raise
-        log.info("model %s loaded on %s; %d torch thread(s) (%s)", self.model_name or "default", self.device,
-                 self.threads, self.threads_from)
+        log.info(
+            "model %s loaded on %s; %d torch thread(s) (%s)",
+            self.model_name or "default",
+            self.device,
+            self.threads,
+            self.threads_from,
+        )
         self._set_state("ready")
         self._ready.set()
 
@@ -310,13 +349,17 @@ class EngineService:
             self.stats["stalls"] += 1
             stalls = self.stats["stalls"]
         msg = f"an engine step was stuck for {seconds:.0f} s"
-        log.error("%s (worker %d); %s", msg, self._gen,
-                  "starting a new worker" if stalls < self.max_stalls else "giving up")
+        log.error(
+            "%s (worker %d); %s", msg, self._gen, "starting a new worker" if stalls < self.max_stalls else "giving up"
+        )
         self._abandon(EngineError(f"{msg}; the engine was restarted"))
         if stalls >= self.max_stalls:
             self._gen += 1  # the stuck worker, should it ever wake, leaves
-            self._set_state("error", f"{msg}, {stalls} times; the engine stopped. Restart the server "
-                                     "(and see its log; DLM_THREADS=1 helps on a busy machine)")
+            self._set_state(
+                "error",
+                f"{msg}, {stalls} times; the engine stopped. Restart the server "
+                "(and see its log; DLM_THREADS=1 helps on a busy machine)",
+            )
             self._fail_queued(EngineError(self.message))
             return
         with self._stats_lock:
@@ -418,9 +461,18 @@ class EngineService:
 
     def _owned(self) -> levers.Owned:
         """What the levers read from this service, as it stands now (a job's estimate, memories, caches)."""
-        return levers.Owned(tok=self.tok, cfg=self.cfg, device=self.device, decode_defaults=self.serving.get("decode", {}),
-                            ngram_table=self.ngram, workspaces=self.workspaces, corpus_names=self.corpus_names,
-                            sessions=self._sessions, reuse_cache=self._reuse, full_ms_per_token=self._full_ms_per_token)
+        return levers.Owned(
+            tok=self.tok,
+            cfg=self.cfg,
+            device=self.device,
+            decode_defaults=self.serving.get("decode", {}),
+            ngram_table=self.ngram,
+            workspaces=self.workspaces,
+            corpus_names=self.corpus_names,
+            sessions=self._sessions,
+            reuse_cache=self._reuse,
+            full_ms_per_token=self._full_ms_per_token,
+        )
 
     def _encode(self, job: FillJob) -> tuple[list[int], list[int]]:
         """The job's prefix and suffix ids. With a session key, its last request's texts and ids let
@@ -452,11 +504,20 @@ class EngineService:
                 else:
                     raise EngineError(f"healed fill {text[:20]!r} does not start with {a.heal_text!r}")
             fill = Fill(
-                text=text, tokens=len(ids), steps=c.steps, slots=c.n, cancelled=c.cancelled,
-                deadline_hit=c.deadline_hit, queue_ms=(a.started - a.job.submitted_at) * 1000,
-                compute_ms=(time.monotonic() - a.started) * 1000, tokens_per_step=list(c.tokens_per_step),
-                ms_per_step=list(c.ms_per_step), token_ids=ids, confidence=c.fill_confidence(),
-                reused_tokens=getattr(c, "reused", 0), forwarded_tokens=c.rows_forwarded,
+                text=text,
+                tokens=len(ids),
+                steps=c.steps,
+                slots=c.n,
+                cancelled=c.cancelled,
+                deadline_hit=c.deadline_hit,
+                queue_ms=(a.started - a.job.submitted_at) * 1000,
+                compute_ms=(time.monotonic() - a.started) * 1000,
+                tokens_per_step=list(c.tokens_per_step),
+                ms_per_step=list(c.ms_per_step),
+                token_ids=ids,
+                confidence=c.fill_confidence(),
+                reused_tokens=getattr(c, "reused", 0),
+                forwarded_tokens=c.rows_forwarded,
             )
         except Exception as e:  # noqa: BLE001
             self._fail(a, e)
@@ -479,8 +540,9 @@ class EngineService:
             self.stats["failed_jobs"] += 1
             self.stats["out_of_memory"] += oom
         if oom:
-            err = EngineError(f"out of memory while decoding ({e}); the job was dropped. A smaller maxFillTokens "
-                              "or model needs less")
+            err = EngineError(
+                f"out of memory while decoding ({e}); the job was dropped. A smaller maxFillTokens or model needs less"
+            )
         else:
             err = e if isinstance(e, EngineError) else EngineError(f"decoding failed: {e}")
         _resolve(a.future, exc=err)
@@ -576,8 +638,18 @@ class EngineService:
             return False
         with self._stats_lock:
             self.stats["expired_jobs"] += 1
-        _resolve(fut, Fill(text="", tokens=0, steps=0, slots=job.max_tokens, deadline_hit=True, expired=True,
-                           queue_ms=(now - job.submitted_at) * 1000))
+        _resolve(
+            fut,
+            Fill(
+                text="",
+                tokens=0,
+                steps=0,
+                slots=job.max_tokens,
+                deadline_hit=True,
+                expired=True,
+                queue_ms=(now - job.submitted_at) * 1000,
+            ),
+        )
         return True
 
     def _drain(self, active: list[_Active], block: bool, gen: int) -> bool:

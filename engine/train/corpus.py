@@ -1,5 +1,6 @@
 """The training corpus: Python files (the interpreter's standard library plus any folders given), a
 deterministic file-level train / held-out split, and the split's manifest."""
+
 from __future__ import annotations
 
 import hashlib
@@ -58,11 +59,17 @@ def split(files: list[SourceFile]) -> tuple[list[SourceFile], list[SourceFile]]:
 
 
 def write_manifest(path: Path, train: list[SourceFile], held: list[SourceFile]) -> None:
-    path.write_text(json.dumps({
-        "heldout_rule": f"sha256(key)[:8] % 100 < {HELDOUT_PERCENT}",
-        "train": [f.key for f in train],
-        "heldout": [f.key for f in held],
-    }, indent=1) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "heldout_rule": f"sha256(key)[:8] % 100 < {HELDOUT_PERCENT}",
+                "train": [f.key for f in train],
+                "heldout": [f.key for f in held],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def heldout_files(sources: list[Path] | None = None) -> list[SourceFile]:

@@ -19,6 +19,7 @@ The held-out side is the stdlib's and the packages' files whose key hash falls i
 stripped lines of >= 30 characters; lines found in more than 20 files (licence headers, boilerplate)
 do not count as shared.
 """
+
 from __future__ import annotations
 
 import email.parser
@@ -47,14 +48,37 @@ GENERATED = re.compile(rb"generated|do not edit", re.IGNORECASE)
 # SPDX ids (lower case) and licence classifiers that allow training and redistribution of derived
 # weights without copyleft terms
 PERMISSIVE_SPDX = {
-    "mit", "mit-0", "bsd-2-clause", "bsd-3-clause", "bsd-3-clause-clear", "0bsd", "apache-2.0", "isc",
-    "psf-2.0", "python-2.0", "unlicense", "zpl-2.1", "hpnd", "cc0-1.0", "bsd", "apache 2.0", "apache", "zlib",
+    "mit",
+    "mit-0",
+    "bsd-2-clause",
+    "bsd-3-clause",
+    "bsd-3-clause-clear",
+    "0bsd",
+    "apache-2.0",
+    "isc",
+    "psf-2.0",
+    "python-2.0",
+    "unlicense",
+    "zpl-2.1",
+    "hpnd",
+    "cc0-1.0",
+    "bsd",
+    "apache 2.0",
+    "apache",
+    "zlib",
     "mit-cmu",
 }
 PERMISSIVE_CLASSIFIERS = {
-    "MIT License", "BSD License", "Apache Software License", "Python Software Foundation License",
-    "ISC License (ISCL)", "The Unlicense (Unlicense)", "Zope Public License", "MIT No Attribution License (MIT-0)",
-    "Historical Permission Notice and Disclaimer (HPND)", "CC0 1.0 Universal (CC0 1.0) Public Domain Dedication",
+    "MIT License",
+    "BSD License",
+    "Apache Software License",
+    "Python Software Foundation License",
+    "ISC License (ISCL)",
+    "The Unlicense (Unlicense)",
+    "Zope Public License",
+    "MIT No Attribution License (MIT-0)",
+    "Historical Permission Notice and Disclaimer (HPND)",
+    "CC0 1.0 Universal (CC0 1.0) Public Domain Dedication",
 }
 COPYLEFT = re.compile(r"\b(A?GPL|LGPL|MPL|EPL|EUPL|CDDL|OSL|CC[- ]BY[- ]NC|copyleft|Mozilla|General Public)", re.I)
 
@@ -110,7 +134,9 @@ def licence_of(metadata: bytes) -> tuple[str, bool]:
     """(licence text as found, permissive?) from a wheel's METADATA."""
     m = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
     expr = str(m.get("License-Expression") or "").strip()
-    classifiers = [str(c).split("::")[-1].strip() for c in (m.get_all("Classifier") or []) if str(c).startswith("License ::")]
+    classifiers = [
+        str(c).split("::")[-1].strip() for c in (m.get_all("Classifier") or []) if str(c).startswith("License ::")
+    ]
     if expr:
         return expr, _spdx_permissive(expr)
     text = str(m.get("License") or "").strip()
@@ -127,8 +153,10 @@ def licence_of(metadata: bytes) -> tuple[str, bool]:
 def _spdx_permissive(expr: str) -> bool:
     """AND needs every side permissive, OR any side (parentheses are flattened: enough for wheels)."""
     e = expr.replace("(", " ").replace(")", " ")
-    return any(all(t.strip().lower() in PERMISSIVE_SPDX for t in re.split(r"\s+AND\s+", alt))
-               for alt in re.split(r"\s+OR\s+", e))
+    return any(
+        all(t.strip().lower() in PERMISSIVE_SPDX for t in re.split(r"\s+AND\s+", alt))
+        for alt in re.split(r"\s+OR\s+", e)
+    )
 
 
 def fetch(pin: Pin, cache: Path) -> Path:
@@ -137,8 +165,19 @@ def fetch(pin: Pin, cache: Path) -> Path:
     have = _wheel_in(cache, pin)
     if have:
         return have
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(cache),
-           f"{pin.name}=={pin.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "-q",
+        "-d",
+        str(cache),
+        f"{pin.name}=={pin.version}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     have = _wheel_in(cache, pin)
     if r.returncode != 0 or not have:
@@ -161,7 +200,9 @@ def _long_lines(text: str) -> set[int]:
     for ln in text.splitlines():
         s = ln.strip()
         if len(s) >= LONG_LINE:
-            out.add(int.from_bytes(hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"))
+            out.add(
+                int.from_bytes(hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+            )
     return out
 
 
@@ -182,9 +223,16 @@ def _drop_reason(rel: str, data: bytes) -> str | None:
     return None
 
 
-def build(out: Path, manifest: Path = MANIFEST, include_stdlib: bool = True, wheels: Path | None = None,
-          pins: list[Pin] | None = None, stdlib_root: Path | None = None, log=print,
-          extra_manifest: Path | None = None) -> dict:
+def build(
+    out: Path,
+    manifest: Path = MANIFEST,
+    include_stdlib: bool = True,
+    wheels: Path | None = None,
+    pins: list[Pin] | None = None,
+    stdlib_root: Path | None = None,
+    log=print,
+    extra_manifest: Path | None = None,
+) -> dict:
     """Builds the corpus into `out` and returns its summary (also written to out/corpus.json).
     `extra_manifest`: more pinned packages after the manifest's (engine/train/data/ngram_extra_manifest.txt:
     the n-gram table's corpus, whose held-out side holds every held-out file of the manifest's alone)."""
@@ -221,10 +269,13 @@ def build(out: Path, manifest: Path = MANIFEST, include_stdlib: bool = True, whe
                 raise CorpusError(f"{whl.name} has no METADATA")
             lic, ok = licence_of(z.read(metas[0]))
             if not ok:
-                raise CorpusError(f"{pin.name}=={pin.version}: licence {lic!r} is not on the permissive list; "
-                                  "remove it from the manifest")
-            info = PackageInfo(pin.name, pin.version, lic, whl.name, hashlib.sha256(whl.read_bytes()).hexdigest(),
-                               pin.heldout)
+                raise CorpusError(
+                    f"{pin.name}=={pin.version}: licence {lic!r} is not on the permissive list; "
+                    "remove it from the manifest"
+                )
+            info = PackageInfo(
+                pin.name, pin.version, lic, whl.name, hashlib.sha256(whl.read_bytes()).hexdigest(), pin.heldout
+            )
             label = _norm(pin.name)
             for zi in sorted(z.infolist(), key=lambda i: i.filename):
                 rel = zi.filename
@@ -323,20 +374,38 @@ def build(out: Path, manifest: Path = MANIFEST, include_stdlib: bool = True, whe
         side = "heldout_packages" if p.heldout else "train"
         p.files, p.bytes = count[(label, side)], nbytes[(label, side)]
     summary = {
-        "manifest": str(manifest), "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.exists() else None,
-        **({"extra_manifest": str(extra_manifest), "extra_manifest_sha256": hashlib.sha256(extra_manifest.read_bytes()).hexdigest()}
-           if extra_manifest is not None else {}),
-        "python": sys.version.split()[0], "stdlib": include_stdlib,
-        "rules": {"heldout": f"sha256(key)[:8] % 100 < {corpus.HELDOUT_PERCENT}, plus every file of a heldout package",
-                  "max_file_bytes": MAX_FILE_BYTES, "package_cap": PACKAGE_CAP, "near_heldout": NEAR_HELDOUT,
-                  "near_duplicate": NEAR_DUP, "long_line_chars": LONG_LINE, "boilerplate_files": BOILERPLATE_FILES,
-                  "vendored": sorted(VENDORED)},
-        "bytes": {"train": sum(v for (_, s), v in nbytes.items() if s == "train"),
-                  "heldout": sum(v for (_, s), v in nbytes.items() if s == "heldout"),
-                  "heldout_packages": sum(v for (_, s), v in nbytes.items() if s == "heldout_packages")},
+        "manifest": str(manifest),
+        "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.exists() else None,
+        **(
+            {
+                "extra_manifest": str(extra_manifest),
+                "extra_manifest_sha256": hashlib.sha256(extra_manifest.read_bytes()).hexdigest(),
+            }
+            if extra_manifest is not None
+            else {}
+        ),
+        "python": sys.version.split()[0],
+        "stdlib": include_stdlib,
+        "rules": {
+            "heldout": f"sha256(key)[:8] % 100 < {corpus.HELDOUT_PERCENT}, plus every file of a heldout package",
+            "max_file_bytes": MAX_FILE_BYTES,
+            "package_cap": PACKAGE_CAP,
+            "near_heldout": NEAR_HELDOUT,
+            "near_duplicate": NEAR_DUP,
+            "long_line_chars": LONG_LINE,
+            "boilerplate_files": BOILERPLATE_FILES,
+            "vendored": sorted(VENDORED),
+        },
+        "bytes": {
+            "train": sum(v for (_, s), v in nbytes.items() if s == "train"),
+            "heldout": sum(v for (_, s), v in nbytes.items() if s == "heldout"),
+            "heldout_packages": sum(v for (_, s), v in nbytes.items() if s == "heldout_packages"),
+        },
         "dropped": dict(sorted(dropped.items())),
         "packages": [p.__dict__ for p in packages],
-        "train": train_keys, "heldout": held_keys, "heldout_packages": held_pkg_keys,
+        "train": train_keys,
+        "heldout": held_keys,
+        "heldout_packages": held_pkg_keys,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -344,8 +413,11 @@ def build(out: Path, manifest: Path = MANIFEST, include_stdlib: bool = True, whe
 
 
 def _collect_dir(label: str, root: Path) -> list[corpus.SourceFile]:
-    files = [corpus.SourceFile(f"{label}:{f.relative_to(root).as_posix()}", f) for f in root.rglob("*.py")
-             if "__pycache__" not in f.parts and "site-packages" not in f.relative_to(root).parts]
+    files = [
+        corpus.SourceFile(f"{label}:{f.relative_to(root).as_posix()}", f)
+        for f in root.rglob("*.py")
+        if "__pycache__" not in f.parts and "site-packages" not in f.relative_to(root).parts
+    ]
     return sorted(files, key=lambda s: s.key)
 
 
@@ -355,21 +427,30 @@ def _collect_dir(label: str, root: Path) -> list[corpus.SourceFile]:
 def add_corpus_args(p) -> None:
     p.add_argument("--out", default="runs/corpus", help="folder to build into (wheels are cached in OUT/wheels)")
     p.add_argument("--manifest", default=str(MANIFEST), help="pinned packages, one `name==version [heldout]` a line")
-    p.add_argument("--extra-manifest", default=None,
-                   help="more pinned packages after --manifest's (engine/train/data/ngram_extra_manifest.txt: the n-gram table's corpus)")
+    p.add_argument(
+        "--extra-manifest",
+        default=None,
+        help="more pinned packages after --manifest's (engine/train/data/ngram_extra_manifest.txt: the n-gram table's corpus)",
+    )
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")
 
 
 def run_corpus(args) -> int:
     out = Path(args.out)
     try:
-        s = build(out, Path(args.manifest), include_stdlib=args.stdlib,
-                  extra_manifest=Path(args.extra_manifest) if args.extra_manifest else None)
+        s = build(
+            out,
+            Path(args.manifest),
+            include_stdlib=args.stdlib,
+            extra_manifest=Path(args.extra_manifest) if args.extra_manifest else None,
+        )
     except CorpusError as e:
         print(f"dlm-lsp corpus: {e}", file=sys.stderr)
         return 2
     b = s["bytes"]
-    print(f"{out}/corpus.json: {len(s['train'])} train files ({b['train'] / 1e6:.1f} MB), {len(s['heldout'])} held out "
-          f"({b['heldout'] / 1e6:.1f} MB), {len(s['heldout_packages'])} in held-out packages ({b['heldout_packages'] / 1e6:.1f} MB); "
-          f"{len(s['packages'])} packages; dropped {s['dropped']}")
+    print(
+        f"{out}/corpus.json: {len(s['train'])} train files ({b['train'] / 1e6:.1f} MB), {len(s['heldout'])} held out "
+        f"({b['heldout'] / 1e6:.1f} MB), {len(s['heldout_packages'])} in held-out packages ({b['heldout_packages'] / 1e6:.1f} MB); "
+        f"{len(s['packages'])} packages; dropped {s['dropped']}"
+    )
     return 0

@@ -26,6 +26,7 @@ over sessions like a training run. The student's training (engine/train/loop.py,
 share of its masked-diffusion windows from these, and on their masked rows mixes the hard target's
 cross-entropy with the soft targets' (`kd_loss`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,9 @@ def tokenizer_digest(tok: TextTokenizer) -> str:
     return hashlib.sha256(tok.tok.to_str().encode("utf-8")).hexdigest()
 
 
-def projection(teacher_tok: TextTokenizer, student_tok: TextTokenizer, specials: set[int] | None = None) -> torch.Tensor:
+def projection(
+    teacher_tok: TextTokenizer, student_tok: TextTokenizer, specials: set[int] | None = None
+) -> torch.Tensor:
     """(V_teacher,) long: for each teacher id, the student's first id of that id's text; -1 for the
     teacher's special tokens, empty texts and texts that are not whole UTF-8 (byte pieces)."""
     V = teacher_tok.vocab_size
@@ -74,9 +77,17 @@ def _offsets(tok: TextTokenizer, text: str) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def window_targets(teacher, teacher_tok: TextTokenizer, proj: torch.Tensor, student_vocab: int, text: str,
-                   student_starts: list[int], k: int = 8, temperature: float = 1.0, max_teacher: int = 2048
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def window_targets(
+    teacher,
+    teacher_tok: TextTokenizer,
+    proj: torch.Tensor,
+    student_vocab: int,
+    text: str,
+    student_starts: list[int],
+    k: int = 8,
+    temperature: float = 1.0,
+    max_teacher: int = 2048,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Soft targets for one student window: `text` is the window's text, `student_starts` its student
     tokens' start characters in it. Returns top_ids (L, k) long, top_p (L, k) float and has (L,) bool:
     row i has a target when a teacher token also starts at student_starts[i] and a teacher position
@@ -135,11 +146,15 @@ def load_targets(folder, student_tok: TextTokenizer | None = None) -> Targets:
     except (OSError, json.JSONDecodeError) as e:
         raise DistillError(f"{folder}: no readable {MANIFEST} ({e}); build it with `dlm-lsp distill-targets`") from None
     if man.get("format") != FORMAT or not man.get("shards"):
-        raise DistillError(f"{folder}/{MANIFEST}: format {man.get('format')!r} with {len(man.get('shards') or [])} shards; "
-                           f"this build reads format {FORMAT} with at least one shard")
+        raise DistillError(
+            f"{folder}/{MANIFEST}: format {man.get('format')!r} with {len(man.get('shards') or [])} shards; "
+            f"this build reads format {FORMAT} with at least one shard"
+        )
     if student_tok is not None and man.get("student_tokenizer") != tokenizer_digest(student_tok):
-        raise DistillError(f"{folder}: the targets were built for another student tokenizer "
-                           f"(sha256 {str(man.get('student_tokenizer'))[:12]}...); rebuild them with this model's")
+        raise DistillError(
+            f"{folder}: the targets were built for another student tokenizer "
+            f"(sha256 {str(man.get('student_tokenizer'))[:12]}...); rebuild them with this model's"
+        )
     parts = [load_file(str(folder / s)) for s in man["shards"]]
     cat = lambda key: torch.cat([p[key] for p in parts])  # noqa: E731
     return Targets(cat("ids"), cat("lens"), cat("top_ids"), cat("top_p"), cat("has"), man)
@@ -170,8 +185,9 @@ def kd_example(t: Targets, ids_mask: int, rng: random.Random):
     return Example(inp, tgt, 1.0 / (rate * n), soft=(t.top_ids[w, :n].long(), p))
 
 
-def kd_loss(logits: torch.Tensor, tgt: torch.Tensor, soft_ids: torch.Tensor, soft_p: torch.Tensor,
-            weight: float) -> torch.Tensor:
+def kd_loss(
+    logits: torch.Tensor, tgt: torch.Tensor, soft_ids: torch.Tensor, soft_p: torch.Tensor, weight: float
+) -> torch.Tensor:
     """Per row: (1 - weight) x the hard target's cross-entropy + weight x the soft targets'
     cross-entropy (top-k probabilities renormalized to 1); rows without soft targets keep the hard
     cross-entropy alone. logits (N, V), tgt (N,), soft_ids / soft_p (N, k)."""
@@ -205,10 +221,22 @@ def _windows(texts: list[str], tok: TextTokenizer, seq_len: int, rng: random.Ran
         yield text[c0 : offs[-1][1]], ids, [s - c0 for s, _ in offs]
 
 
-def build_targets(teacher, teacher_tok: TextTokenizer, student_tok: TextTokenizer, texts: list[str], out,
-                  windows: int | None = None, minutes: float | None = None, k: int = 8, seq_len: int = 512,
-                  temperature: float = 1.0, shard_windows: int = 64, seed: int = 0, teacher_id: dict | None = None,
-                  log=print) -> dict:
+def build_targets(
+    teacher,
+    teacher_tok: TextTokenizer,
+    student_tok: TextTokenizer,
+    texts: list[str],
+    out,
+    windows: int | None = None,
+    minutes: float | None = None,
+    k: int = 8,
+    seq_len: int = 512,
+    temperature: float = 1.0,
+    shard_windows: int = 64,
+    seed: int = 0,
+    teacher_id: dict | None = None,
+    log=print,
+) -> dict:
     """Appends shards of soft targets to `out` until `windows` more windows or `minutes` of wall time
     (whichever first); returns the manifest. The first shard fixes k, seq_len, the temperature and the
     tokenizers: a later call with others is refused."""
@@ -218,14 +246,24 @@ def build_targets(teacher, teacher_tok: TextTokenizer, student_tok: TextTokenize
     out.mkdir(parents=True, exist_ok=True)
     mpath = out / MANIFEST
     digest = tokenizer_digest(student_tok)
-    want = {"format": FORMAT, "k": k, "seq_len": seq_len, "temperature": temperature, "student_tokenizer": digest,
-            "teacher": teacher_id or {}}
-    man = json.loads(mpath.read_text()) if mpath.exists() else {**want, "shards": [], "windows": 0, "rows": 0,
-                                                                   "rows_with_target": 0, "teacher_seconds": 0.0}
+    want = {
+        "format": FORMAT,
+        "k": k,
+        "seq_len": seq_len,
+        "temperature": temperature,
+        "student_tokenizer": digest,
+        "teacher": teacher_id or {},
+    }
+    man = (
+        json.loads(mpath.read_text())
+        if mpath.exists()
+        else {**want, "shards": [], "windows": 0, "rows": 0, "rows_with_target": 0, "teacher_seconds": 0.0}
+    )
     for key, v in want.items():
         if man.get(key) != v:
-            raise DistillError(f"{out}: its targets were built with {key} = {man.get(key)!r}, not {v!r}; "
-                               "use another folder")
+            raise DistillError(
+                f"{out}: its targets were built with {key} = {man.get(key)!r}, not {v!r}; use another folder"
+            )
     proj = projection(teacher_tok, student_tok)
     rng = random.Random(seed * 1_000_003 + man["windows"])
     gen = _windows(texts, student_tok, seq_len, rng)
@@ -258,8 +296,10 @@ def build_targets(teacher, teacher_tok: TextTokenizer, student_tok: TextTokenize
         tmp = mpath.with_name(MANIFEST + ".tmp")
         tmp.write_text(json.dumps(man, indent=1) + "\n")
         tmp.replace(mpath)
-        log(f"[targets] {man['windows']} windows, {man['rows']} rows, {man['rows_with_target'] / max(1, man['rows']):.3f} "
-            f"with a target; {man['rows'] / max(1e-9, man['teacher_seconds']):.0f} rows/s")
+        log(
+            f"[targets] {man['windows']} windows, {man['rows']} rows, {man['rows_with_target'] / max(1, man['rows']):.3f} "
+            f"with a target; {man['rows'] / max(1e-9, man['teacher_seconds']):.0f} rows/s"
+        )
         buf = []
 
     t_flush = [time.time()]
@@ -275,10 +315,15 @@ def build_targets(teacher, teacher_tok: TextTokenizer, student_tok: TextTokenize
 
 
 def add_distill_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--teacher", default="runs/base/smollm2",
-                   help="the teacher: a plain Llama folder (`dlm-lsp base-model smollm2 --out DIR` writes SmolLM2's)")
+    p.add_argument(
+        "--teacher",
+        default="runs/base/smollm2",
+        help="the teacher: a plain Llama folder (`dlm-lsp base-model smollm2 --out DIR` writes SmolLM2's)",
+    )
     p.add_argument("--student", default="models/default", help="the student checkpoint (its tokenizer.json is used)")
-    p.add_argument("--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is read)")
+    p.add_argument(
+        "--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is read)"
+    )
     p.add_argument("--out", default="runs/teacher", help="targets folder (shards are appended)")
     p.add_argument("--windows", type=int, default=None, help="stop after this many more windows")
     p.add_argument("--minutes", type=float, default=None, help="stop after this many wall-clock minutes")
@@ -314,16 +359,40 @@ def run_distill(args: argparse.Namespace) -> int:
     weights = sorted(Path(args.teacher).glob("*.safetensors"))
     teacher_id = {"folder": Path(args.teacher).name, "sha256": [base_models.sha256_file(w) for w in weights]}
     try:
-        man = build_targets(teacher, t_tok, s_tok, texts, args.out, windows=args.windows, minutes=args.minutes, k=args.k,
-                            seq_len=args.seq_len, temperature=args.temperature, shard_windows=args.shard_windows,
-                            seed=args.seed, teacher_id=teacher_id)
+        man = build_targets(
+            teacher,
+            t_tok,
+            s_tok,
+            texts,
+            args.out,
+            windows=args.windows,
+            minutes=args.minutes,
+            k=args.k,
+            seq_len=args.seq_len,
+            temperature=args.temperature,
+            shard_windows=args.shard_windows,
+            seed=args.seed,
+            teacher_id=teacher_id,
+        )
     except DistillError as e:
         print(f"distill-targets: {e}", flush=True)
         return 2
-    print(f"{args.out}: {man['windows']} windows, {man['rows_with_target']} rows with a target "
-          f"({man['teacher_seconds'] / 3600:.2f} teacher hours)", flush=True)
+    print(
+        f"{args.out}: {man['windows']} windows, {man['rows_with_target']} rows with a target "
+        f"({man['teacher_seconds'] / 3600:.2f} teacher hours)",
+        flush=True,
+    )
     return 0
 
 
-__all__ = ["DistillError", "Targets", "build_targets", "kd_example", "kd_loss", "load_targets", "projection",
-           "tokenizer_digest", "window_targets"]
+__all__ = [
+    "DistillError",
+    "Targets",
+    "build_targets",
+    "kd_example",
+    "kd_loss",
+    "load_targets",
+    "projection",
+    "tokenizer_digest",
+    "window_targets",
+]

@@ -15,6 +15,7 @@ optimizer file grown the same way: raw weights, and AdamW's moments for the bloc
 
     python docs/research/scripts/grow_model.py runs/v2b-long/last runs/grow8/start --after 1,2,3
 """
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,15 @@ def layer_plan(n_layers: int, after: list[int]) -> list[tuple[int, bool]]:
     return plan
 
 
-def grow_state(sd: dict[str, torch.Tensor], plan: list[tuple[int, bool]], prefix: str = "",
-               new_blocks: bool = True) -> dict[str, torch.Tensor]:
+def grow_state(
+    sd: dict[str, torch.Tensor], plan: list[tuple[int, bool]], prefix: str = "", new_blocks: bool = True
+) -> dict[str, torch.Tensor]:
     """Renumbers `prefix + layers.i.*` keys by `plan`. A new block copies its source block's tensors
     (output projections zeroed) when `new_blocks`, or is left out (optimizer moments: fresh state)."""
     by_layer: dict[int, dict[str, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
-        m = _LAYER.match(k[len(prefix):]) if k.startswith(prefix) else None
+        m = _LAYER.match(k[len(prefix) :]) if k.startswith(prefix) else None
         if m is None:
             out[k] = v
         else:
@@ -87,8 +89,9 @@ def grow_checkpoint(src: Path, dst: Path, after: list[int]) -> ModelConfig:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         grown = grow_state({k: v for k, v in tensors.items() if k.startswith("weight.")}, plan, "weight.")
         for moment in ("exp_avg.", "exp_avg_sq."):
-            grown.update(grow_state({k: v for k, v in tensors.items() if k.startswith(moment)}, plan, moment,
-                                    new_blocks=False))
+            grown.update(
+                grow_state({k: v for k, v in tensors.items() if k.startswith(moment)}, plan, moment, new_blocks=False)
+            )
         steps = {k: torch.tensor(v) for k, v in json.loads(meta.get("steps", "{}")).items()}
         steps = {k: float(v) for k, v in grow_state(steps, plan, new_blocks=False).items()}
         save_file(grown, str(dst / "optimizer.safetensors"), metadata={**meta, "steps": json.dumps(steps)})

@@ -8,6 +8,7 @@ fresh optimizer re-warms (the old behaviour). Checkpoints hold an EMA of the wei
 mid-run is already a good model. Writes a JSON log (train_log.jsonl), a curve (train_curve.png) and the split
 manifest (split.json) into the output folder.
 """
+
 from __future__ import annotations
 
 import array
@@ -44,7 +45,9 @@ class TrainArgs:
     resume: str | None = None
     sources: list[str] = field(default_factory=list)
     corpus: str | None = None  # a folder built by `dlm-lsp corpus` (its train side; held-out for validation)
-    objective: str = "diffusion"  # "diffusion", "ar" (FIM-format causal twin) or "reorder" (recipe (c), engine/decode/reorder.py)
+    objective: str = (
+        "diffusion"  # "diffusion", "ar" (FIM-format causal twin) or "reorder" (recipe (c), engine/decode/reorder.py)
+    )
     reorder_ar: float = 0.0  # reorder: weight of the auxiliary next-token loss on observed rows (0: off)
     minutes: float = 10.0
     max_steps: int | None = None
@@ -157,20 +160,34 @@ class Batches:
         a = self.args
         while True:
             if a.objective == "ar":
-                ex = fim_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok, a.seq_len, self.ids,
-                                 self.rng, loss=a.ar_loss)
+                ex = fim_example(
+                    self.rng.choices(self.texts, cum_weights=self.cum_weights)[0],
+                    self.tok,
+                    a.seq_len,
+                    self.ids,
+                    self.rng,
+                    loss=a.ar_loss,
+                )
             elif a.objective == "reorder":  # causal, observed rows first, masks last (engine/decode/reorder.py)
                 if self.rng.random() < a.infill_share:
-                    ex = reorder.infill_example(self.rng.choices(self.texts, cum_weights=self.cum_weights)[0], self.tok,
-                                                a.seq_len, self.ids, self.rng, holes=a.holes, ordered=a.infill_ordered,
-                                                ar_weight=a.reorder_ar)
+                    ex = reorder.infill_example(
+                        self.rng.choices(self.texts, cum_weights=self.cum_weights)[0],
+                        self.tok,
+                        a.seq_len,
+                        self.ids,
+                        self.rng,
+                        holes=a.holes,
+                        ordered=a.infill_ordered,
+                        ar_weight=a.reorder_ar,
+                    )
                 else:
                     ex = reorder.window_example(self.stream, a.seq_len, self.ids, self.rng, ar_weight=a.reorder_ar)
             elif self.rng.random() < a.infill_share:
                 text = self.rng.choices(self.texts, cum_weights=self.cum_weights)[0]
                 if a.holes > 1:
-                    ex = multi_infill_example(text, self.tok, a.seq_len, self.ids, self.rng, holes=a.holes,
-                                              ordered=a.infill_ordered)
+                    ex = multi_infill_example(
+                        text, self.tok, a.seq_len, self.ids, self.rng, holes=a.holes, ordered=a.infill_ordered
+                    )
                 else:
                     ex = infill_example(text, self.tok, a.seq_len, self.ids, self.rng, ordered=a.infill_ordered)
             elif self.targets is not None and self.rng.random() < a.kd_share:
@@ -184,7 +201,8 @@ class Batches:
 
     def batch(self, n: int):
         return (reorder.collate_reorder if self.args.objective == "reorder" else collate)(
-            [self.example() for _ in range(n)], self.ids.pad)
+            [self.example() for _ in range(n)], self.ids.pad
+        )
 
 
 class _BatchSource(torch.utils.data.IterableDataset):
@@ -213,9 +231,15 @@ def batch_stream(data: Batches, n: int, workers: int, seed: int, pin: bool = Fal
 
     # fork: the workers inherit the tokenized corpus instead of unpickling it (spawn/forkserver)
     ctx = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    loader = torch.utils.data.DataLoader(_BatchSource(data, n, seed), batch_size=None, num_workers=workers,
-                                         prefetch_factor=4, persistent_workers=True, pin_memory=pin,
-                                         multiprocessing_context=ctx)
+    loader = torch.utils.data.DataLoader(
+        _BatchSource(data, n, seed),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4,
+        persistent_workers=True,
+        pin_memory=pin,
+        multiprocessing_context=ctx,
+    )
     yield from loader
 
 
@@ -244,8 +268,15 @@ def shift_rows(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def loss_on(model: Transformer, b: dict[str, torch.Tensor], device, autocast, attn_ratio: float = 1.0,
-            certainty: float = 0.0, kd_weight: float = 0.0) -> torch.Tensor:
+def loss_on(
+    model: Transformer,
+    b: dict[str, torch.Tensor],
+    device,
+    autocast,
+    attn_ratio: float = 1.0,
+    certainty: float = 0.0,
+    kd_weight: float = 0.0,
+) -> torch.Tensor:
     """Weighted cross-entropy on target positions only: the LM head runs on those rows alone.
     Shifted models read each target one position to the left; `attn_ratio` < 1 (a bidirectional
     model being adapted from a causal one) trains under `anneal_mask`. `certainty` > 0 adds that
@@ -344,7 +375,7 @@ def load_raw_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        return {k[len("weight."):]: f.get_tensor(k) for k in f.keys() if k.startswith("weight.")}
+        return {k[len("weight.") :]: f.get_tensor(k) for k in f.keys() if k.startswith("weight.")}
 
 
 def load_optimizer(opt: torch.optim.AdamW, model: Transformer, path: Path) -> None:
@@ -396,7 +427,11 @@ def train(args: TrainArgs) -> Path:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     use_bf16 = device.type == "cuda" and args.dtype in ("auto", "bf16")
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else (lambda: torch.autocast("cpu", enabled=False))
+    autocast = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        if use_bf16
+        else (lambda: torch.autocast("cpu", enabled=False))
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -411,7 +446,10 @@ def train(args: TrainArgs) -> Path:
     corpus.write_manifest(out / "split.json", train_files, held_files)
     texts = [t for t in (f.read() for f in train_files) if t]
     held_texts = [t for t in (f.read() for f in held_files) if t]
-    print(f"corpus: {len(texts)} train files ({sum(map(len, texts)) / 1e6:.1f} MB), {len(held_texts)} held out", flush=True)
+    print(
+        f"corpus: {len(texts)} train files ({sum(map(len, texts)) / 1e6:.1f} MB), {len(held_texts)} held out",
+        flush=True,
+    )
 
     prior_hours, prior_tokens, step0, anneal_from = 0.0, 0, 0, None
     if args.resume:
@@ -426,13 +464,17 @@ def train(args: TrainArgs) -> Path:
         anneal_from = s.get("anneal_from") if st.exists() else None
         if args.objective == "reorder" or cfg.canvas == "reorder":  # recipe (c): causal, reordered canvases
             if cfg.attention != "causal" or cfg.logits_shift or args.objective != "reorder":
-                raise SystemExit(f"--objective {args.objective} cannot resume a {cfg.attention} checkpoint "
-                                 f"with canvas {cfg.canvas!r}")
+                raise SystemExit(
+                    f"--objective {args.objective} cannot resume a {cfg.attention} checkpoint "
+                    f"with canvas {cfg.canvas!r}"
+                )
             cfg.canvas = "reorder"  # an AR checkpoint (the twin) starts recipe (c) with its weights unchanged
         elif cfg.attention == "causal" and args.objective == "diffusion":  # recipe (b): adapt an AR model
             cfg.attention, cfg.logits_shift, anneal_from = "bidirectional", True, step0
-            print(f"adapting a causal checkpoint to diffusion: logit shift, attention annealed over {args.anneal_steps} steps",
-                  flush=True)
+            print(
+                f"adapting a causal checkpoint to diffusion: logit shift, attention annealed over {args.anneal_steps} steps",
+                flush=True,
+            )
         elif args.objective == "ar" and cfg.attention != "causal":
             raise SystemExit(f"--objective {args.objective} cannot resume a {cfg.attention} checkpoint")
         prev_log = Path(args.resume) / "train_log.jsonl"
@@ -440,14 +482,25 @@ def train(args: TrainArgs) -> Path:
             shutil.copy(prev_log, out / "train_log.jsonl")
         print(f"resumed from {args.resume}: {prior_hours:.2f} h, step {step0}", flush=True)
     else:
-        tok = TextTokenizer.load(args.tokenizer) if args.tokenizer else train_bpe(tokenizer_sample(texts, args.tokenizer_mb), args.vocab)
+        tok = (
+            TextTokenizer.load(args.tokenizer)
+            if args.tokenizer
+            else train_bpe(tokenizer_sample(texts, args.tokenizer_mb), args.vocab)
+        )
         cfg = ModelConfig(
-            vocab_size=tok.vocab_size, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
-            ffn_dim=args.ffn_dim, max_seq_len=max(1024, args.seq_len), context_len=args.seq_len,
+            vocab_size=tok.vocab_size,
+            dim=args.dim,
+            n_layers=args.n_layers,
+            n_heads=args.n_heads,
+            ffn_dim=args.ffn_dim,
+            max_seq_len=max(1024, args.seq_len),
+            context_len=args.seq_len,
             attention="causal" if args.objective in ("ar", "reorder") else "bidirectional",
             canvas="reorder" if args.objective == "reorder" else None,
-            mask_token_id=tok.token_id(MASK), pad_token_id=tok.token_id(PAD),
-            eos_token_id=tok.token_id(EOS), bos_token_id=tok.token_id(BOS),
+            mask_token_id=tok.token_id(MASK),
+            pad_token_id=tok.token_id(PAD),
+            eos_token_id=tok.token_id(EOS),
+            bos_token_id=tok.token_id(BOS),
         ).validate()
         model = Transformer(cfg)
         model.init_weights(args.seed)
@@ -465,7 +518,9 @@ def train(args: TrainArgs) -> Path:
         (decay if p.dim() >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     resumed_opt = opt_state is not None and opt_state.exists()
     if resumed_opt:
@@ -474,8 +529,9 @@ def train(args: TrainArgs) -> Path:
     data = Batches(texts, tok, args, seed=args.seed + step0)
     batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
-    vargs = TrainArgs(**{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle", "reorder_ar": 0.0,
-                                   "distill": None})  # server-shaped: one hole a window
+    vargs = TrainArgs(
+        **{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle", "reorder_ar": 0.0, "distill": None}
+    )  # server-shaped: one hole a window
     val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
     val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
 
@@ -536,7 +592,9 @@ def train(args: TrainArgs) -> Path:
         _plot(out / "train_log.jsonl", out / "train_curve.png")
         for d in ("last", "best"):
             if (out / d).exists():
-                shutil.copy(out / "train_curve.png", out / d / "train_curve.png") if (out / "train_curve.png").exists() else None
+                shutil.copy(out / "train_curve.png", out / d / "train_curve.png") if (
+                    out / "train_curve.png"
+                ).exists() else None
         print(f"[save] step {step} val {vl:.4f} best {best:.4f} ({hours_now():.2f} h)", flush=True)
         last_save = time.time()
 
@@ -567,8 +625,15 @@ def train(args: TrainArgs) -> Path:
             g["lr"] = lr
         b = next(batches)
         ratio = 1.0 if anneal_from is None else min(1.0, (step - anneal_from) / max(1, args.anneal_steps))
-        loss = loss_on(model, b, device, autocast, attn_ratio=ratio, certainty=args.certainty,
-                       kd_weight=args.kd_weight if args.distill else 0.0)
+        loss = loss_on(
+            model,
+            b,
+            device,
+            autocast,
+            attn_ratio=ratio,
+            certainty=args.certainty,
+            kd_weight=args.kd_weight if args.distill else 0.0,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -588,7 +653,18 @@ def train(args: TrainArgs) -> Path:
         smooth = li if smooth is None else 0.98 * smooth + 0.02 * li
         if local % 20 == 0:
             tps = (tokens - prior_tokens) / max(1e-6, time.time() - t0)
-            log.write(json.dumps({"step": step, "hours": round(hours_now(), 4), "loss": round(smooth, 4), "lr": lr, "tok_s": round(tps)}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "hours": round(hours_now(), 4),
+                        "loss": round(smooth, 4),
+                        "lr": lr,
+                        "tok_s": round(tps),
+                    }
+                )
+                + "\n"
+            )
             log.flush()
             if bar is not None:
                 bar.set_postfix(loss=f"{smooth:.3f}", tok_s=f"{tps:.0f}", step=step)

@@ -1,5 +1,6 @@
 """`dlm-lsp ngram`: counts the corpus n-gram memory (engine/bias/ngram.py) from the train side of a
 `dlm-lsp corpus` folder with a model's tokenizer, and writes it into the model's folder."""
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,15 @@ def corpus_tokens(corpus: str, model: str, max_files: int | None = None) -> tupl
     return np.concatenate(ids), np.concatenate(pks), len(labels)
 
 
-def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, top: int = 2,
-                min_packages: int = 2, max_files: int | None = None) -> NgramTable:
+def build_table(
+    corpus: str,
+    model: str,
+    orders=(4, 5, 6),
+    min_count: int = 3,
+    top: int = 2,
+    min_packages: int = 2,
+    max_files: int | None = None,
+) -> NgramTable:
     """Counts the train side of a `dlm-lsp corpus` folder with `model`'s tokenizer."""
     t0 = time.time()
     a, pk, packages = corpus_tokens(corpus, model, max_files)
@@ -54,13 +62,19 @@ def build_table(corpus: str, model: str, orders=(4, 5, 6), min_count: int = 3, t
 
 
 def add_ngram_args(p) -> None:
-    p.add_argument("--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is counted)")
-    p.add_argument("--model", default="default", help="the model whose tokenizer counts it (and whose folder gets the table)")
+    p.add_argument(
+        "--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is counted)"
+    )
+    p.add_argument(
+        "--model", default="default", help="the model whose tokenizer counts it (and whose folder gets the table)"
+    )
     p.add_argument("--out", default=None, help=f"where to write it (default: MODEL/{NGRAM_FILE})")
     p.add_argument("--orders", default="4,5,6", help="context lengths in tokens")
     p.add_argument("--min-count", type=int, default=3, help="contexts seen fewer times are left out")
     p.add_argument("--top", type=int, default=2, help="next tokens kept per context")
-    p.add_argument("--min-packages", type=int, default=2, help="a next token is kept only if this many packages write it")
+    p.add_argument(
+        "--min-packages", type=int, default=2, help="a next token is kept only if this many packages write it"
+    )
     p.add_argument("--max-files", type=int, default=None, help="count only the first N training files (smoke runs)")
 
 
@@ -71,8 +85,13 @@ def run_ngram(args) -> int:
     orders = tuple(int(x) for x in args.orders.split(","))
     table = build_table(args.corpus, str(folder), orders, args.min_count, args.top, args.min_packages, args.max_files)
     out = Path(args.out) if args.out else folder / NGRAM_FILE
-    about = {"corpus": Path(args.corpus).name, "min_count": args.min_count, "top": args.top,
-             "min_packages": args.min_packages, "contexts": len(table)}
+    about = {
+        "corpus": Path(args.corpus).name,
+        "min_count": args.min_count,
+        "top": args.top,
+        "min_packages": args.min_packages,
+        "contexts": len(table),
+    }
     table.save(out, tokenizer_digest(folder), about)
     print(f"{out}: {len(table)} contexts, orders {orders}, {out.stat().st_size / 1e6:.1f} MB")
     return 0

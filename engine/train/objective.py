@@ -14,6 +14,7 @@ Multi-hole infill (`multi_infill_example`): the same canvases, several to a wind
 slots, end padding and mask rate), so far more of a window's positions are server-shaped targets than
 with one hole per window (MODEL-NOTES: 4.6% of the positions with one hole).
 """
+
 from __future__ import annotations
 
 import random
@@ -91,7 +92,12 @@ def cut_hole(text: str, rng: random.Random) -> tuple[int, int]:
 
 
 def infill_example(
-    text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, max_slots: int = 64,
+    text: str,
+    tok: TextTokenizer,
+    seq_len: int,
+    ids: SpecialIds,
+    rng: random.Random,
+    max_slots: int = 64,
     ordered: float = 0.0,
 ) -> Example | None:
     if len(text) < 20:
@@ -156,8 +162,15 @@ def server_canvas(m_ids: list[int], ids: SpecialIds, rng: random.Random, ordered
 
 
 def multi_infill_example(
-    text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, holes: int = 4,
-    max_slots: int = 64, ordered: float = 0.0, chars_per_token: float = 3.4,
+    text: str,
+    tok: TextTokenizer,
+    seq_len: int,
+    ids: SpecialIds,
+    rng: random.Random,
+    holes: int = 4,
+    max_slots: int = 64,
+    ordered: float = 0.0,
+    chars_per_token: float = 3.4,
 ) -> Example | None:
     """A window of `text` with up to `holes` server-shaped holes, each its own canvas (see above)."""
     if len(text) < 20:

@@ -15,6 +15,7 @@ every file lies under files/<label>/<path>; this interpreter's stdlib files are 
 
     python -m engine.train.pack --built runs/corpus --out runs/gpu_pack/corpus.tar.xz --limit-mb 48
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,15 +58,25 @@ def _keep(tmp: Path, out: Path, limit_mb: float) -> float:
     return round(size_mb, 2)
 
 
-def pack(out: Path, sources: list[Path], max_files: int | None = None, include_stdlib: bool = True,
-         limit_mb: float = LIMIT_MB) -> dict:
+def pack(
+    out: Path,
+    sources: list[Path],
+    max_files: int | None = None,
+    include_stdlib: bool = True,
+    limit_mb: float = LIMIT_MB,
+) -> dict:
     """Writes the archive and returns its manifest."""
     files = corpus.collect(sources, include_stdlib=include_stdlib)
     train, held = corpus.split(files)
     if max_files:  # the same cut as `dlm-lsp train --max-files`
         train, held = train[:max_files], held[: max(2, max_files // 10)]
-    manifest = {"heldout_rule": f"sha256(key)[:8] % 100 < {corpus.HELDOUT_PERCENT}", "python": sys.version.split()[0],
-                "train": [], "heldout": [], "bytes": 0}
+    manifest = {
+        "heldout_rule": f"sha256(key)[:8] % 100 < {corpus.HELDOUT_PERCENT}",
+        "python": sys.version.split()[0],
+        "train": [],
+        "heldout": [],
+        "bytes": 0,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with tarfile.open(tmp, "w:xz", preset=9) as tar:
@@ -91,8 +102,11 @@ def pack_built(out: Path, folder: Path, max_files: int | None = None, limit_mb: 
     sides = corpus.built_files(folder)
     if max_files:
         sides = {k: v[: max_files if k == "train" else max(2, max_files // 10)] for k, v in sides.items()}
-    summary = {k: v for k, v in json.loads((folder / "corpus.json").read_text()).items()
-               if k not in ("train", "heldout", "heldout_packages")}
+    summary = {
+        k: v
+        for k, v in json.loads((folder / "corpus.json").read_text()).items()
+        if k not in ("train", "heldout", "heldout_packages")
+    }
     summary["packed_from"] = str(folder)
     manifest = {"bytes": 0}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.built:
         m = pack_built(Path(a.out), Path(a.built), a.max_files, a.limit_mb)
-        print(f"{a.out}: {m['train']} train + {m['heldout']} held-out + {m['heldout_packages']} held-out-package "
-              f"files, {m['bytes'] / 1e6:.1f} MB of source -> {m['archive_mib']:.1f} MiB")
+        print(
+            f"{a.out}: {m['train']} train + {m['heldout']} held-out + {m['heldout_packages']} held-out-package "
+            f"files, {m['bytes'] / 1e6:.1f} MB of source -> {m['archive_mib']:.1f} MiB"
+        )
         return 0
     m = pack(Path(a.out), [Path(s) for s in a.source], a.max_files, a.stdlib, a.limit_mb)
-    print(f"{a.out}: {len(m['train'])} train + {len(m['heldout'])} held-out files, "
-          f"{m['bytes'] / 1e6:.1f} MB of source -> {m['archive_mib']:.1f} MiB")
+    print(
+        f"{a.out}: {len(m['train'])} train + {len(m['heldout'])} held-out files, "
+        f"{m['bytes'] / 1e6:.1f} MB of source -> {m['archive_mib']:.1f} MiB"
+    )
     return 0
 
 

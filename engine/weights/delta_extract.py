@@ -15,6 +15,7 @@ factor, a full-rank change no low rank captures (candidate (d): s ~ -0.006 on ev
 lowers an attention matrix's rank-64 error from 0.32 to 0.24). Each matrix tries s = 0 and s fitted by
 least squares, then refits s to the factors, and keeps the better.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,7 @@ def base_identity(base_dir: Path) -> tuple[str, str | None]:
 
 # ---------------------------------------------------------------- extraction
 
+
 def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x.double() * y.double()).sum())
 
@@ -79,7 +81,10 @@ def _factor(d: torch.Tensor, w: torch.Tensor, rank: int):
     best = None
     for s0 in (0.0, _dot(d, w) / ww if ww > 0 else 0.0):
         u, sv, vh = torch.linalg.svd(d - s0 * w if s0 else d, full_matrices=False)
-        a, b = (u[:, :rank] * sv[:rank]).contiguous(), vh[:rank].contiguous()  # (out, r), (r, in); LAPACK's are column-major
+        a, b = (
+            (u[:, :rank] * sv[:rank]).contiguous(),
+            vh[:rank].contiguous(),
+        )  # (out, r), (r, in); LAPACK's are column-major
         rest = d - a @ b
         s = _dot(rest, w) / ww if ww > 0 else 0.0
         rest -= s * w
@@ -107,8 +112,16 @@ def _special_rows(base_dir: Path, cfg: dict) -> list[int]:
     return sorted(r for r in rows if isinstance(r, int) and isinstance(vocab, int) and 0 <= r < vocab)
 
 
-def extract_delta(base_dir, tuned_dir, out_dir, rank: int, dtype: torch.dtype = torch.float16, log=print,
-                  full_rows: int = FULL_ROWS, base_id: str | None = None) -> dict:
+def extract_delta(
+    base_dir,
+    tuned_dir,
+    out_dir,
+    rank: int,
+    dtype: torch.dtype = torch.float16,
+    log=print,
+    full_rows: int = FULL_ROWS,
+    base_id: str | None = None,
+) -> dict:
     """Writes the delta folder of `tuned_dir` over `base_dir` into `out_dir` and returns its report: per
     kind of weight the relative Frobenius error ||D - stored|| / ||D|| (mean and worst over the tensors,
     measured on what is stored, after the cast to `dtype`), sizes and time. `base_id` overrides how the
@@ -125,8 +138,9 @@ def extract_delta(base_dir, tuned_dir, out_dir, rank: int, dtype: torch.dtype = 
             raise DeltaError(f"the {what} folder {folder} does not exist")
     base_file = base_dir / "model.safetensors"
     if not base_file.is_file():
-        raise DeltaError(f"no model.safetensors in the base folder {base_dir} (a base is one weights file: its "
-                         "sha256 names it)")
+        raise DeltaError(
+            f"no model.safetensors in the base folder {base_dir} (a base is one weights file: its sha256 names it)"
+        )
     if out_dir.resolve() in (base_dir.resolve(), tuned_dir.resolve()):
         raise DeltaError(f"--out {out_dir} must be a new folder, not the base or the tuned one")
     if any((out_dir / f).exists() for f in ("model.safetensors", "model.safetensors.index.json")):
@@ -139,10 +153,14 @@ def extract_delta(base_dir, tuned_dir, out_dir, rank: int, dtype: torch.dtype = 
     base_sd, tuned_sd = read_state_dict(base_dir), read_state_dict(tuned_dir)
     if set(base_sd) != set(tuned_sd):
         diff = sorted(set(base_sd) ^ set(tuned_sd))
-        raise DeltaError(f"{tuned_dir} and {base_dir} have different tensors ({', '.join(diff[:4])}): not a "
-                         "fine-tune of this base")
-    bad = [f"{k} {tuple(base_sd[k].shape)} vs {tuple(tuned_sd[k].shape)}" for k in base_sd
-           if base_sd[k].shape != tuned_sd[k].shape]
+        raise DeltaError(
+            f"{tuned_dir} and {base_dir} have different tensors ({', '.join(diff[:4])}): not a fine-tune of this base"
+        )
+    bad = [
+        f"{k} {tuple(base_sd[k].shape)} vs {tuple(tuned_sd[k].shape)}"
+        for k in base_sd
+        if base_sd[k].shape != tuned_sd[k].shape
+    ]
     if bad:
         raise DeltaError(f"shapes differ between base and tuned: {'; '.join(bad[:4])}")
     specials = _special_rows(base_dir, cfg)
@@ -200,15 +218,28 @@ def extract_delta(base_dir, tuned_dir, out_dir, rank: int, dtype: torch.dtype = 
         if (tuned_dir / f).is_file():
             shutil.copyfile(tuned_dir / f, out_dir / f)
     report = {
-        "rank": rank, "dtype": dname, "full_rows": full_rows, "tensors": counts,
+        "rank": rank,
+        "dtype": dname,
+        "full_rows": full_rows,
+        "tensors": counts,
         "rows": {k: len(v) for k, v in rows_meta.items()},
-        "error": {"overall": (sq_err / sq_delta) ** 0.5 if sq_delta else 0.0,
-                  "kinds": {k: {"n": len(v), "mean": sum(v) / len(v), "worst": max(v)} for k, v in sorted(errors.items())}},
+        "error": {
+            "overall": (sq_err / sq_delta) ** 0.5 if sq_delta else 0.0,
+            "kinds": {k: {"n": len(v), "mean": sum(v) / len(v), "worst": max(v)} for k, v in sorted(errors.items())},
+        },
         "delta_bytes": (out_dir / DELTA_WEIGHTS).stat().st_size,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    meta = {"format": FORMAT, "base": base_id or ident, "base_source": source, "base_sha256": weights_sha256(base_file),
-            "rank": rank, "dtype": dname, "rows": rows_meta, "report": report}
+    meta = {
+        "format": FORMAT,
+        "base": base_id or ident,
+        "base_source": source,
+        "base_sha256": weights_sha256(base_file),
+        "rank": rank,
+        "dtype": dname,
+        "rows": rows_meta,
+        "report": report,
+    }
     (out_dir / DELTA_JSON).write_text(json.dumps(meta, indent=1) + "\n")  # last: only a whole folder is a delta
     report["folder_bytes"] = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file())
     return report
@@ -220,15 +251,20 @@ def format_report(report: dict) -> str:
     for kind, e in report["error"]["kinds"].items():
         lines.append(f"{kind:<16} {e['n']:>4} {e['mean']:>9.4f} {e['worst']:>7.4f}")
     t = report["tensors"]
-    lines.append(f"rank {report['rank']} {report['dtype']}: overall error {report['error']['overall']:.4f}; "
-                 f"{t['low_rank']} low-rank, {t['full']} full, {t['unchanged']} unchanged tensors; full rows "
-                 f"{sum(report['rows'].values())}")
-    lines.append(f"delta.safetensors {report['delta_bytes'] / 1e6:.1f} MB, folder {report['folder_bytes'] / 1e6:.1f} MB, "
-                 f"{report['seconds']:.0f} s")
+    lines.append(
+        f"rank {report['rank']} {report['dtype']}: overall error {report['error']['overall']:.4f}; "
+        f"{t['low_rank']} low-rank, {t['full']} full, {t['unchanged']} unchanged tensors; full rows "
+        f"{sum(report['rows'].values())}"
+    )
+    lines.append(
+        f"delta.safetensors {report['delta_bytes'] / 1e6:.1f} MB, folder {report['folder_bytes'] / 1e6:.1f} MB, "
+        f"{report['seconds']:.0f} s"
+    )
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the command
+
 
 def add_delta_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="delta_command", required=True, metavar="{extract}")
@@ -238,8 +274,12 @@ def add_delta_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--rank", type=int, required=True, help="rank of each matrix's factors")
     e.add_argument("--out", required=True, help="the delta folder to write")
     e.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="dtype of the stored delta")
-    e.add_argument("--full-rows", type=int, default=FULL_ROWS,
-                   help="vocabulary rows stored exactly besides the special tokens' (the worst-explained ones)")
+    e.add_argument(
+        "--full-rows",
+        type=int,
+        default=FULL_ROWS,
+        help="vocabulary rows stored exactly besides the special tokens' (the worst-explained ones)",
+    )
     e.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 leaves a core free)")
 
 
@@ -247,9 +287,15 @@ def run_delta(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        report = extract_delta(Path(args.base).expanduser(), Path(args.tuned).expanduser(),
-                               Path(args.out).expanduser(), args.rank, DTYPES[args.dtype],
-                               log=lambda m: print(m, file=sys.stderr), full_rows=args.full_rows)
+        report = extract_delta(
+            Path(args.base).expanduser(),
+            Path(args.tuned).expanduser(),
+            Path(args.out).expanduser(),
+            args.rank,
+            DTYPES[args.dtype],
+            log=lambda m: print(m, file=sys.stderr),
+            full_rows=args.full_rows,
+        )
     except (CheckpointError, OSError) as e:
         print(f"delta: {e}", file=sys.stderr)
         return 1

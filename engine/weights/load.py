@@ -12,6 +12,7 @@
 model from `dlm-lsp base-model`, or an HF cache snapshot: engine/weights/base_models.py) as the engine's
 causal LM, anything else as load_checkpoint does.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,7 +59,9 @@ def load_checkpoint(name=None, device: str | torch.device = "cpu", dtype: torch.
     missing = set(model.state_dict()) - set(sd)
     unexpected = set(sd) - set(model.state_dict())
     if missing or unexpected:
-        raise CheckpointError(f"{folder}: weights do not match config (missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]})")
+        raise CheckpointError(
+            f"{folder}: weights do not match config (missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]})"
+        )
     model.load_state_dict(sd, assign=True)
     # rope tables are non-persistent buffers, still on meta: rebuild them on the real device
     cos, sin = rope_tables(cfg)

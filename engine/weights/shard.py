@@ -8,6 +8,7 @@ limited in size. A tensor is never split; one larger than the limit is an error.
 
     python -m engine.weights.shard runs/gpu/best --max-mb 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,10 @@ def plan_shards(sd: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
     for name, t in sd.items():
         n = _nbytes(t)
         if n > max_bytes:
-            raise ValueError(f"tensor {name} has {n} bytes, more than the shard limit of {max_bytes}; "
-                             "raise the limit or shrink the model")
+            raise ValueError(
+                f"tensor {name} has {n} bytes, more than the shard limit of {max_bytes}; "
+                "raise the limit or shrink the model"
+            )
         if shards[-1] and size + n > max_bytes:
             shards.append([])
             size = 0

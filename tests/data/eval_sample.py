@@ -1,4 +1,5 @@
 """A hand-made file for the hole-cutting tests: which function bodies are block holes is known."""
+
 import os
 
 
@@ -7,7 +8,8 @@ def two(a, b):
     return c
 
 
-def one(): return 1
+def one():
+    return 1
 
 
 def nine(x):

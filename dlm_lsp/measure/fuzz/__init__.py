@@ -35,6 +35,7 @@ state.py (documents and pending requests), fuzzer.py (the run and its report) wi
 messages.py, lifetime.py, editing.py, inputs.py (the input classes) and shrink.py; corpus.py (the code
 typed); fake_server.py and scripted_engine.py (the server a `scripted:` model runs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,17 +64,32 @@ def add_fuzz_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=10000, help="steps (default 10000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
-    p.add_argument("--model", default=None, help="model folder, or scripted:... for the scripted engine (default: the embedded model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model folder, or scripted:... for the scripted engine (default: the embedded model)",
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds a request may take to be answered (default 5)")
     p.add_argument("--max-doc-bytes", type=int, default=10_000_000, help="size of the big documents (default 10 MB)")
-    p.add_argument("--classes", default=None, help="comma-separated input classes (default: all): " + ", ".join(CLASSES))
+    p.add_argument(
+        "--classes", default=None, help="comma-separated input classes (default: all): " + ", ".join(CLASSES)
+    )
     p.add_argument("--options", default=None, help="extra initializationOptions as JSON")
     p.add_argument("--server-log", default=None, help="write the server's stderr here")
     p.add_argument("--server-cmd", default=None, help="run this server command instead of dlm-lsp serve")
-    p.add_argument("--no-shrink", dest="shrink", action="store_false",
-                   help="keep failing documents' whole message sequences (default: cut them to a minimal one)")
-    p.add_argument("--corpus", action="append", default=[], metavar="DIR",
-                   help="also type the *.py files of DIR (after examples/; repeatable), e.g. a checkout's tests/data")
+    p.add_argument(
+        "--no-shrink",
+        dest="shrink",
+        action="store_false",
+        help="keep failing documents' whole message sequences (default: cut them to a minimal one)",
+    )
+    p.add_argument(
+        "--corpus",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also type the *.py files of DIR (after examples/; repeatable), e.g. a checkout's tests/data",
+    )
 
 
 def run_fuzz(args: argparse.Namespace) -> int:
@@ -82,13 +98,24 @@ def run_fuzz(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown classes {sorted(unknown)}; known: {', '.join(CLASSES)}", file=sys.stderr)
         return 2
-    fz = Fuzzer(args.n, args.seed, model=args.model, timeout=args.timeout, max_doc_bytes=args.max_doc_bytes,
-                options=json.loads(args.options) if args.options else None, classes=classes, log_path=args.server_log,
-                server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None, shrink=args.shrink,
-                corpus_dirs=args.corpus)
+    fz = Fuzzer(
+        args.n,
+        args.seed,
+        model=args.model,
+        timeout=args.timeout,
+        max_doc_bytes=args.max_doc_bytes,
+        options=json.loads(args.options) if args.options else None,
+        classes=classes,
+        log_path=args.server_log,
+        server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None,
+        shrink=args.shrink,
+        corpus_dirs=args.corpus,
+    )
     rep = asyncio.run(fz.run())
-    _say(f"fuzz seed {rep['seed']}, {rep['n']} steps, {rep['elapsed_s']} s, {rep['launches']} launches, "
-         f"{rep['answered']} answers, {rep['ranges_checked']} fill ranges, documentText {'yes' if rep['document_text'] else 'no'}")
+    _say(
+        f"fuzz seed {rep['seed']}, {rep['n']} steps, {rep['elapsed_s']} s, {rep['launches']} launches, "
+        f"{rep['answered']} answers, {rep['ranges_checked']} fill ranges, documentText {'yes' if rep['document_text'] else 'no'}"
+    )
     _say(f"{'class':24} {'steps':>6} {'messages':>9} {'requests':>9} {'failures':>9}")
     for c, v in rep["classes"].items():
         _say(f"{c:24} {v['steps']:6} {v['messages']:9} {v['requests']:9} {v['failures']:9}")

@@ -1,5 +1,6 @@
 """The fuzzer's checks of what comes back: the ranges of a completion answer, the expected error
 codes, and the exceptions in the server's stderr (counted, not failed)."""
+
 from __future__ import annotations
 
 import collections
@@ -63,6 +64,7 @@ def _fmt(rng: dict) -> str:
 
 def _brief(obj, most: int = 160):
     """A message for a report: long strings cut (their length kept), deep structures summarized."""
+
     def cut(o, depth=0):
         if depth > 12:
             return "<deep>"
@@ -73,9 +75,13 @@ def _brief(obj, most: int = 160):
         if isinstance(o, dict):
             return {k: cut(v, depth + 1) for k, v in o.items()}
         if isinstance(o, bytes):
-            return cut(o.decode("utf-8", "backslashreplace"), depth) if len(o) <= most else \
-                o[: most // 2].decode("utf-8", "backslashreplace") + f"...<{len(o)} bytes>"
+            return (
+                cut(o.decode("utf-8", "backslashreplace"), depth)
+                if len(o) <= most
+                else o[: most // 2].decode("utf-8", "backslashreplace") + f"...<{len(o)} bytes>"
+            )
         return o
+
     return cut(obj)
 
 
@@ -86,6 +92,7 @@ def _expect_code(code: int, what: str):
         if err.code != code:
             return "protocol", f"{what}: error {err.code} ({err.error.get('message')}), want {code}"
         return None
+
     return check
 
 
@@ -95,6 +102,7 @@ def _no_items(uri: str):
         if err is None and items:
             return "protocol", f"a fill for a document never opened ({uri}): {_brief(items)}"
         return None
+
     return check
 
 
@@ -103,7 +111,7 @@ def _first_diff(got, want: str) -> str:
     if not isinstance(have, str) or not isinstance(want, str):
         return ""
     i = next((k for k, (x, y) in enumerate(zip(have, want)) if x != y), min(len(have), len(want)))
-    return f"; first difference at offset {i}: server {have[i:i + 20]!r}, client {want[i:i + 20]!r}"
+    return f"; first difference at offset {i}: server {have[i : i + 20]!r}, client {want[i : i + 20]!r}"
 
 
 def server_exceptions(log, most: int = 10) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """The fuzzer's side of the wire: an LspClient that writes raw bytes and survives malformed output,
 the server it starts, and the messages' framing and common params."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The code the fuzzer types: examples/, any folders the caller names, and a few stdlib modules."""
+
 from __future__ import annotations
 
 import bisect

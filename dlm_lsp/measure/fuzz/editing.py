@@ -1,5 +1,6 @@
 """Documents: opening, editing and closing them with their reference copy kept in step, syncing
 with the server's copy (dlm/documentText), and asking for fills whose ranges are checked."""
+
 from __future__ import annotations
 
 from dlm_lsp.measure.fuzz.checks import _brief, _first_diff, _ranges, check_answer
@@ -25,8 +26,11 @@ class DocumentsMixin:
         doc = RefDoc(uri, lang if lang is not None else _lang(uri), text, version, version)
         doc.history.append((0, text))
         self.docs[uri] = doc
-        self.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": doc.lang, "version": version,
-                                                              "text": text}}, doc)
+        self.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": uri, "languageId": doc.lang, "version": version, "text": text}},
+            doc,
+        )
         return doc
 
     def any_doc(self) -> RefDoc:
@@ -45,8 +49,11 @@ class DocumentsMixin:
         if _is_int(version):
             doc.top = max(doc.top, version)
         outcomes = edit_outcomes(doc.text, doc.version, changes, version, loose_version, doc.ref)
-        self.notify("textDocument/didChange", {"textDocument": {"uri": doc.uri, "version": version},
-                                               "contentChanges": changes}, doc)
+        self.notify(
+            "textDocument/didChange",
+            {"textDocument": {"uri": doc.uri, "version": version}, "contentChanges": changes},
+            doc,
+        )
         doc.edits += 1
         if len(outcomes) == 1:
             doc.set(*outcomes[0])
@@ -72,12 +79,18 @@ class DocumentsMixin:
         got = p.fut.result()
         if isinstance(got, dict) and isinstance(got.get("text"), str):
             got["text"] = norm(got["text"])
-        if not isinstance(got, dict) or not any(got.get("text") == t and v in (got.get("version"), ANY_VERSION)
-                                                for t, v in outcomes):
+        if not isinstance(got, dict) or not any(
+            got.get("text") == t and v in (got.get("version"), ANY_VERSION) for t, v in outcomes
+        ):
             want = " or ".join(f"version {v} text {_brief(t)!r}" for t, v in outcomes[:4])
-            have = f"version {got.get('version')} text {_brief(got.get('text'))!r}" if isinstance(got, dict) else repr(got)
-            self.fail("divergences", f"{doc.uri}: server has {have}; client has {want}{_first_diff(got, outcomes[0][0])}",
-                      doc=doc)
+            have = (
+                f"version {got.get('version')} text {_brief(got.get('text'))!r}" if isinstance(got, dict) else repr(got)
+            )
+            self.fail(
+                "divergences",
+                f"{doc.uri}: server has {have}; client has {want}{_first_diff(got, outcomes[0][0])}",
+                doc=doc,
+            )
             if isinstance(got, dict) and isinstance(got.get("text"), str) and _is_int(got.get("version")):
                 doc.set(got["text"], got["version"])  # go on from the server's state
             else:
@@ -91,16 +104,25 @@ class DocumentsMixin:
         doc.top += 1
         doc.edits += 1
         doc.set(norm(text), doc.top)
-        self.notify("textDocument/didOpen", {"textDocument": {"uri": doc.uri, "languageId": doc.lang,
-                                                              "version": doc.top, "text": doc.text}}, doc)
+        self.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": doc.uri, "languageId": doc.lang, "version": doc.top, "text": doc.text}},
+            doc,
+        )
         self.docs[doc.uri] = doc
 
     def close(self, doc: RefDoc, check: bool = True) -> None:
         self.notify("textDocument/didClose", {"textDocument": {"uri": doc.uri}}, doc)
         self.docs.pop(doc.uri, None)
         if check and self.doc_text:
-            self.request(DOC_TEXT, {"textDocument": {"uri": doc.uri}}, doc=doc,
-                         check=lambda r, e: ("protocol", f"documentText of a closed document: {_brief(r)}") if r is not None else None)
+            self.request(
+                DOC_TEXT,
+                {"textDocument": {"uri": doc.uri}},
+                doc=doc,
+                check=lambda r, e: ("protocol", f"documentText of a closed document: {_brief(r)}")
+                if r is not None
+                else None,
+            )
 
     async def close_checked(self, doc: RefDoc) -> None:
         await self.sync(doc)
@@ -135,7 +157,10 @@ class DocumentsMixin:
 
     def insert_change(self, doc: RefDoc, offset: int, text: str) -> dict:
         line, char = doc.ref.position(self._boundary(doc, offset))
-        return {"range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}}, "text": text}
+        return {
+            "range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}},
+            "text": text,
+        }
 
     def range_change(self, doc: RefDoc, a: int, b: int, text: str) -> dict:
         (la, ca), (lb, cb) = doc.ref.position(self._boundary(doc, a)), doc.ref.position(self._boundary(doc, b))
@@ -152,8 +177,11 @@ class DocumentsMixin:
             offset += len(piece)
             i += k
             if self.rng.random() < ask:
-                self.at_cursor(doc, offset, "textDocument/completion" if self.rng.random() < 0.15 else
-                               "textDocument/inlineCompletion")
+                self.at_cursor(
+                    doc,
+                    offset,
+                    "textDocument/completion" if self.rng.random() < 0.15 else "textDocument/inlineCompletion",
+                )
         return offset
 
     def _boundary(self, doc: RefDoc, b: int) -> int:

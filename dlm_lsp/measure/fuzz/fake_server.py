@@ -3,6 +3,7 @@
 
     python dlm_lsp/measure/fuzz/fake_server.py    (or: python -m dlm_lsp.measure.fuzz.fake_server)
 """
+
 import logging
 import sys
 from pathlib import Path

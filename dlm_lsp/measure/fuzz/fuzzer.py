@@ -1,6 +1,7 @@
 """The fuzzer: its state, a run (one input class per step, then the checks at the end) and its
 report. What it does is in the mixins: messages (sending, settling answers), lifetime (the server
 process), editing (documents), inputs (the input classes), shrink (minimal repros)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,10 +23,21 @@ from dlm_lsp.measure.fuzz.state import Pending, RefDoc
 class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMixin):
     """One seeded run against one server command: `await Fuzzer(n, seed, ...).run()` -> the report."""
 
-    def __init__(self, n: int, seed: int, model: str | None = None, timeout: float = 5.0,
-                 max_doc_bytes: int = 10_000_000, options: dict | None = None, classes: list[str] | None = None,
-                 server_cmd: list[str] | None = None, log_path: str | None = None, keep: int = 5,
-                 shrink: bool = False, corpus_dirs=()):
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        model: str | None = None,
+        timeout: float = 5.0,
+        max_doc_bytes: int = 10_000_000,
+        options: dict | None = None,
+        classes: list[str] | None = None,
+        server_cmd: list[str] | None = None,
+        log_path: str | None = None,
+        keep: int = 5,
+        shrink: bool = False,
+        corpus_dirs=(),
+    ):
         self.n, self.seed, self.model, self.timeout = n, seed, model, timeout
         self.max_doc_bytes = max_doc_bytes
         self.options = dict(options or {})
@@ -75,8 +87,12 @@ class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMi
                     pass
             if not self.alive():
                 code = self.client.proc.returncode
-                self.fail("exits", f"the server exited on its own (code {code})" if code is not None else
-                          "the server closed its input")
+                self.fail(
+                    "exits",
+                    f"the server exited on its own (code {code})"
+                    if code is not None
+                    else "the server closed its input",
+                )
                 await self.relaunch()
         self.cls = "shutdown"
         for doc in list(self.docs.values()):
@@ -94,10 +110,18 @@ class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMi
 
     def report(self, elapsed: float) -> dict:
         return {
-            "ok": not any(self.failed.values()), "seed": self.seed, "n": self.n, "model": self.model or "default",
-            "server": self.cmd, "timeout_s": self.timeout, "max_doc_bytes": self.max_doc_bytes,
-            "elapsed_s": round(elapsed, 1), "launches": self.launches,
-            "document_text": bool(self.doc_text), "answered": self.answered, "ranges_checked": self.ranges_checked,
+            "ok": not any(self.failed.values()),
+            "seed": self.seed,
+            "n": self.n,
+            "model": self.model or "default",
+            "server": self.cmd,
+            "timeout_s": self.timeout,
+            "max_doc_bytes": self.max_doc_bytes,
+            "elapsed_s": round(elapsed, 1),
+            "launches": self.launches,
+            "document_text": bool(self.doc_text),
+            "answered": self.answered,
+            "ranges_checked": self.ranges_checked,
             "error_codes": {str(k): v for k, v in sorted(self.error_codes.items(), key=lambda kv: str(kv[0]))},
             "stray_responses": self.stray,
             **{c: self.failed[c] for c in CHECKS},

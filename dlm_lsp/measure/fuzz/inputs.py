@@ -1,5 +1,6 @@
 """The input classes: each step of a run draws one (`CLASSES`, by weight) and sends its messages,
 valid sessions and every kind of hostile input."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,16 +14,30 @@ from dlm_lsp.measure.fuzz.state import URIS, Pending
 
 # every Unicode line break; only the first three end a line in LSP
 LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
-ASTRAL = ["\U0001F600", "\U0001D518", "\U00010348", "\U0001F4A5"]  # 2 UTF-16 units each
+ASTRAL = ["\U0001f600", "\U0001d518", "\U00010348", "\U0001f4a5"]  # 2 UTF-16 units each
 LONE = ["\ud800", "\udbff", "\udc00", "\udfff"]
 BINARY = ["\x00", "\x01", "\x07", "\x08", "\x1b[31m", "\x7f", "\ufeff", "\ufffe", "\uffff", "\x00\x00\x00", "\t\x0b"]
 
 # input class -> weight
 CLASSES = {
-    "valid_session": 20, "line_breaks": 8, "positions_out_of_range": 8, "surrogate_split": 5,
-    "lone_surrogates": 4, "binary_content": 4, "big_documents": 2, "unknown_language": 3, "never_opened": 4,
-    "reversed_ranges": 4, "wrong_versions": 4, "wrong_types": 6, "unknown_methods": 4, "bad_framing": 8,
-    "nested_params": 3, "lifecycle": 1, "storm": 3, "cancel_random": 5,
+    "valid_session": 20,
+    "line_breaks": 8,
+    "positions_out_of_range": 8,
+    "surrogate_split": 5,
+    "lone_surrogates": 4,
+    "binary_content": 4,
+    "big_documents": 2,
+    "unknown_language": 3,
+    "never_opened": 4,
+    "reversed_ranges": 4,
+    "wrong_versions": 4,
+    "wrong_types": 6,
+    "unknown_methods": 4,
+    "bad_framing": 8,
+    "nested_params": 3,
+    "lifecycle": 1,
+    "storm": 3,
+    "cancel_random": 5,
 }
 
 
@@ -49,8 +64,10 @@ class InputsMixin:
                     ref = RefText(text)
                     o = ref.random_offset(self.rng)
                     line, char = ref.position(o)
-                    ch = {"range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}},
-                          "text": self.snippet(8)}
+                    ch = {
+                        "range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}},
+                        "text": self.snippet(8),
+                    }
                     changes.append(ch)
                     text = apply_change(text, ch)[0]
                 await self.change(doc, changes)
@@ -71,8 +88,15 @@ class InputsMixin:
             ref = doc.ref
             line = min(len(ref) - 1, ref.position(off)[0] + self.rng.randint(1, 3))
             char = self.rng.randint(0, utf16_len(ref.line(line)) + 2)
-            await self.change(doc, [{"range": {"start": {"line": line, "character": char},
-                                               "end": {"line": line, "character": char}}, "text": "Z"}])
+            await self.change(
+                doc,
+                [
+                    {
+                        "range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}},
+                        "text": "Z",
+                    }
+                ],
+            )
             self.complete(doc, line, min(char, utf16_len(doc.ref.line(line))))
         if self.rng.random() < 0.3:  # a document made of every break
             uri = self.free_uri()
@@ -81,8 +105,18 @@ class InputsMixin:
                 d = self.open(uri, text)
                 for line in range(0, len(d.ref) + 1, 2):
                     self.complete(d, line, 1)
-                await self.change(d, [{"range": {"start": {"line": len(d.ref) - 1, "character": 0},
-                                                 "end": {"line": len(d.ref) - 1, "character": 1}}, "text": "!"}])
+                await self.change(
+                    d,
+                    [
+                        {
+                            "range": {
+                                "start": {"line": len(d.ref) - 1, "character": 0},
+                                "end": {"line": len(d.ref) - 1, "character": 1},
+                            },
+                            "text": "!",
+                        }
+                    ],
+                )
         await self.sync(doc)
 
     async def positions_out_of_range(self) -> None:
@@ -90,16 +124,33 @@ class InputsMixin:
         ref = doc.ref
         line = self.rng.randrange(len(ref))
         llen = utf16_len(ref.line(line))
-        picks = [(line, llen + self.rng.randint(1, 50)), (len(ref) + self.rng.randint(0, 5), 0),
-                 (len(ref) + 3, 7), (UINT_MAX, UINT_MAX), (line, UINT_MAX), (-1, 0), (0, -1), (-5, -5),
-                 (2**40, 0), (line, 2**53), (10**30, 10**30)]
+        picks = [
+            (line, llen + self.rng.randint(1, 50)),
+            (len(ref) + self.rng.randint(0, 5), 0),
+            (len(ref) + 3, 7),
+            (UINT_MAX, UINT_MAX),
+            (line, UINT_MAX),
+            (-1, 0),
+            (0, -1),
+            (-5, -5),
+            (2**40, 0),
+            (line, 2**53),
+            (10**30, 10**30),
+        ]
         for _ in range(self.rng.randint(1, 4)):
             l, c = self.rng.choice(picks)
             self.complete(doc, l, c, self.rng.choice(("textDocument/inlineCompletion", "textDocument/completion")))
         l, c = self.rng.choice(picks)
         l2, c2 = self.rng.choice(picks + [(line, 0)])
-        await self.change(doc, [{"range": {"start": {"line": l, "character": c}, "end": {"line": l2, "character": c2}},
-                                 "text": self.rng.choice(("", "X", "\n", "end\r\n"))}])
+        await self.change(
+            doc,
+            [
+                {
+                    "range": {"start": {"line": l, "character": c}, "end": {"line": l2, "character": c2}},
+                    "text": self.rng.choice(("", "X", "\n", "end\r\n")),
+                }
+            ],
+        )
         await self.sync(doc)
 
     async def surrogate_split(self) -> None:
@@ -113,11 +164,28 @@ class InputsMixin:
             self.complete(doc, line, mid, self.rng.choice(("textDocument/inlineCompletion", "textDocument/completion")))
         r = self.rng.random()
         if r < 0.4:
-            await self.change(doc, [{"range": {"start": {"line": line, "character": mid},
-                                               "end": {"line": line, "character": mid}}, "text": "|"}])
+            await self.change(
+                doc,
+                [
+                    {
+                        "range": {"start": {"line": line, "character": mid}, "end": {"line": line, "character": mid}},
+                        "text": "|",
+                    }
+                ],
+            )
         elif r < 0.8:
-            await self.change(doc, [{"range": {"start": {"line": line, "character": mid},
-                                               "end": {"line": line, "character": mid + 2}}, "text": ""}])
+            await self.change(
+                doc,
+                [
+                    {
+                        "range": {
+                            "start": {"line": line, "character": mid},
+                            "end": {"line": line, "character": mid + 2},
+                        },
+                        "text": "",
+                    }
+                ],
+            )
         await self.sync(doc)
 
     async def lone_surrogates(self) -> None:
@@ -129,8 +197,11 @@ class InputsMixin:
         outcomes = edit_outcomes(doc.text, doc.version, [change], doc.top + 1)
         outcomes += edit_outcomes(doc.text, doc.version, [fixed], doc.top + 1)
         doc.top += 1
-        self.notify("textDocument/didChange", {"textDocument": {"uri": doc.uri, "version": doc.top},
-                                               "contentChanges": [change]}, doc)
+        self.notify(
+            "textDocument/didChange",
+            {"textDocument": {"uri": doc.uri, "version": doc.top}, "contentChanges": [change]},
+            doc,
+        )
         self.complete(doc, *doc.ref.position(off))
         await self.sync(doc, list(dict.fromkeys(outcomes + [(doc.text, doc.version)])))
         if self.rng.random() < 0.3 and doc.uri in self.docs:
@@ -171,7 +242,7 @@ class InputsMixin:
         uri = self.free_uri()
         if uri is None:
             return await self.valid_session()
-        lang = self.rng.choice(["cobol", "", "Python", "x" * 300, "\U0001F4A5", "plaintext", "c++", "PYTHON"])
+        lang = self.rng.choice(["cobol", "", "Python", "x" * 300, "\U0001f4a5", "plaintext", "c++", "PYTHON"])
         doc = self.open(uri, self.snippet(200), lang)
         await self.type_text(doc, doc.ref.random_offset(self.rng), self.snippet(6))
         await self.close_checked(doc)
@@ -181,16 +252,28 @@ class InputsMixin:
         r = self.rng.random()
         pos = {"line": 0, "character": 0}
         if r < 0.3:
-            self.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": 2},
-                                                   "contentChanges": [{"range": {"start": pos, "end": pos}, "text": "x"}]})
+            self.notify(
+                "textDocument/didChange",
+                {
+                    "textDocument": {"uri": uri, "version": 2},
+                    "contentChanges": [{"range": {"start": pos, "end": pos}, "text": "x"}],
+                },
+            )
         elif r < 0.5:
             self.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
-        self.request(self.rng.choice(("textDocument/inlineCompletion", "textDocument/completion")),
-                     _inline_params(uri, self.rng.randint(0, 3), self.rng.randint(0, 3)), check=_no_items(uri))
+        self.request(
+            self.rng.choice(("textDocument/inlineCompletion", "textDocument/completion")),
+            _inline_params(uri, self.rng.randint(0, 3), self.rng.randint(0, 3)),
+            check=_no_items(uri),
+        )
         if self.doc_text:
-            self.request(DOC_TEXT, {"textDocument": {"uri": uri}},
-                         check=lambda res, e: ("protocol", f"documentText of a never-opened document: {_brief(res)}")
-                         if res is not None or e is not None else None)
+            self.request(
+                DOC_TEXT,
+                {"textDocument": {"uri": uri}},
+                check=lambda res, e: ("protocol", f"documentText of a never-opened document: {_brief(res)}")
+                if res is not None or e is not None
+                else None,
+            )
 
     async def reversed_ranges(self) -> None:
         doc = self.any_doc()
@@ -203,8 +286,9 @@ class InputsMixin:
     async def wrong_versions(self) -> None:
         doc = self.any_doc()
         v = self.rng.choice([doc.version, doc.version - 1, 0, -1, -(2**31), 2**53, 3.5, "7", None])
-        await self.change(doc, [self.insert_change(doc, doc.ref.random_offset(self.rng), "v")], version=v,
-                          loose_version=True)
+        await self.change(
+            doc, [self.insert_change(doc, doc.ref.random_offset(self.rng), "v")], version=v, loose_version=True
+        )
         if doc.uri in self.docs:
             await self.close_checked(doc)  # a doc at a version of 2**53 takes no further edits
 
@@ -212,40 +296,82 @@ class InputsMixin:
         doc = self.any_doc()
         u = doc.uri
         reqs = [
-            ("textDocument/inlineCompletion", []), ("textDocument/inlineCompletion", None),
+            ("textDocument/inlineCompletion", []),
+            ("textDocument/inlineCompletion", None),
             ("textDocument/inlineCompletion", {"textDocument": 5, "position": {"line": 0, "character": 0}}),
-            ("textDocument/inlineCompletion", {"textDocument": {"uri": u}, "position": {"line": "1", "character": 0},
-                                               "context": {"triggerKind": 2}}),
-            ("textDocument/inlineCompletion", {"textDocument": {"uri": u}, "position": {"line": 1.5, "character": 0},
-                                               "context": {"triggerKind": 2}}),
+            (
+                "textDocument/inlineCompletion",
+                {"textDocument": {"uri": u}, "position": {"line": "1", "character": 0}, "context": {"triggerKind": 2}},
+            ),
+            (
+                "textDocument/inlineCompletion",
+                {"textDocument": {"uri": u}, "position": {"line": 1.5, "character": 0}, "context": {"triggerKind": 2}},
+            ),
             ("textDocument/inlineCompletion", {"textDocument": {"uri": None}, "position": {"line": 0, "character": 0}}),
             ("textDocument/inlineCompletion", {"textDocument": {"uri": u}, "context": {"triggerKind": 2}}),
-            ("textDocument/inlineCompletion", {"textDocument": {"uri": u}, "position": {"line": 0, "character": 0},
-                                               "context": {"triggerKind": "x"}}),
+            (
+                "textDocument/inlineCompletion",
+                {"textDocument": {"uri": u}, "position": {"line": 0, "character": 0}, "context": {"triggerKind": "x"}},
+            ),
             ("textDocument/completion", {"textDocument": {"uri": u}, "position": [1, 2]}),
-            ("textDocument/completion", "params"), (DOC_TEXT, {"textDocument": "x"}), (DOC_TEXT, [u]),
+            ("textDocument/completion", "params"),
+            (DOC_TEXT, {"textDocument": "x"}),
+            (DOC_TEXT, [u]),
             ("dlm/stats", [1, 2]),
         ]
         for _ in range(self.rng.randint(1, 3)):
             self.request(*self.rng.choice(reqs))
         r = self.rng.random()
         if r < 0.3:
-            bad = self.deal("bad changes", [{}, {"x": 1}, 5, "text", [None], [{"text": None}], [{"text": 5}],
-                                            [{"text": True}], [{"text": ["a"]}], [{"range": {"start": 5}, "text": "q"}],
-                                            [{"range": None, "text": 3}], [{"text": "ok"}, {"text": None}]])
-            self.notify("textDocument/didChange", {"textDocument": {"uri": u, "version": doc.top + 1}, "contentChanges": bad}, doc)
+            bad = self.deal(
+                "bad changes",
+                [
+                    {},
+                    {"x": 1},
+                    5,
+                    "text",
+                    [None],
+                    [{"text": None}],
+                    [{"text": 5}],
+                    [{"text": True}],
+                    [{"text": ["a"]}],
+                    [{"range": {"start": 5}, "text": "q"}],
+                    [{"range": None, "text": 3}],
+                    [{"text": "ok"}, {"text": None}],
+                ],
+            )
+            self.notify(
+                "textDocument/didChange",
+                {"textDocument": {"uri": u, "version": doc.top + 1}, "contentChanges": bad},
+                doc,
+            )
             doc.top += 1
             await self.sync(doc, [(doc.text, doc.version), (doc.text, doc.top)])
         elif r < 0.5:
             uri = f"file:///fuzz/bad/{self.rng.randrange(99)}.py"
-            td = self.deal("bad opens", [{"languageId": None, "version": "1", "text": 5}, {"text": None},
-                                         {"text": 5}, {"version": None}, {"languageId": 7}, {"text": ["x"]}])
-            self.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
-                                                                  "text": "x", **td}})
+            td = self.deal(
+                "bad opens",
+                [
+                    {"languageId": None, "version": "1", "text": 5},
+                    {"text": None},
+                    {"text": 5},
+                    {"version": None},
+                    {"languageId": 7},
+                    {"text": ["x"]},
+                ],
+            )
+            self.notify(
+                "textDocument/didOpen",
+                {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": "x", **td}},
+            )
             if self.doc_text:  # an ill-typed didOpen opens nothing
-                self.request(DOC_TEXT, {"textDocument": {"uri": uri}},
-                             check=lambda res, e, td=td: ("divergences", f"didOpen with {td} opened {_brief(res)}")
-                             if res is not None else None)
+                self.request(
+                    DOC_TEXT,
+                    {"textDocument": {"uri": uri}},
+                    check=lambda res, e, td=td: ("divergences", f"didOpen with {td} opened {_brief(res)}")
+                    if res is not None
+                    else None,
+                )
             self.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
         elif r < 0.6:
             self.notify("textDocument/didClose", self.rng.choice([{}, {"textDocument": []}, None]))
@@ -255,14 +381,20 @@ class InputsMixin:
 
     async def unknown_methods(self) -> None:
         for _ in range(self.rng.randint(1, 3)):
-            m = self.rng.choice(["fuzz/nothing", "$/fuzz", "textDocument/fuzz", "", "\U0001F4A5", "workspace/executeCommand2"])
-            self.request(m, self.rng.choice([{}, None, [1], {"a": {"b": []}}]), check=_expect_code(-32601, f"method {m!r}"))
+            m = self.rng.choice(
+                ["fuzz/nothing", "$/fuzz", "textDocument/fuzz", "", "\U0001f4a5", "workspace/executeCommand2"]
+            )
+            self.request(
+                m, self.rng.choice([{}, None, [1], {"a": {"b": []}}]), check=_expect_code(-32601, f"method {m!r}")
+            )
         if self.rng.random() < 0.5:
             self.notify(self.rng.choice(["fuzz/note", "$/fuzzNote", "$/setTrace2", "textDocument/didFuzz"]), {"x": 1})
         if self.rng.random() < 0.3:  # a method name that is not a string: Invalid Request, answered
             msg_id = self.next_id()
-            self.raw(_frame(json.dumps({"jsonrpc": "2.0", "id": msg_id, "method": 123, "params": {}}).encode()),
-                     "method is a number")  # the ping after it must be answered
+            self.raw(
+                _frame(json.dumps({"jsonrpc": "2.0", "id": msg_id, "method": 123, "params": {}}).encode()),
+                "method is a number",
+            )  # the ping after it must be answered
         self.ping()
 
     async def bad_framing(self) -> None:
@@ -270,20 +402,34 @@ class InputsMixin:
         kinds = {  # kind -> (bytes, whether the ping right after must be answered)
             "invalid_json": (_frame(b'{"jsonrpc": "2.0", "id": 9, "method": '), True),
             "invalid_utf8": (_frame(b'{"jsonrpc": "2.0", "method": "\xff\xfe\xc0"}'), True),
-            "non_object": (_frame(self.rng.choice([b"42", b'"hello"', b"null", b"true", b"[]", b"{}", b"[1, 2]"])), True),
-            "batch": (_frame(b"[" + json.dumps({"jsonrpc": "2.0", "id": "batch-%d" % self.step, "method": PING}).encode()
-                             + b', {"jsonrpc": "2.0", "method": "fuzz/note"}]'), True),
+            "non_object": (
+                _frame(self.rng.choice([b"42", b'"hello"', b"null", b"true", b"[]", b"{}", b"[1, 2]"])),
+                True,
+            ),
+            "batch": (
+                _frame(
+                    b"["
+                    + json.dumps({"jsonrpc": "2.0", "id": "batch-%d" % self.step, "method": PING}).encode()
+                    + b', {"jsonrpc": "2.0", "method": "fuzz/note"}]'
+                ),
+                True,
+            ),
             "no_jsonrpc": (_frame(b'{"id": "nj-%d", "method": "fuzz/ping"}' % self.step), True),
             "long_content_length": (b"Content-Length: %d\r\n\r\n" % (len(ok) + 7) + ok + b"#######", True),
             "unknown_header": (b"X-Fuzz: 1\r\n" + _frame(b'{"jsonrpc": "2.0", "method": "fuzz/note"}'), True),
-            "content_type": (b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n"
-                             + _frame(b'{"jsonrpc": "2.0", "method": "fuzz/note"}'), True),
+            "content_type": (
+                b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n"
+                + _frame(b'{"jsonrpc": "2.0", "method": "fuzz/note"}'),
+                True,
+            ),
             "bad_content_length": (b"Content-Length: abc\r\n\r\n", False),
             "negative_content_length": (b"Content-Length: -12\r\n\r\n", False),
             "huge_content_length": (b"Content-Length: 99999999999999\r\n\r\n", False),
             "no_content_length": (b"Content-Type: text/plain\r\n\r\n", False),
-            "garbage_line": (self.rng.choice([b"hello world\r\n\r\n", b"\r\n", b"GET / HTTP/1.1\r\n\r\n",
-                                              b"\x00\x01\x02\r\n\r\n"]), False),
+            "garbage_line": (
+                self.rng.choice([b"hello world\r\n\r\n", b"\r\n", b"GET / HTTP/1.1\r\n\r\n", b"\x00\x01\x02\r\n\r\n"]),
+                False,
+            ),
             "deep_json": (_frame(b"[" * 100_000 + b"]" * 100_000), True),
         }
         kind = self.deal("framing", sorted(kinds))
@@ -319,14 +465,26 @@ class InputsMixin:
             self.complete(doc, line, char, params=params)
         elif r < 0.7:
             depth = self.rng.choice((50, 500, 5000))
-            self.raw(_frame(b'{"jsonrpc": "2.0", "method": "workspace/didChangeConfiguration", "params": {"settings": '
-                            + b'{"method": "exit", "dlm": ' * depth + b'{"budgetMs": "x"}' + b"}" * depth + b"}}"),
-                     f"settings nested {depth} deep")
+            self.raw(
+                _frame(
+                    b'{"jsonrpc": "2.0", "method": "workspace/didChangeConfiguration", "params": {"settings": '
+                    + b'{"method": "exit", "dlm": ' * depth
+                    + b'{"budgetMs": "x"}'
+                    + b"}" * depth
+                    + b"}}"
+                ),
+                f"settings nested {depth} deep",
+            )
         else:
             msg_id = self.next_id()
             depth = self.rng.choice((1000, 100_000))
-            body = b'{"jsonrpc": "2.0", "id": %d, "method": "textDocument/inlineCompletion", "params": ' % msg_id \
-                + b'{"a": ' * depth + b"1" + b"}" * depth + b"}"
+            body = (
+                b'{"jsonrpc": "2.0", "id": %d, "method": "textDocument/inlineCompletion", "params": ' % msg_id
+                + b'{"a": ' * depth
+                + b"1"
+                + b"}" * depth
+                + b"}"
+            )
             self.raw(_frame(body), f"params nested {depth} deep")  # may be a parse error: answered with id null
         self.ping()
 
@@ -372,7 +530,18 @@ class InputsMixin:
                     await asyncio.sleep(self.rng.choice((0, 0.001, 0.02)))
                 self.notify("$/cancelRequest", {"id": p.msg_id})
             else:
-                self.notify("$/cancelRequest", self.rng.choice([
-                    {"id": self.rng.randint(-5, self.ids + 100)}, {"id": str(self.rng.randrange(99))}, {"id": None},
-                    {"id": {"nested": 1}}, {}, None, {"id": 2**63}]))
+                self.notify(
+                    "$/cancelRequest",
+                    self.rng.choice(
+                        [
+                            {"id": self.rng.randint(-5, self.ids + 100)},
+                            {"id": str(self.rng.randrange(99))},
+                            {"id": None},
+                            {"id": {"nested": 1}},
+                            {},
+                            None,
+                            {"id": 2**63},
+                        ]
+                    ),
+                )
         self.ping()

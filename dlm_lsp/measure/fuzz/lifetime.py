@@ -1,5 +1,6 @@
 """The server process's lifetime: launch (with the checks before and at initialize), relaunch,
 the output checks of a process, and the spec's way to end it (shutdown, exit, exit code)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,14 +29,28 @@ class LifetimeMixin:
         self.trace.clear()
         cls, self.cls = self.cls, "lifecycle"
         early = "file:///fuzz/before-init.py"
-        self.notify("textDocument/didOpen", {"textDocument": {"uri": early, "languageId": "python", "version": 1, "text": "x"}})
-        p = self.request("textDocument/inlineCompletion", _inline_params(early, 0, 1),
-                         check=_expect_code(-32002, "before initialize"))
+        self.notify(
+            "textDocument/didOpen", {"textDocument": {"uri": early, "languageId": "python", "version": 1, "text": "x"}}
+        )
+        p = self.request(
+            "textDocument/inlineCompletion",
+            _inline_params(early, 0, 1),
+            check=_expect_code(-32002, "before initialize"),
+        )
         p.limit = max(60.0, self.timeout)  # the process is still starting (imports take seconds on a busy machine)
         await self.settle()
-        init = self.request("initialize", {"processId": None, "rootUri": None, "initializationOptions": self.options,
-                                           "capabilities": {"general": {"positionEncodings": ["utf-16"]},
-                                                            "textDocument": {"inlineCompletion": {}}}})
+        init = self.request(
+            "initialize",
+            {
+                "processId": None,
+                "rootUri": None,
+                "initializationOptions": self.options,
+                "capabilities": {
+                    "general": {"positionEncodings": ["utf-16"]},
+                    "textDocument": {"inlineCompletion": {}},
+                },
+            },
+        )
         await self.settle(init)
         self.notify("initialized", {})
         try:
@@ -67,7 +82,11 @@ class LifetimeMixin:
             return
         if c.bad_output:
             self.fail("protocol", f"malformed output from the server: {c.bad_output[:3]}")
-        ours = lambda i: i is None or (_is_int(i) and 0 < i <= self.ids) or (isinstance(i, str) and i.startswith(("batch-", "nj-")))
+        ours = (
+            lambda i: i is None
+            or (_is_int(i) and 0 < i <= self.ids)
+            or (isinstance(i, str) and i.startswith(("batch-", "nj-")))
+        )
         odd = [m for m in c.stray if not ours(m.get("id"))]
         if odd:
             self.fail("protocol", f"{len(odd)} responses to no request sent, e.g. {_brief(odd[:2])}")
@@ -90,8 +109,11 @@ class LifetimeMixin:
         if shutdown:
             p = self.request("shutdown", None, check=lambda r, e: ("protocol", f"shutdown answered {e}") if e else None)
             await self.settle(p)
-            self.request("textDocument/inlineCompletion", _inline_params(URIS[0], 0, 0),
-                         check=_expect_code(-32600, "after shutdown"))
+            self.request(
+                "textDocument/inlineCompletion",
+                _inline_params(URIS[0], 0, 0),
+                check=_expect_code(-32600, "after shutdown"),
+            )
             await self.settle()
         self.notify("exit", None)
         await self.client.drain()
@@ -99,7 +121,9 @@ class LifetimeMixin:
         try:
             code = await asyncio.wait_for(self.client.proc.wait(), self.timeout)
             if code != want:
-                self.fail("protocol", f"exit {'after' if shutdown else 'without'} shutdown: exit code {code}, want {want}")
+                self.fail(
+                    "protocol", f"exit {'after' if shutdown else 'without'} shutdown: exit code {code}, want {want}"
+                )
         except asyncio.TimeoutError:
             self.fail("protocol", f"no exit within {self.timeout:g} s of the exit notification")
             await self.kill()

@@ -1,5 +1,6 @@
 """Sending messages and checking their answers: every message is traced (for a failure's repro),
 counted per input class, and every request is awaited and checked by `settle`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -71,8 +72,17 @@ class MessagesMixin:
         self._count(True)
         fut = self.client.expect(msg_id)
         self.client._write(msg)
-        p = Pending(msg_id, fut, time.monotonic(), self.cls, check, list(doc.trace if doc else self.trace), method,
-                    doc, len(doc.full) if doc is not None and doc.full is not None else None)
+        p = Pending(
+            msg_id,
+            fut,
+            time.monotonic(),
+            self.cls,
+            check,
+            list(doc.trace if doc else self.trace),
+            method,
+            doc,
+            len(doc.full) if doc is not None and doc.full is not None else None,
+        )
         self.outstanding.append(p)
         return p
 
@@ -97,7 +107,9 @@ class MessagesMixin:
             except asyncio.TimeoutError:
                 self.client.pending.pop(p.msg_id, None)
                 if self.alive():
-                    self.fail("unanswered", f"{p.method} id {p.msg_id!r} not answered within {self.timeout:g} s", p.trace)
+                    self.fail(
+                        "unanswered", f"{p.method} id {p.msg_id!r} not answered within {self.timeout:g} s", p.trace
+                    )
                     late = True
                 continue
             except LspError as e:

@@ -6,6 +6,7 @@ the last clamps to the document's end. Where the spec leaves an edit's outcome o
 over-2^31 position, a column inside a surrogate pair, a reversed range, a wrong version) `apply_change`
 and `edit_outcomes` return the set of acceptable outcomes.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -138,8 +139,9 @@ def apply_change(text: str, change: dict, ref: RefText | None = None) -> list[st
     return list(dict.fromkeys(out)) or [None]
 
 
-def edit_outcomes(text: str, version, changes: list, sent_version, loose_version: bool = False,
-                  ref: RefText | None = None):
+def edit_outcomes(
+    text: str, version, changes: list, sent_version, loose_version: bool = False, ref: RefText | None = None
+):
     """(text, version) outcomes of a didChange; a rejected notification leaves both unchanged.
     A change whose outcome is open makes the whole notification's outcome open."""
     texts: list[str | None] = [text]

@@ -25,6 +25,7 @@ The server passes its `model` option to the engine factory, so a test picks the 
 Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
 resolves cancelled jobs with Fill(cancelled=True) carrying the steps taken.
 """
+
 from __future__ import annotations
 
 import queue
@@ -37,9 +38,23 @@ from engine.api import EngineError, Fill
 
 
 def parse_script(model: str | None) -> dict:
-    params = {"steps": "4", "step_ms": "10", "load_ms": "0", "text": "x = 1", "fail": "0", "echo": "0", "hang": "0",
-              "confidence": "1", "gate": "", "forwarded": "0", "reused": "0", "lookup": "0", "workspace": "0",
-              "slow_every": "0", "slow_ms": "0"}
+    params = {
+        "steps": "4",
+        "step_ms": "10",
+        "load_ms": "0",
+        "text": "x = 1",
+        "fail": "0",
+        "echo": "0",
+        "hang": "0",
+        "confidence": "1",
+        "gate": "",
+        "forwarded": "0",
+        "reused": "0",
+        "lookup": "0",
+        "workspace": "0",
+        "slow_every": "0",
+        "slow_ms": "0",
+    }
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
         k, _, v = part.partition("=")
@@ -68,8 +83,15 @@ class ScriptedEngine:
     def _set(self, state, message=None):
         self.state = state
         if self.on_state:
-            self.on_state(state, {"model": str(self.model_name), "device": "cpu", "message": message,
-                                  "gate": float(self.p["gate"]) if self.p["gate"] else None})
+            self.on_state(
+                state,
+                {
+                    "model": str(self.model_name),
+                    "device": "cpu",
+                    "message": message,
+                    "gate": float(self.p["gate"]) if self.p["gate"] else None,
+                },
+            )
 
     def start(self):
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -120,11 +142,25 @@ class ScriptedEngine:
                 text = job.lookup[: int(self.p["lookup"])].replace("\n", "\u23ce")
             if self.p["workspace"] == "1":
                 keys = self.spaces.get(job.workspace) if job.workspace is not None else None
-                text = "-" if keys is None else "+".join(sorted(k.rsplit("/", 1)[-1] for k in set(keys) if k != job.document))
-            fut.set_result(Fill(text=text, tokens=len(text) // 3, steps=steps, slots=job.max_tokens,
-                                cancelled=cancelled, deadline_hit=hit, confidence=float(self.p["confidence"]), queue_ms=(started - job.submitted_at) * 1000,
-                                compute_ms=(time.monotonic() - started) * 1000,
-                                **self._rows(job, steps)))
+                text = (
+                    "-"
+                    if keys is None
+                    else "+".join(sorted(k.rsplit("/", 1)[-1] for k in set(keys) if k != job.document))
+                )
+            fut.set_result(
+                Fill(
+                    text=text,
+                    tokens=len(text) // 3,
+                    steps=steps,
+                    slots=job.max_tokens,
+                    cancelled=cancelled,
+                    deadline_hit=hit,
+                    confidence=float(self.p["confidence"]),
+                    queue_ms=(started - job.submitted_at) * 1000,
+                    compute_ms=(time.monotonic() - started) * 1000,
+                    **self._rows(job, steps),
+                )
+            )
 
     def _rows(self, job, steps: int) -> dict:
         if not steps:

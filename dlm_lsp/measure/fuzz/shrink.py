@@ -1,5 +1,6 @@
 """Shrinking: a failing document's messages cut down to a minimal sequence that still fails (delta
 debugging, replayed on a fresh server, each try on a document of its own)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,13 @@ class ShrinkMixin:
     async def shrink_failures(self, budget_s: float = 60.0) -> None:
         """Cuts the messages of each kept divergence / bad range down to a minimal sequence that still
         fails (delta debugging on one fresh server, each try on a document of its own)."""
-        todo = [f for f in self.failures if f.get("_full") and f["check"] in ("divergences", "bad_ranges")
-                and (f["_full"][0] or {}).get("method") == "textDocument/didOpen"]
+        todo = [
+            f
+            for f in self.failures
+            if f.get("_full")
+            and f["check"] in ("divergences", "bad_ranges")
+            and (f["_full"][0] or {}).get("method") == "textDocument/didOpen"
+        ]
         if not todo:
             return
         self.client = FuzzClient(self.cmd, cwd=str(REPO_ROOT), stderr=self.log)
@@ -59,8 +65,11 @@ class ShrinkMixin:
         """Replays `msgs` on a document of its own; True when `check` fails again."""
         self.ids += 1
         first = msgs[0]["params"]["textDocument"]["uri"]
-        uri = (f"untitled:Shrink-{self.ids}" if first.startswith("untitled:")
-               else f"file:///fuzz/shrink/{self.ids}/" + first.rsplit("/", 1)[-1])
+        uri = (
+            f"untitled:Shrink-{self.ids}"
+            if first.startswith("untitled:")
+            else f"file:///fuzz/shrink/{self.ids}/" + first.rsplit("/", 1)[-1]
+        )
         states: list | None = None  # the (text, version) outcomes so far; None: not open
         c = self.client
         for m in msgs:
@@ -72,8 +81,13 @@ class ShrinkMixin:
                     states = [(norm(td["text"]), td["version"])]
                 elif method == "textDocument/didChange" and states is not None:
                     ch, v = params.get("contentChanges"), params["textDocument"].get("version")
-                    states = list(dict.fromkeys(o for t, ver in states for o in (
-                        edit_outcomes(t, ver, ch, v) if isinstance(ch, list) else [(t, ver), (t, v)])))[:32]
+                    states = list(
+                        dict.fromkeys(
+                            o
+                            for t, ver in states
+                            for o in (edit_outcomes(t, ver, ch, v) if isinstance(ch, list) else [(t, ver), (t, v)])
+                        )
+                    )[:32]
                 elif method == "textDocument/didClose":
                     states = None
                 c._write(m)
@@ -85,8 +99,12 @@ class ShrinkMixin:
                 answer = await asyncio.wait_for(fut, self.timeout)
             except LspError:
                 continue
-            if check == "bad_ranges" and method in ("textDocument/inlineCompletion", "textDocument/completion") \
-                    and states and isinstance(params, dict):
+            if (
+                check == "bad_ranges"
+                and method in ("textDocument/inlineCompletion", "textDocument/completion")
+                and states
+                and isinstance(params, dict)
+            ):
                 pos = params.get("position")
                 if all(check_answer(method, answer, RefText(t), resolve(RefText(t), pos)[0]) for t, _ in states):
                     return True

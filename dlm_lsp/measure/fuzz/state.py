@@ -1,5 +1,6 @@
 """The fuzzer's records: the client's copy of each open document (`RefDoc`) and the requests that
 await an answer (`Pending`), and the documents it opens (`URIS`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,14 @@ class Pending:
 
 
 URIS = [f"file:///fuzz/src/m{i}.py" for i in range(12)] + [
-    "file:///fuzz/src/app.js", "file:///fuzz/src/lib.rs", "file:///fuzz/src/main.go", "file:///fuzz/notes.txt",
-    "untitled:Untitled-1", "file:///fuzz/d%C3%A9j%C3%A0/v.py", "file:///fuzz/with%20space.py", "file:///c%3A/fuzz/win.py",
+    "file:///fuzz/src/app.js",
+    "file:///fuzz/src/lib.rs",
+    "file:///fuzz/src/main.go",
+    "file:///fuzz/notes.txt",
+    "untitled:Untitled-1",
+    "file:///fuzz/d%C3%A9j%C3%A0/v.py",
+    "file:///fuzz/with%20space.py",
+    "file:///c%3A/fuzz/win.py",
 ]
 LANGS = {".py": "python", ".js": "javascript", ".rs": "rust", ".go": "go", ".txt": "plaintext"}
 
