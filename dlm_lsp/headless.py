@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlm_lsp.fill import context, postprocess
-from dlm_lsp.fill.gate import Calibrator
 from dlm_lsp.fill.documents import Document, language_id_for_path
+from dlm_lsp.fill.gate import Calibrator
 from dlm_lsp.options import InitializationOptions
 from engine.paths import EXAMPLES_DIR
 

@@ -377,8 +377,9 @@ def require_sync_types(converter) -> None:
         (types.VersionedTextDocumentIdentifier, versioned),
     )
     for cls, check in checks:
+        base_hook = converter.get_structure_hook(cls)
 
-        def hook(obj, t, base=converter.get_structure_hook(cls), check=check, name=cls.__name__):
+        def hook(obj, t, base=base_hook, check=check, name=cls.__name__):
             problem = check(obj)
             if problem:
                 raise TypeError(f"{name}: {problem}")

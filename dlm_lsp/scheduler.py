@@ -31,10 +31,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
-
 
 log = logging.getLogger("dlm.scheduler")
 
@@ -228,7 +227,7 @@ class Scheduler:
         if left > 0:
             try:
                 await ticket.race(asyncio.wait_for(other.finished.wait(), left))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def mark_wasted(self, ticket: Ticket) -> None:
@@ -264,7 +263,7 @@ class Scheduler:
             job.cancel()
             self.mark_wasted(ticket)
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             job.cancel()
             self.mark_wasted(ticket)
             with self.stats._lock:

@@ -36,14 +36,14 @@ from urllib.parse import unquote
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from dlm_lsp.fill import gate, context, postprocess
+from dlm_lsp.fill import context, gate, postprocess
 from dlm_lsp.fill.documents import DocumentStore, uri_key
-from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.fill.positions import UTF16, units_len
-from dlm_lsp.protocol import DlmProtocol, content_changes, require_sync_types, run_stdio
-from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
 from dlm_lsp.fill.retrieval import SNIPPET_CHARS
 from dlm_lsp.fill.workspace import WorkspaceIndex, root_paths
+from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
+from dlm_lsp.protocol import DlmProtocol, content_changes, require_sync_types, run_stdio
+from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
 
 WORKSPACE_SPACE = "workspace"  # the name of this window's workspace memory in its engine (FillJob.workspace)
 
@@ -289,7 +289,7 @@ class DlmServer(LanguageServer):
             return False
         try:
             await ticket.race(asyncio.wait_for(self._ready.wait(), left))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return self.engine_state == "ready"
 

@@ -64,7 +64,7 @@ class TextTokenizer:
         self._lines_lock = threading.Lock()
 
     @classmethod
-    def load(cls, path: str | Path) -> "TextTokenizer":
+    def load(cls, path: str | Path) -> TextTokenizer:
         p = Path(path)
         if p.is_dir():
             p = p / "tokenizer.json"
@@ -79,7 +79,7 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
-    def heal(self, prefix: list[int], max_back: int = 3) -> "Healing | None":
+    def heal(self, prefix: list[int], max_back: int = 3) -> Healing | None:
         """Token healing (as in Microsoft Guidance): a prefix cut by the cursor ends in tokens the
         model rarely saw at that place (`impo|` -> `imp` `o` where text had `import`; the indentation
         `\\n        ` where text had `\\n       ` + ` self`). Returns how to re-type the tail: the last k

@@ -48,9 +48,9 @@ def _sync(dev: torch.device) -> None:
 def parity(dev: torch.device, dtype: torch.dtype, root: Path) -> dict:
     """Per family: fp32 CPU vs `dtype` on `dev` logits, and one fill decoded on `dev`."""
     from engine.api import DecodeOptions
-    from engine.families.loader import load_family
-    from engine.decode.sampler import fill
     from engine.decode.forward import build_canvas
+    from engine.decode.sampler import fill
+    from engine.families.loader import load_family
     from tests.families_tiny import SPECS, seed_of, write_checkpoint
 
     out = {}
@@ -203,9 +203,8 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
     """First forward, cached step, 32/64-slot fills and a batch of 8 on a random Dream-7B."""
     from engine.api import DecodeOptions
     from engine.decode.cache import BatchContext
-
-    from engine.decode.sampler import fill, step
     from engine.decode.forward import build_canvas
+    from engine.decode.sampler import fill, step
 
     cfg = dream_7b_config(tiny)
     t0 = time.perf_counter()
@@ -246,15 +245,15 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
     firsts, cached = [], []
     for r in range(reps):
         c = canvas(32, r)
-        firsts.append(timed(lambda: step(model, [c])))
-        cached.append(timed(lambda: step(model, [c])))
+        firsts.append(timed(lambda c=c: step(model, [c])))
+        cached.append(timed(lambda c=c: step(model, [c])))
     out["first_forward_ms"] = sorted(firsts)[len(firsts) // 2]
     out["cached_step_ms"] = sorted(cached)[len(cached) // 2]
     for n in (32, 64):
         ms, steps = [], []
         for r in range(reps):
             c = canvas(n, r)
-            ms.append(timed(lambda: fill(model, c)))
+            ms.append(timed(lambda c=c: fill(model, c)))
             steps.append(c.steps)
         out[f"fill{n}_ms"] = sorted(ms)[len(ms) // 2]
         out[f"fill{n}_steps"] = sorted(steps)[len(steps) // 2]
@@ -278,7 +277,6 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
     }
     if dev.type == "cuda":
         out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(dev)
-    del model
     return out
 
 

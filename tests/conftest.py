@@ -4,4 +4,6 @@ find, the user's own engine daemon."""
 
 import os
 
+from tests.families_tiny import family_folders  # noqa: F401 - the tiny family checkpoints, a fixture for every test
+
 os.environ.setdefault("DLM_ENGINE", "inproc")

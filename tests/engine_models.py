@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from engine.weights.checkpoint import save_checkpoint
-from engine.weights.load import load_checkpoint
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
+from engine.weights.checkpoint import save_checkpoint
+from engine.weights.load import load_checkpoint
 from tests.tiny import make_tiny_checkpoint
 
 

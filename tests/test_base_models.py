@@ -255,9 +255,9 @@ def test_permutation_left_in_changes_logits(converted, tiny, tmp_path):
 def test_engine_family_loader_reads_the_tensors(converted):
     """engine/families' HF name map knows every tensor the converter writes (a causal Llama family
     can reuse it)."""
-    from engine.families.layouts import rename
-
     from safetensors import safe_open
+
+    from engine.families.layouts import rename
 
     with safe_open(str(converted / "model.safetensors"), "np") as f:
         names = list(f.keys())
@@ -453,11 +453,11 @@ def test_reorder_start_keeps_the_base_predictions_and_fine_tunes_as_recipe_c(con
     format, canvas "reorder", this project's specials appended (their rows the mean embedding); on the
     base's own ids its logits are the base's; `train --objective reorder` resumes it and the engine
     serves the result."""
-    from engine.weights.load import load_checkpoint
-    from engine.serve.service import EngineService
     from engine.api import FillJob
+    from engine.serve.service import EngineService
     from engine.tokenizer import EOS, MASK, PAD, SPECIALS
     from engine.train.loop import TrainArgs, train
+    from engine.weights.load import load_checkpoint
 
     base, base_tok, base_cfg = bm.load_causal_lm(converted)
     out = bm.reorder_start(converted, tmp_path / "start")

@@ -4,8 +4,8 @@ writes the JSON the project's reports read. Timing values are only checked for s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 
 import torch
 

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from dlm_lsp.fill.gate import FEATURES, Calibrator, features
 from dlm_lsp.fill.context import build_request
 from dlm_lsp.fill.documents import Document
+from dlm_lsp.fill.gate import FEATURES, Calibrator, features
 from dlm_lsp.fill.postprocess import SyntaxCheck, finish
 from dlm_lsp.measure.calibrate import fit
 

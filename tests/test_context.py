@@ -4,8 +4,8 @@ import pytest
 
 from dlm_lsp.fill.context import build_request, count_closed, lex_state
 from dlm_lsp.fill.documents import ContentChange, Document, DocumentStore, make_parser
-from dlm_lsp.options import InitializationOptions, parse_options
 from dlm_lsp.fill.positions import UTF8, UTF16, UTF32, LineIndex, column_to_index, index_to_column, units_len
+from dlm_lsp.options import InitializationOptions, parse_options
 
 
 def request(lang: str, src: str, **kw):

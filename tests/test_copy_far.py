@@ -9,9 +9,9 @@ import pytest
 
 from dlm_lsp.fill.context import FAR_AFTER, FAR_BEFORE, build_request, to_fill_job
 from dlm_lsp.fill.documents import Document
-from engine.decode import reference
-from engine.clients import wire
 from engine.api import DecodeOptions, FillJob
+from engine.clients import wire
+from engine.decode import reference
 from tests.tiny import tiny_service
 
 
@@ -155,12 +155,11 @@ async def test_server_sends_the_other_open_documents_as_lookup():
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("window,cache,heal", [(0, False, False), (3, True, False), (0, True, True), (16, True, True)])
 def test_copy_chain_fast_loop_matches_oracle_and_commits_more_per_step(shift, window, cache, heal):
+    from engine.decode.forward import build_canvas
+    from engine.decode.reference import reference_fill
+    from engine.decode.sampler import fill
     from engine.model.config import ModelConfig
     from engine.model.transformer import Transformer
-
-    from engine.decode.sampler import fill
-    from engine.decode.reference import reference_fill
-    from engine.decode.forward import build_canvas
 
     cfg = ModelConfig(
         vocab_size=300,

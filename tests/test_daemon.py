@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from dlm_lsp.measure.replay import LspClient
-from engine.serve import daemon as engine_daemon
-from engine.clients import wire
 from engine.api import DecodeOptions, EngineError, Fill, FillJob
+from engine.clients import wire
 from engine.clients.remote import RemoteEngine
+from engine.serve import daemon as engine_daemon
 from tests.lsp_helpers import REAL_SERVER, inline, inline_params, insert, open_doc
 from tests.tiny import make_tiny_checkpoint
 

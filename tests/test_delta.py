@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.weights import base_models as bm
 from engine.model.weight_files import CheckpointError
+from engine.weights import base_models as bm
 from engine.weights import delta as dl
 from engine.weights import delta_extract as dx
 from engine.weights.checkpoint import save_checkpoint

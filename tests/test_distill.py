@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from engine.train import corpus, distill
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from engine.tokenizer import BOS, EOS, MASK, PAD, TextTokenizer, train_bpe
+from engine.tokenizer import BOS, EOS, MASK, PAD, train_bpe
+from engine.train import corpus, distill
 from engine.train.loop import Batches, TrainArgs, loss_on, train
 
 

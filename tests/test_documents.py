@@ -309,7 +309,7 @@ def test_random_edits_match_the_reference_model(seed, lang):
     for step in range(300):
         n = len(ref.line_offsets())
 
-        def pos():
+        def pos(n=n):
             return rng.randrange(n + 2) if rng.random() < 0.2 else rng.randrange(n), rng.randrange(12)
 
         new = _text(rng, rng.randrange(4))

@@ -265,8 +265,8 @@ def tiny_models(tmp_path_factory):
 
 
 def test_fim_greedy_matches_recomputing_every_token(tiny_models):
-    from engine.weights.load import load_checkpoint
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+    from engine.weights.load import load_checkpoint
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
     prefix, suffix = "def add(a, b):\n    ret", "\n\nfor i in range(10):\n"
@@ -290,8 +290,8 @@ def test_fim_greedy_matches_recomputing_every_token(tiny_models):
 
 
 def test_fim_greedy_heals_the_prefix_tail_like_the_diffusion_engine(tiny_models):
-    from engine.weights.load import load_checkpoint
     from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+    from engine.weights.load import load_checkpoint
 
     model, tok, cfg = load_checkpoint(tiny_models[1])
     prefix, suffix = "import os\nimpo", "\n"
@@ -497,9 +497,9 @@ def test_reuse_typing_types_the_last_characters_then_fills_the_hole_with_reuse()
     fill under the hole's session key with reuse on; the scored fill is the hole's own request."""
     import types
 
+    from dlm_lsp.measure.evaluate import TypedReuseFiller
     from engine.api import DecodeOptions, Fill
     from engine.decode.reuse import ReuseCache
-    from dlm_lsp.measure.evaluate import TypedReuseFiller
 
     class Recorder:
         _reuse = ReuseCache()

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
+from engine.families import FAMILIES, FamilyError, family_config, load_family
 from engine.model.weight_files import CheckpointError
 from engine.weights.load import load_checkpoint
-from engine.families import FAMILIES, FamilyError, family_config, load_family
-from tests.families_tiny import SPECS, family_folders, reference_logits, reference_model, write_checkpoint  # noqa: F401
+from tests.families_tiny import SPECS, reference_logits, reference_model, write_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,12 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.api import DecodeOptions, FillJob
-from engine.weights.load import load_checkpoint
-from engine.decode.sampler import fill
-from engine.decode.reference import reference_fill
 from engine.decode.forward import build_canvas
+from engine.decode.reference import reference_fill
+from engine.decode.sampler import fill
 from engine.decode.sampler import step as fill_step
-from tests.families_tiny import family_folders  # noqa: F401 (fixture)
+from engine.weights.load import load_checkpoint
 
 DECODING = ["dream", "llada", "coda", "sdar", "fast-dllm-v2", "open-dcoder"]
 PREFIX, SUFFIX = "def add(a, b):\n    ret", "\n\nfor i in range(10):\n    print(i)\n"

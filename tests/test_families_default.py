@@ -12,9 +12,9 @@ import torch
 from safetensors import safe_open
 
 from engine.api import DecodeOptions
-from engine.weights.load import load_checkpoint
-from engine.decode.sampler import fill
 from engine.decode.forward import build_canvas
+from engine.decode.sampler import fill
+from engine.weights.load import load_checkpoint
 from tests.engine_models import cpu_vendor, peaked_model
 
 DATA = Path(__file__).parent / "data" / "default_logits.safetensors"

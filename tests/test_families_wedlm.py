@@ -17,11 +17,11 @@ from safetensors.torch import load_file, save_file
 
 from engine.api import DecodeOptions, FillJob
 from engine.decode.cache import BatchContext
+from engine.decode.forward import build_canvas
+from engine.decode.sampler import fill
+from engine.decode.sampler import step as fill_step
 from engine.families import wedlm
 from engine.families.loader import load_family
-from engine.decode.sampler import fill
-from engine.decode.forward import build_canvas
-from engine.decode.sampler import step as fill_step
 from tests.families_tiny import SPECS, Spec, _qwen, reference_logits, reference_model, seed_of, write_checkpoint
 
 HEAD_SCALE = 16.0  # a power of two (exact in fp32 and fp64): a random unit-scale head is near uniform

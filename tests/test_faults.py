@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from engine.decode import forward as fwd
 from engine.api import EngineError, FillJob
+from engine.decode import forward as fwd
 from engine.serve.service import EngineService
 from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, inline, lsp_server, open_doc, scripted
 from tests.tiny import make_tiny_checkpoint

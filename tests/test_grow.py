@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from engine.weights.load import load_checkpoint, read_state_dict
 from engine.train.grow import grow_checkpoint, layer_plan
 from engine.train.loop import OPTIMIZER_FILE, TrainArgs, load_optimizer, load_raw_weights, train
+from engine.weights.load import load_checkpoint, read_state_dict
 
 TINY = dict(
     max_files=10,

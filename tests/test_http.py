@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dlm_lsp.http.fim import ApiError, FimPipeline, Limits, parse_body
 from dlm_lsp.http.app import FimServer, is_loopback
+from dlm_lsp.http.fim import ApiError, FimPipeline, Limits, parse_body
+from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
 from engine.api import Fill
 from tests.http_helpers import ThreadServer
-from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "def add(a, b):\n    return "

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from dlm_lsp.options import parse_options
 from dlm_lsp.measure.replay import LspClient
+from dlm_lsp.options import parse_options
 from engine.api import EngineError, FillJob
 from engine.clients.http_engine import HttpEngine, base_url
 from tests.http_helpers import REPO, ThreadServer, http_process

@@ -88,8 +88,8 @@ def _child() -> None:
     """Runs every case through the interpreted kernel; prints one JSON object."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     from engine.api import DecodeOptions
-    from engine.decode.sampler import fill
     from engine.decode.forward import build_canvas
+    from engine.decode.sampler import fill
     from tests.engine_models import peaked_model
 
     out = {"cases": {}}

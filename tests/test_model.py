@@ -118,7 +118,7 @@ def test_batched_context_with_ctx_valid_equals_single_rows():
     )
     _, kv1 = m.hidden(ids, pos=pos, key_valid=valid, ctx=ctx, ctx_valid=ctx_valid, return_kv=True)
     torch.testing.assert_close(h2, h, atol=1e-6, rtol=1e-6)
-    for (kb, vb), (k1, v1), (k2, v2) in zip(bufs, kv1, kv2):
+    for (kb, _vb), (k1, _v1), (k2, _v2) in zip(bufs, kv1, kv2):
         torch.testing.assert_close(k2, k1)
         torch.testing.assert_close(kb[:, :, Lc : Lc + A], k1)  # written in place after the context
         assert bool(kb[:, :, Lc + A :].isnan().all())  # and nothing past the call's rows

@@ -9,11 +9,10 @@ import json
 import pytest
 import torch
 
+from engine.api import DecodeOptions, FillJob
 from engine.bias import names
-
 from engine.decode import reference
 from engine.decode.canvas import check_options
-from engine.api import DecodeOptions, FillJob
 from engine.weights.checkpoint import serving_defaults
 from tests.tiny import tiny_service
 

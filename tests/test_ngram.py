@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from dlm_lsp.cli import main as cli
+from engine.api import DecodeOptions, EngineError, FillJob, with_model_defaults
 from engine.bias import ngram
+from engine.clients import wire
 from engine.decode import reference
 from engine.decode.canvas import check_options
-from engine.clients import wire
-from engine.api import DecodeOptions, EngineError, FillJob, with_model_defaults
 from engine.weights.checkpoint import serving_defaults
 from tests.tiny import CORPUS, make_tiny_checkpoint
 

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from dlm_lsp.protocol import MAX_HEADER_LINE, MAX_MESSAGE_BYTES, Framer, Skipped, check_envelope
 from dlm_lsp.measure.replay import LspClient, LspError
+from dlm_lsp.protocol import MAX_HEADER_LINE, MAX_MESSAGE_BYTES, Framer, Skipped, check_envelope
 from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, open_doc, scripted
 
 URI = "file:///tmp/dlm-protocol/a.py"

@@ -11,16 +11,16 @@ import time
 import pytest
 import torch
 
-from engine.decode import reorder, sampler
-from engine.decode import forward as fwd
-from engine.train import reorder as reorder_objective
 from engine.api import DecodeOptions, FillJob
+from engine.decode import forward as fwd
+from engine.decode import reorder, sampler
 from engine.decode.cache import BatchContext
-from engine.model.config import ConfigError, ModelConfig
-from engine.train.objective import SpecialIds
-from engine.decode.sampler import fill
-from engine.decode.reference import reference_fill
 from engine.decode.forward import build_canvas
+from engine.decode.reference import reference_fill
+from engine.decode.sampler import fill
+from engine.model.config import ConfigError, ModelConfig
+from engine.train import reorder as reorder_objective
+from engine.train.objective import SpecialIds
 from tests.engine_models import peaked_model
 
 PAD = 249  # a token the peaked seed-0 model predicts often: padding and early ends happen on the oracle's path
@@ -98,9 +98,9 @@ def test_window_example_puts_unmasked_rows_first_at_their_positions():
 
 @pytest.mark.parametrize("holes", [1, 4])
 def test_infill_example_layout(holes):
+    from engine.tokenizer import EOS, MASK, train_bpe
+    from engine.tokenizer import PAD as PAD_T
     from tests.tiny import CORPUS
-
-    from engine.tokenizer import EOS, MASK, PAD as PAD_T, train_bpe
 
     tok = train_bpe(CORPUS, 300)
     ids = SpecialIds(mask=tok.token_id(MASK), pad=tok.token_id(PAD_T), eos=tok.token_id(EOS))
@@ -366,9 +366,9 @@ def test_session_reuse_equals_full_recompute_over_typed_keystrokes(model):
 
 
 def test_smoke_training_run_writes_a_checkpoint_the_engine_serves(tmp_path):
-    from engine.weights.load import load_checkpoint
     from engine.serve.service import EngineService
     from engine.train.loop import TrainArgs, train
+    from engine.weights.load import load_checkpoint
     from tests.tiny import CORPUS, make_tiny_checkpoint
 
     tiny = make_tiny_checkpoint(tmp_path / "tiny")
@@ -490,12 +490,10 @@ TYPED = _typed()
 def test_fill_counts_the_rows_it_forwards_and_what_reuse_saved(tiny_services, monkeypatch):
     svc = tiny_services["reorder"]
     cut = 300
-    job = lambda k, session: FillJob(
-        prefix=TYPED[: cut + k],
-        suffix=TYPED[cut + 20 : cut + 60],
-        max_tokens=8,  # noqa: E731
-        session=session,
-    )
+
+    def job(k, session):
+        return FillJob(prefix=TYPED[: cut + k], suffix=TYPED[cut + 20 : cut + 60], max_tokens=8, session=session)
+
     before = dict(svc.stats)
     first, rows = _counted(svc, monkeypatch, job(0, "doc"))
     assert first.reused_tokens == 0 and first.forwarded_tokens == rows == first.recompute_tokens > 0

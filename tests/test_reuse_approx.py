@@ -15,13 +15,13 @@ import dataclasses
 import pytest
 import torch
 
-from engine.decode import reuse, sampler
-from engine.decode import forward as fwd
 from engine.api import DecodeOptions, EngineError, FillJob
-from engine.model.transformer import apply_rope
-from engine.decode.reuse import ReuseCache, best_run, rerotate, segments
+from engine.decode import forward as fwd
+from engine.decode import reuse, sampler
 from engine.decode.canvas import Canvas
 from engine.decode.forward import build_canvas
+from engine.decode.reuse import ReuseCache, best_run, rerotate, segments
+from engine.model.transformer import apply_rope
 from engine.serve.service import EngineService
 from tests.engine_models import peaked_checkpoint, peaked_model
 from tests.tiny import CORPUS

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from engine.api import DecodeOptions
-from engine.model.config import ModelConfig
-from engine.decode import sampler
 from engine.decode import forward as fwd
+from engine.decode import sampler
 from engine.decode.cache import BatchContext
 from engine.decode.canvas import schedule, trim_fill
-from engine.decode.sampler import fill, select_threshold, select_topk
-from engine.decode.reference import reference_fill
 from engine.decode.forward import build_canvas
+from engine.decode.reference import reference_fill
+from engine.decode.sampler import fill, select_threshold, select_topk
+from engine.model.config import ModelConfig
 from tests.engine_models import MockModel, peaked_model
 
 # a token the peaked seed-0 models predict often: calling it padding puts padding and early stops on
@@ -287,10 +287,12 @@ def test_batched_full_forward_equals_single(models, shift):
 
     m = models[shift]
     o = DecodeOptions()
-    make = lambda: [
-        build_canvas(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o)  # noqa: E731
-        for i, n in enumerate((4, 7, 2))
-    ]
+
+    def make():
+        return [
+            build_canvas(*_io(40 + i, n_prefix=8 + 9 * i, n_suffix=2 * i), n, m.cfg, o) for i, n in enumerate((4, 7, 2))
+        ]
+
     with torch.inference_mode():
         batched, singles = make(), make()
         hb = forward_full(m, batched)
@@ -496,11 +498,9 @@ def test_pad_left_commits_padding_only_at_the_leftmost_masked_slot():
 def test_end_at_padding_with_an_end_id_cuts_text_further_right():
     import torch
 
-    from engine.decode.sampler import _end_at_padding
-
     # masked slots 0..4 predict: text, pad, text, pad, text; slots 1 and 2 are picked
-
     from engine.decode.canvas import trim_fill
+    from engine.decode.sampler import _end_at_padding
 
     pred = [11.0, 0.0, 12.0, 0.0, 13.0]
     pick, values = _end_at_padding([1, 2], pred, torch.tensor([11, 0, 12, 0, 13]), (0, 1), pad_id=0)

@@ -460,8 +460,8 @@ async def test_result_for_an_older_version_is_dropped_in_process():
     (no didChange handler ran) must still keep the old result from being returned."""
     from lsprotocol import types
 
-    from dlm_lsp.server import DlmServer
     from dlm_lsp.measure.fuzz.scripted_engine import ScriptedEngine
+    from dlm_lsp.server import DlmServer
 
     server = DlmServer(ScriptedEngine)
     server.loop = asyncio.get_running_loop()

@@ -7,11 +7,10 @@ import time
 
 import pytest
 
-from engine.decode import sampler
-from engine.decode import forward as fwd
-
-from engine.serve import service
 from engine.api import DecodeOptions, EngineError, FillJob
+from engine.decode import forward as fwd
+from engine.decode import sampler
+from engine.serve import service
 from engine.serve.service import EngineService
 from tests.engine_models import peaked_checkpoint
 

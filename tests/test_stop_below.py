@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from engine.api import DecodeOptions, FillJob, with_model_defaults
-from engine.weights.checkpoint import serving_defaults
 from engine.decode.canvas import check_options
-from engine.decode.sampler import fill
-from engine.decode.reference import reference_fill
 from engine.decode.forward import build_canvas
+from engine.decode.reference import reference_fill
+from engine.decode.sampler import fill
+from engine.weights.checkpoint import serving_defaults
 from tests.engine_models import peaked_model
 from tests.tiny import tiny_service
 

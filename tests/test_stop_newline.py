@@ -8,9 +8,9 @@ import torch
 from dlm_lsp.fill.context import build_request, to_fill_job
 from dlm_lsp.fill.documents import Document
 from engine.api import DecodeOptions, FillJob
-from engine.decode.sampler import fill
-from engine.decode.reference import reference_fill
 from engine.decode.forward import build_canvas
+from engine.decode.reference import reference_fill
+from engine.decode.sampler import fill
 from tests.tiny import tiny_service
 
 

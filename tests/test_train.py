@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from engine.train import corpus
+from engine.train.loop import TrainArgs, train
 from engine.weights.load import load_checkpoint, read_state_dict
 from engine.weights.shard import INDEX, plan_shards, save_sharded, shard_checkpoint
-from engine.train.loop import TrainArgs, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(
@@ -519,10 +519,9 @@ def test_adapting_an_ar_checkpoint_gives_a_shifted_bidirectional_model(tmp_path)
     # and the engine fills with it (the logit shift read from config.json): the cached fast path
     # equals the oracle token for token
     from engine.api import DecodeOptions
-
-    from engine.decode.sampler import fill
-    from engine.decode.reference import reference_fill
     from engine.decode.forward import build_canvas
+    from engine.decode.reference import reference_fill
+    from engine.decode.sampler import fill
 
     model.eval()
     prefix, suffix = tok.encode("def f(x):\n    return"), tok.encode("\n\ndef g():\n    pass\n")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.weights.checkpoint import save_checkpoint
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.tokenizer import BOS, EOS, MASK, PAD, train_bpe
+from engine.weights.checkpoint import save_checkpoint
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",

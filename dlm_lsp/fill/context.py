@@ -128,7 +128,7 @@ class LexState:
     def in_code(self) -> bool:
         return self.quote is None and not self.block_comment and not self.line_comment
 
-    def copy(self) -> "LexState":
+    def copy(self) -> LexState:
         return LexState(list(self.stack), self.quote, self.block_comment, self.line_comment)
 
 

@@ -110,7 +110,7 @@ class Calibrator:
         return out
 
     @classmethod
-    def from_json(cls, raw) -> "Calibrator | None":
+    def from_json(cls, raw) -> Calibrator | None:
         """The calibrator stored in serving.json, or None when it is absent or malformed (unknown
         feature names, non-numbers, lengths that differ): a model then gates on raw confidence."""
         if not isinstance(raw, dict):

@@ -107,7 +107,7 @@ class LineIndex:
         self.encoding = encoding
         self.starts = line_starts(text) if starts is None else starts
 
-    def with_encoding(self, encoding: str) -> "LineIndex":
+    def with_encoding(self, encoding: str) -> LineIndex:
         """The same index converting columns in another encoding (line starts shared, not rescanned)."""
         return self if encoding == self.encoding else LineIndex(self.text, encoding, self.starts)
 
@@ -146,11 +146,11 @@ class LineIndex:
         line = bisect_right(self.starts, offset) - 1
         return line, offset - self.starts[line]
 
-    def lines(self) -> "Lines":
+    def lines(self) -> Lines:
         """The text's lines (without their breaks) as a sequence, cut on demand: no full split."""
         return Lines(self)
 
-    def edited(self, a: int, b: int, new_text: str, text: str) -> "LineIndex":
+    def edited(self, a: int, b: int, new_text: str, text: str) -> LineIndex:
         """The index of `text` == self.text[:a] + new_text + self.text[b:], updated rather than
         rescanned: starts before the edit are kept, those after it shifted, and only the edit and
         one character either side (a "\\r" before it may now pair with a "\\n") scanned."""

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
 
 from dlm_lsp.fill.context import (
     CLOSERS,
@@ -552,7 +552,7 @@ class _Source:
         self.row = before.count(b"\n")
         self.col_bytes = len(before) - (before.rfind(b"\n") + 1)
 
-    def with_base(self, root) -> "_Source":
+    def with_base(self, root) -> _Source:
         base = error_nodes(root)
         self.base_errors = len(base)
         self.base_starts_at_cursor = any(n.start_byte == self.cursor for n in base)

@@ -98,11 +98,11 @@ def _holes(count: int, min_chars: int) -> list[tuple[str, str, str]]:
 
 def _tiny_checkpoint(folder: Path) -> Path:
     """A tiny random-weight checkpoint with a real BPE tokenizer (quick runs without a model)."""
-    from engine.train import corpus
-    from engine.weights.checkpoint import save_checkpoint
     from engine.model.config import ModelConfig
     from engine.model.transformer import Transformer
     from engine.tokenizer import BOS, EOS, MASK, PAD, train_bpe
+    from engine.train import corpus
+    from engine.weights.checkpoint import save_checkpoint
 
     texts = [t for t in (f.read() for f in corpus.heldout_files()[:8]) if t]
     tok = train_bpe(texts, 512)
@@ -126,8 +126,8 @@ def _tiny_checkpoint(folder: Path) -> Path:
 
 def _ar_model(args, cfg):
     """(causal model, trained?) - the twin from disk, or random weights of the diffusion model's shape."""
-    from engine.weights.load import load_checkpoint
     from engine.model.transformer import Transformer
+    from engine.weights.load import load_checkpoint
 
     # the committed twin belongs to the default model (same tokenizer); another model gets a random twin
     default_twin = args.model is None and not args.quick and (DEFAULT_AR_DIR / "config.json").exists()
@@ -182,7 +182,6 @@ def _diffusion(svc, holes, n: int, opts: DecodeOptions, context: int, reps: int)
 
 def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: DecodeOptions) -> dict:
     from engine.decode.autoregressive import fim_prompt, greedy_decode
-
     from engine.decode.forward import build_canvas
 
     ms, prefill, per_token = [], [], []
@@ -211,12 +210,12 @@ def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: 
 
 
 def _batching(svc, holes, n: int, context: int, batch: int, reps: int, opts: DecodeOptions) -> dict:
-    jobs = (
-        lambda: [
-            FillJob(prefix=p, suffix=s, max_tokens=n, context_tokens=context, options=opts)  # noqa: E731
+    def jobs():
+        return [
+            FillJob(prefix=p, suffix=s, max_tokens=n, context_tokens=context, options=opts)
             for _, p, s in (holes * batch)[:batch]
         ]
-    )
+
     serial, together, tokens = [], [], 0
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -329,9 +328,9 @@ def run_bench(args: argparse.Namespace) -> int:
     rows = []
     for n in sizes:
         for mode, fn in (
-            ("full", lambda: _diffusion(svc, holes, n, full_opts, args.context, args.reps)),
-            ("cached", lambda: _diffusion(svc, holes, n, opts, args.context, args.reps)),
-            ("ar", lambda: _autoregressive(ar, tok, svc, holes, n, args.context, args.reps, opts)),
+            ("full", lambda n=n: _diffusion(svc, holes, n, full_opts, args.context, args.reps)),
+            ("cached", lambda n=n: _diffusion(svc, holes, n, opts, args.context, args.reps)),
+            ("ar", lambda n=n: _autoregressive(ar, tok, svc, holes, n, args.context, args.reps, opts)),
         ):
             r = {"mode": mode, "n": n, **fn()}
             rows.append(r)

@@ -790,8 +790,6 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from engine.api import DecodeOptions
-
     t_start = time.time()
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     files = load_files(args.source, args.limit_files, getattr(args, "corpus", None), getattr(args, "heldout", "all"))
@@ -833,7 +831,6 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     try:
         from dlm_lsp.options import InitializationOptions
-
         from engine.api import decode_options, with_model_defaults
 
         try:

@@ -61,7 +61,7 @@ class LspClient:
         self._note_event = asyncio.Event()
         self._reader: asyncio.Task | None = None
 
-    async def start(self) -> "LspClient":
+    async def start(self) -> LspClient:
         self.proc = await asyncio.create_subprocess_exec(
             *self.cmd,
             stdin=asyncio.subprocess.PIPE,
@@ -154,7 +154,7 @@ class LspClient:
             self._note_event.clear()
             try:
                 await asyncio.wait_for(self._note_event.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def initialize(self, options: dict | None = None, capabilities: dict | None = None, root: str | None = None):
@@ -191,7 +191,7 @@ class LspClient:
                 await self.request("shutdown", None, timeout=timeout)
                 self.notify("exit")
                 await asyncio.wait_for(self.proc.wait(), timeout)
-        except (Exception, asyncio.TimeoutError):  # noqa: BLE001
+        except (TimeoutError, Exception):  # noqa: BLE001
             if self.proc.returncode is None:
                 self.proc.kill()
                 await self.proc.wait()

@@ -157,7 +157,7 @@ class Soak:
             if exited is None:
                 try:
                     stats = await client.request("dlm/stats", {}, timeout=10)
-                except (LspError, asyncio.TimeoutError):  # a server without dlm/stats
+                except (TimeoutError, LspError):  # a server without dlm/stats
                     pass
         finally:
             await client.stop()

@@ -134,10 +134,10 @@ def copy_bias(
     for r, run in enumerate(left):
         gain: dict[int, float] = {}
         for w, found in (
-            (opts.copy_bigram, lambda k: succ.get(tuple(run[-k:]), ())),
+            (opts.copy_bigram, lambda k, run=run: succ.get(tuple(run[-k:]), ())),
             (
                 far_w,
-                (lambda fs: lambda k: fs[k - 1] if k <= len(fs) else ())(far_successors(far, run) if far_w else []),
+                (lambda fs: lambda n: fs[n - 1] if n <= len(fs) else ())(far_successors(far, run) if far_w else []),
             ),
         ):
             if not w:

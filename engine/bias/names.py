@@ -128,11 +128,11 @@ def names_in(*texts: str) -> set[str]:
     return out
 
 
-_SETS: OrderedDict[frozenset[str], "NameSet"] = OrderedDict()
+_SETS: OrderedDict[frozenset[str], NameSet] = OrderedDict()
 _SETS_LOCK = threading.Lock()
 
 
-def known_names(*texts: str) -> "NameSet":
+def known_names(*texts: str) -> NameSet:
     """NameSet(names_in(*texts)), the sorted set shared with the last jobs that had the same names
     (typing inside a name the file already has changes none of them)."""
     key = frozenset(names_in(*texts))

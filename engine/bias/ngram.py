@@ -295,7 +295,7 @@ class WorkspaceNgram:
         with self._lock:
             self._snap, self._own = ((merged, files) if files else None), {}
 
-    def view(self, exclude: str | None = None) -> "WorkspaceView | None":
+    def view(self, exclude: str | None = None) -> WorkspaceView | None:
         """The table a fill reads: the last snapshot less `exclude`'s pairs (None before the first
         refresh or when it held no file)."""
         with self._lock:

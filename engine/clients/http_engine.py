@@ -143,7 +143,7 @@ class HttpEngine:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "HttpEngine":
+    def start(self) -> HttpEngine:
         """Starts the engine's thread and probes the endpoint from it; returns at once."""
         with self._lock:
             if self._thread is not None:

@@ -16,17 +16,17 @@ engine daemon (engine/serve/daemon.py), which it starts when none is running. No
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
-import itertools
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 
-from engine.clients import wire
 from engine.api import EngineError, Fill, FillJob
+from engine.clients import wire
 from engine.paths import REPO_ROOT
 
 log = logging.getLogger("dlm.remote")
@@ -138,7 +138,7 @@ class RemoteEngine:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "RemoteEngine":
+    def start(self) -> RemoteEngine:
         """Connects (starting the daemon if none runs) on a thread of its own; returns at once."""
         with self._lock:
             if self._thread is None:

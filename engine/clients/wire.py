@@ -204,7 +204,7 @@ class Channel:
         self._reader = threading.Thread(target=self._read, name=f"{name}-read", daemon=True)
         self._writer = threading.Thread(target=self._write, name=f"{name}-write", daemon=True)
 
-    def start(self) -> "Channel":
+    def start(self) -> Channel:
         self._writer.start()
         self._reader.start()
         return self

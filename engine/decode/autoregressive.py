@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.model.transformer import Transformer
 from engine.decode.sampler import heal_logits
+from engine.model.transformer import Transformer
 from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
 

@@ -52,7 +52,7 @@ def pad_stack(rows: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Tenso
     return out, valid
 
 
-def freezable(c: "Canvas") -> torch.Tensor:
+def freezable(c: Canvas) -> torch.Tensor:
     """(n,) slots whose K/V may live in the context: committed (so their input is their token) and,
     when logits are shifted, not needed as a query (slot j's hidden state predicts slot j+1)."""
     if not c.opts.freeze:
@@ -64,7 +64,7 @@ def freezable(c: "Canvas") -> torch.Tensor:
     return ok
 
 
-def run_positions(c: "Canvas", outside: torch.Tensor | None = None) -> torch.Tensor:
+def run_positions(c: Canvas, outside: torch.Tensor | None = None) -> torch.Tensor:
     """(R,) absolute positions a cached step runs (ascending): the active span minus the frozen slots
     and minus the masked slots `outside` the window."""
     if c.n_frozen == 0 and outside is None:
@@ -78,12 +78,12 @@ def run_positions(c: "Canvas", outside: torch.Tensor | None = None) -> torch.Ten
     return c.active_pos[keep]
 
 
-def _by_position(c: "Canvas") -> bool:
+def _by_position(c: Canvas) -> bool:
     """True when the model masks by absolute position, so the context needs its rows' positions."""
     return c.cfg.attention == "block_causal"
 
 
-def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
+def forward_full(model, canvases: list[Canvas]) -> list[Rows]:
     """One forward over each canvas's whole sequence (batched with padding); refills the context of
     canvases that cache. Returns per canvas the hidden states of its active span and their positions."""
     if len(canvases) == 1:
@@ -131,12 +131,12 @@ def forward_full(model, canvases: list["Canvas"]) -> list[Rows]:
     return res
 
 
-def _may_freeze(c: "Canvas") -> bool:
+def _may_freeze(c: Canvas) -> bool:
     """True when some committed slot is not in the context yet (host-side counts, no sync)."""
     return c.opts.freeze and (c.n - c.n_masked) > c.n_frozen
 
 
-def _freeze_rows(c: "Canvas", run_pos: torch.Tensor, kvs, row: int) -> None:
+def _freeze_rows(c: Canvas, run_pos: torch.Tensor, kvs, row: int) -> None:
     """Moves the K/V of slots that just ran with their committed token into the canvas's context."""
     slots = torch.nonzero(freezable(c) & ~c.frozen).flatten()
     if slots.numel() == 0:
@@ -167,7 +167,7 @@ class BatchContext:
         self._pos: torch.Tensor | None = None  # (B, cap) the rows' absolute positions (block_causal)
         self.builds = 0  # how many times the padded buffer was allocated (tests, stats)
 
-    def get(self, canvases: list["Canvas"]):
+    def get(self, canvases: list[Canvas]):
         """Returns (per layer (k, v) buffers (B, H, cap, Dh) whose first Lc rows are the batch's
         padded context, Lc, ctx_valid (B, Lc) or None) for this batch, in order."""
         if len(canvases) != len(self._members) or any(a is not b for a, b in zip(canvases, self._members)):
@@ -209,9 +209,7 @@ class BatchContext:
         self._pos = None
 
 
-def _write_outside(
-    bufs, row: int, Lc: int, c: "Canvas", outside: torch.Tensor, pos: torch.Tensor | None = None
-) -> None:
+def _write_outside(bufs, row: int, Lc: int, c: Canvas, outside: torch.Tensor, pos: torch.Tensor | None = None) -> None:
     """Writes a canvas's masked slots right of its window (their K/V at the last full forward) into
     rows Lc.. of batch row `row` of the buffers (and their positions into `pos` (B, cap) if given)."""
     E = outside.numel()
@@ -236,7 +234,7 @@ def _put_outside(bufs, Lc: int, canvases, outs, ctx_valid, pos=None):
     return Lc + E, torch.cat([cv, ev], 1)
 
 
-def forward_cached(model, canvases: list["Canvas"], batch_ctx: BatchContext | None = None) -> list[Rows]:
+def forward_cached(model, canvases: list[Canvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
     """A cheap step: only each canvas's unfrozen active positions run, attending to its cached
     context. Returns per canvas those positions' hidden states and the positions."""
     outs = [c.window_outside() for c in canvases]

@@ -179,7 +179,7 @@ class Canvas:
         device="cpu",
         heal: list[int] | None = None,
         heal_then: dict[int, list[int]] | None = None,
-    ) -> "Canvas":
+    ) -> Canvas:
         """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots. Token
         healing (the caller removed the healed tail from the prefix): `heal`, the ids slot 0 may
         take; `heal_then`, for those that are a shorter piece of the tail, the ids slot 1 may then

@@ -37,8 +37,8 @@ import torch
 
 from engine.api import DecodeOptions
 from engine.decode.cache import BatchContext, Rows, pad_stack
-from engine.families import wedlm
 from engine.decode.canvas import Canvas, trim_fill
+from engine.families import wedlm
 
 CUT_CHUNK = 64  # a too-long prefix is cut from the left in multiples of this many tokens (ReorderCanvas.build)
 
@@ -57,7 +57,7 @@ class ReorderCanvas(Canvas):
 
     in_cache: list[bool] = field(default_factory=list)  # per slot: its committed token's K/V is cached
     cache_order: list[int] = field(default_factory=list)  # slots in the order their K/V joined the cache
-    session: "SessionCache | None" = None  # per-keystroke reuse of the context's K/V (None: off)
+    session: SessionCache | None = None  # per-keystroke reuse of the context's K/V (None: off)
     session_key: str | None = None
     reused: int = 0  # context rows taken from the session at the first forward (stats, tests): a full
     # recompute would have forwarded rows_forwarded + reused rows, since reuse changes only the first forward
@@ -81,7 +81,7 @@ class ReorderCanvas(Canvas):
         device="cpu",
         heal=None,
         heal_then=None,
-    ) -> "ReorderCanvas":
+    ) -> ReorderCanvas:
         """Canvas.build, except that a prefix too long for its room loses its head in whole chunks of
         CUT_CHUNK tokens, so its first rows (and every reusable K/V) stay put while the user types.
         WeDLM: its options (wedlm.options), and without a suffix WINDOW - 1 more slots after the n

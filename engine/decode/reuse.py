@@ -68,7 +68,7 @@ JUMP_TOKENS = 32  # a change this far (in tokens) from the cursor, or more chang
 MAX_SHIFT = 64  # diagonals searched for a part's unchanged run (a slide or a re-tokenized head up to this)
 
 
-def applies(c: "Canvas") -> bool:
+def applies(c: Canvas) -> bool:
     """True when approximate reuse may serve this canvas: asked for, a cached context, full attention,
     and a fixed canvas (DreamOn's growing middle re-forwards its own way)."""
     return bool(c.opts.reuse and c.opts.cache and c.cfg.attention == "bidirectional" and c.middle is None)
@@ -185,14 +185,14 @@ class Plan:
     changed: int
 
 
-def fingerprint(model, c: "Canvas") -> tuple:
+def fingerprint(model, c: Canvas) -> tuple:
     """What an entry must share with a request to be reused: the model. Not the DecodeOptions: what
     they change that the first forward sees (healing's re-typed tokens, the slot count, the window's
     span) is in the canvas's ids and positions, which `plan` compares row by row."""
     return (id(model), c.cfg.vocab_size, c.cfg.n_layers)
 
 
-def context_rows(c: "Canvas") -> tuple[torch.Tensor, int]:
+def context_rows(c: Canvas) -> tuple[torch.Tensor, int]:
     """(Lc,) positions of a canvas's context at its first forward (everything but the active span),
     ascending, and how many are the prefix's (before the active span)."""
     a0, a1 = c.active
@@ -266,7 +266,7 @@ class ReuseCache:
         return "reused", Plan(e, new_rows, old_rows, torch.nonzero(keep).flatten(), changed)
 
 
-def forward_first(model, c: "Canvas") -> Rows:
+def forward_first(model, c: Canvas) -> Rows:
     """The first forward of a canvas with a session (`Canvas.reuse` = (ReuseCache, key)): with a
     plan, only the changed context rows and the active span run, against the reused rows' K/V
     (re-rotated where their position moved); else the full forward. Either way the session's entry

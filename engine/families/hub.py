@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.model.config import ConfigError
 from engine.families.loader import family_config, is_family_checkpoint
 from engine.families.registry import FAMILIES
+from engine.model.config import ConfigError
 
 
 def hub_dir() -> Path:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from engine.model.config import ConfigError
 from engine.families.layouts import rename
 from engine.families.registry import Family, detect
 from engine.families.specials import TokenFiles
+from engine.model.config import ConfigError
 from engine.model.transformer import Transformer, rope_tables
 from engine.model.weight_files import CheckpointError, check_safetensors, weight_paths
 from engine.tokenizer import TextTokenizer

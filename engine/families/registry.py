@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.model.config import ConfigError, ModelConfig
 from engine.families.layouts import shape_fields
 from engine.families.specials import TokenFiles, special_ids
+from engine.model.config import ConfigError, ModelConfig
 
 
 class FamilyError(ConfigError):

@@ -27,7 +27,7 @@ class TokenFiles:
     tokenizer: Tokenizer | None
 
     @classmethod
-    def read(cls, folder: Path, config: dict) -> "TokenFiles":
+    def read(cls, folder: Path, config: dict) -> TokenFiles:
         def js(name: str) -> dict:
             p = folder / name
             if not p.is_file():

@@ -85,7 +85,7 @@ class ModelConfig:
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
-    def validate(self) -> "ModelConfig":
+    def validate(self) -> ModelConfig:
         if self.head_size is None and self.dim % self.n_heads:
             raise ConfigError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.kv_heads:
@@ -107,12 +107,12 @@ class ModelConfig:
         return self
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known}).validate()
 
     @classmethod
-    def load(cls, path: str | Path) -> "ModelConfig":
+    def load(cls, path: str | Path) -> ModelConfig:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"

@@ -28,8 +28,8 @@ import threading
 import time
 from concurrent.futures import Future
 
-from engine.clients import wire
 from engine.api import EngineError
+from engine.clients import wire
 
 log = logging.getLogger("dlm.daemon")
 
@@ -151,7 +151,7 @@ class EngineDaemon:
                 conn, _ = self._listener.accept()
                 self._admit(conn)
                 return False
-            except (BlockingIOError, socket.timeout):
+            except (TimeoutError, BlockingIOError):
                 pass
             finally:
                 self._listener.settimeout(0.5)
@@ -197,7 +197,7 @@ class EngineDaemon:
             while not self._stop.is_set():
                 try:
                     conn, _ = self._listener.accept()
-                except socket.timeout:
+                except TimeoutError:
                     if self._idle_exit():
                         return
                     continue

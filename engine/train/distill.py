@@ -338,9 +338,9 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_distill(args: argparse.Namespace) -> int:
-    from engine.weights import base_models
-    from engine.train import corpus
     from engine.model.weight_files import CheckpointError
+    from engine.train import corpus
+    from engine.weights import base_models
 
     torch.set_num_threads(max(1, args.threads))
     if args.windows is None and args.minutes is None:

@@ -28,15 +28,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.train import corpus
-
-from engine.train import reorder
-from engine.weights.checkpoint import save_checkpoint
-from engine.weights.load import load_checkpoint
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from engine.train.objective import SpecialIds, collate, infill_example, mdlm_example, multi_infill_example
 from engine.tokenizer import BOS, EOS, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, PAD, TextTokenizer, train_bpe
+from engine.train import corpus, reorder
+from engine.train.objective import SpecialIds, collate, infill_example, mdlm_example, multi_infill_example
+from engine.weights.checkpoint import save_checkpoint
+from engine.weights.load import load_checkpoint
 
 
 @dataclass
@@ -514,7 +512,7 @@ def train(args: TrainArgs) -> Path:
         raw = load_raw_weights(opt_state)
         model.load_state_dict({k: raw.get(k, v) for k, v in model.state_dict().items()})
     decay, no_decay = [], []
-    for n, p in model.named_parameters():
+    for _, p in model.named_parameters():
         (decay if p.dim() >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],

@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 def corpus_tokens(corpus: str, model: str, max_files: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """The train side of a `dlm-lsp corpus` folder as one id array (-1 after each file), each
     position's package number, and the number of packages (the stdlib counts as one)."""
-    from engine.train.corpus import built_files
     from engine.tokenizer import TextTokenizer
+    from engine.train.corpus import built_files
 
     tok = TextTokenizer.load(model)
     texts, pkg, labels = [], [], {}

@@ -438,10 +438,10 @@ def causal_lm_config(folder: Path):
     """engine ModelConfig of a plain Llama folder: causal attention, no logit shift, special ids from
     its files. It has no mask token (it is not a diffusion model): mask_token_id is its pad id, which
     only the AR path (engine/decode/autoregressive.py) may see."""
-    from engine.model.config import ModelConfig
     from engine.families.layouts import shape_fields
     from engine.families.loader import read_config
     from engine.families.specials import TokenFiles
+    from engine.model.config import ModelConfig
 
     cfg = read_config(folder)
     fields = shape_fields("qwen3", cfg)  # HF Llama keys are Qwen3's; the differences are set below
@@ -530,9 +530,9 @@ def reorder_start(base, out) -> Path:
     own end-of-text, id 0."""
     import torch
 
-    from engine.weights.checkpoint import save_checkpoint
     from engine.model.transformer import Transformer, rope_tables
     from engine.tokenizer import BOS, EOS, MASK, PAD, SPECIALS
+    from engine.weights.checkpoint import save_checkpoint
 
     model, tok, cfg = load_causal_lm(base)
     if not cfg.tie_embeddings:

@@ -30,8 +30,8 @@ import torch
 from safetensors.torch import save_file
 
 from engine.model.weight_files import CheckpointError, check_safetensors
-from engine.weights.base_models import BASE_MODELS, STAMP
 from engine.paths import REPO_ROOT
+from engine.weights.base_models import BASE_MODELS, STAMP
 from engine.weights.delta import DELTA_JSON, DELTA_WEIGHTS, FORMAT, weights_sha256
 from engine.weights.load import read_state_dict
 

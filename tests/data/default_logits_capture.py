@@ -1,16 +1,19 @@
 """Captures engine outputs for tests/test_families_default.py (run once, before an architecture change,
 with the code of the commit it records: `python tests/data/default_logits_capture.py`)."""
 
-import hashlib, subprocess, sys
+import hashlib
+import subprocess
+import sys
 from pathlib import Path
+
 import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from engine.weights.load import load_checkpoint
 from engine.api import DecodeOptions
-from engine.decode.sampler import fill
 from engine.decode.forward import build_canvas
+from engine.decode.sampler import fill
+from engine.weights.load import load_checkpoint
 from tests.engine_models import cpu_vendor, peaked_model
 
 torch.set_num_threads(1)

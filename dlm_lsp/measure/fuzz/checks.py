@@ -52,7 +52,7 @@ def check_answer(method: str, result, ref: RefText, cursor: list[int]) -> str | 
         if b < a:
             return f"reversed range {_fmt(rng)}"
         if rng in cursor_rngs and cursor and not any(a <= c <= b for c in cursor):
-            cur = " or ".join("%d:%d" % ref.position(c) for c in cursor)
+            cur = " or ".join("{}:{}".format(*ref.position(c)) for c in cursor)
             return f"range {_fmt(rng)} does not contain the cursor {cur}"
     return None
 

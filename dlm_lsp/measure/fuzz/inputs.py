@@ -409,7 +409,7 @@ class InputsMixin:
             "batch": (
                 _frame(
                     b"["
-                    + json.dumps({"jsonrpc": "2.0", "id": "batch-%d" % self.step, "method": PING}).encode()
+                    + json.dumps({"jsonrpc": "2.0", "id": f"batch-{self.step:d}", "method": PING}).encode()
                     + b', {"jsonrpc": "2.0", "method": "fuzz/note"}]'
                 ),
                 True,

@@ -66,7 +66,7 @@ class LifetimeMixin:
                     self.fail("protocol", f"didOpen before initialize was kept: documentText {_brief(got)}")
             except LspError as e:
                 self.doc_text = e.code != -32601
-            except (asyncio.TimeoutError, ConnectionError):
+            except (TimeoutError, ConnectionError):
                 self.doc_text = False
             self.outstanding.remove(p)
         self.cls = cls
@@ -82,11 +82,14 @@ class LifetimeMixin:
             return
         if c.bad_output:
             self.fail("protocol", f"malformed output from the server: {c.bad_output[:3]}")
-        ours = (
-            lambda i: i is None
-            or (_is_int(i) and 0 < i <= self.ids)
-            or (isinstance(i, str) and i.startswith(("batch-", "nj-")))
-        )
+
+        def ours(i):
+            return (
+                i is None
+                or (_is_int(i) and 0 < i <= self.ids)
+                or (isinstance(i, str) and i.startswith(("batch-", "nj-")))
+            )
+
         odd = [m for m in c.stray if not ours(m.get("id"))]
         if odd:
             self.fail("protocol", f"{len(odd)} responses to no request sent, e.g. {_brief(odd[:2])}")
@@ -124,7 +127,7 @@ class LifetimeMixin:
                 self.fail(
                     "protocol", f"exit {'after' if shutdown else 'without'} shutdown: exit code {code}, want {want}"
                 )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.fail("protocol", f"no exit within {self.timeout:g} s of the exit notification")
             await self.kill()
         self.expect_exit = False

@@ -104,7 +104,7 @@ class MessagesMixin:
             left = p.sent + (p.limit or self.timeout) + self.stalled_since(p.sent) - time.monotonic()
             try:
                 result, err = await asyncio.wait_for(asyncio.shield(p.fut), max(0.0, left)), None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.client.pending.pop(p.msg_id, None)
                 if self.alive():
                     self.fail(
@@ -131,7 +131,7 @@ class MessagesMixin:
             probe = self.request(PING, {})
             try:
                 await asyncio.wait_for(asyncio.shield(probe.fut), self.timeout)
-            except (asyncio.TimeoutError, LspError, ConnectionError):
+            except (TimeoutError, LspError, ConnectionError):
                 pass
             if probe in self.outstanding:
                 self.outstanding.remove(probe)

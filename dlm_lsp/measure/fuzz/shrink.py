@@ -37,7 +37,7 @@ class ShrinkMixin:
             for f in todo:
                 got = await self._ddmin(f["_full"], f["check"], time.monotonic() + budget_s)
                 f["minimal"] = [_brief(m) for m in got] if got is not None else "does not fail on its own"
-        except (ConnectionError, TimeoutError, RuntimeError, asyncio.TimeoutError) as e:
+        except (ConnectionError, TimeoutError, RuntimeError) as e:
             for f in todo:
                 f.setdefault("minimal", f"shrinking stopped: {e!r}")
         finally:
