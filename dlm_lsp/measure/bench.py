@@ -24,12 +24,22 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from engine.api import DecodeOptions, FillJob
 from engine.paths import DEFAULT_AR_DIR
+
+if TYPE_CHECKING:
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
+    from engine.serve.service import EngineService
+    from engine.tokenizer import TextTokenizer
+
+Hole = tuple[str, str, str]  # (file key, prefix, suffix)
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +82,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- inputs
 
 
-def _holes(count: int, min_chars: int) -> list[tuple[str, str, str]]:
+def _holes(count: int, min_chars: int) -> list[Hole]:
     """(file key, prefix, suffix) cut at a line start of held-out files, prefix long enough to fill
     the context. Deterministic: the same files and cuts on every machine with this Python."""
     from engine.train import corpus
@@ -113,9 +123,9 @@ def _tiny_checkpoint(folder: Path) -> Path:
         n_heads=2,
         ffn_dim=64,
         max_seq_len=1024,
-        mask_token_id=tok.token_id(MASK),
-        pad_token_id=tok.token_id(PAD),
-        eos_token_id=tok.token_id(EOS),
+        mask_token_id=cast(int, tok.token_id(MASK)),  # SPECIALS: in every tokenizer train_bpe builds
+        pad_token_id=cast(int, tok.token_id(PAD)),
+        eos_token_id=cast(int, tok.token_id(EOS)),
         bos_token_id=tok.token_id(BOS),
     ).validate()
     model = Transformer(cfg)
@@ -124,7 +134,7 @@ def _tiny_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def _ar_model(args, cfg):
+def _ar_model(args: argparse.Namespace, cfg: ModelConfig) -> tuple[Transformer, bool, str]:
     """(causal model, trained?) - the twin from disk, or random weights of the diffusion model's shape."""
     from engine.model.transformer import Transformer
     from engine.weights.load import load_checkpoint
@@ -150,12 +160,14 @@ def _ar_model(args, cfg):
 # ---------------------------------------------------------------- measurements
 
 
-def _p(xs: list[float], q: float) -> float:
+def _p(xs: Sequence[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _diffusion(svc, holes, n: int, opts: DecodeOptions, context: int, reps: int) -> dict:
+def _diffusion(
+    svc: EngineService, holes: list[Hole], n: int, opts: DecodeOptions, context: int, reps: int
+) -> dict[str, float]:
     ms, steps, fill_tokens, first, later = [], [], [], [], []
     for _, prefix, suffix in holes:
         for _ in range(reps):
@@ -180,14 +192,23 @@ def _diffusion(svc, holes, n: int, opts: DecodeOptions, context: int, reps: int)
     }
 
 
-def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: DecodeOptions) -> dict:
+def _autoregressive(
+    ar: Transformer,
+    tok: TextTokenizer,
+    cfg: ModelConfig,
+    holes: list[Hole],
+    n: int,
+    context: int,
+    reps: int,
+    opts: DecodeOptions,
+) -> dict[str, float]:
     from engine.decode.autoregressive import fim_prompt, greedy_decode
     from engine.decode.forward import build_canvas
 
     ms, prefill, per_token = [], [], []
     for _, prefix, suffix in holes:
         p_ids, s_ids = tok.encode_batch([prefix, suffix])
-        c = build_canvas(p_ids, s_ids, n, svc.cfg, opts, context)  # the very context the diffusion fill sees
+        c = build_canvas(p_ids, s_ids, n, cfg, opts, context)  # the very context the diffusion fill sees
         ids = c.ids.tolist()
         prompt = fim_prompt(ids[: c.start], ids[c.start + n :], tok)
         for _ in range(reps):
@@ -209,8 +230,10 @@ def _autoregressive(ar, tok, svc, holes, n: int, context: int, reps: int, opts: 
     }
 
 
-def _batching(svc, holes, n: int, context: int, batch: int, reps: int, opts: DecodeOptions) -> dict:
-    def jobs():
+def _batching(
+    svc: EngineService, holes: list[Hole], n: int, context: int, batch: int, reps: int, opts: DecodeOptions
+) -> dict[str, Any]:
+    def jobs() -> list[FillJob]:
         return [
             FillJob(prefix=p, suffix=s, max_tokens=n, context_tokens=context, options=opts)
             for _, p, s in (holes * batch)[:batch]
@@ -240,7 +263,7 @@ def _batching(svc, holes, n: int, context: int, batch: int, reps: int, opts: Dec
     }
 
 
-def _break_even(rows: list[dict], n: int, ratio: float) -> float | None:
+def _break_even(rows: list[dict[str, Any]], n: int, ratio: float) -> float | None:
     """Slots per step at which an n-slot fill is `ratio` times faster than AR decoding of n tokens,
     from the measured step costs: first + (n/k - 1) * cached = AR / ratio. None if unreachable."""
     d = next(r for r in rows if r["mode"] == "cached" and r["n"] == n)
@@ -295,12 +318,14 @@ def run_bench(args: argparse.Namespace) -> int:
         finally:
             if tmp is not None:
                 tmp.cleanup()
-    tok, cfg = svc.tok, svc.cfg
+    model, tok, cfg = svc.model, svc.tok, svc.cfg
+    if model is None or tok is None or cfg is None:  # load() has set them
+        raise RuntimeError("bench: the engine is not loaded")
     ar, ar_trained, ar_desc = _ar_model(args, cfg)
     holes = _holes(args.holes, min_chars=args.context * 5)
     full_opts = dataclasses.replace(opts, cache=False)
     print(
-        f"model {model_path or 'models/default'}: {sum(p.numel() for p in svc.model.parameters()) / 1e6:.2f}M params, "
+        f"model {model_path or 'models/default'}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
         f"{cfg.n_layers} layers x {cfg.dim}, vocab {cfg.vocab_size}; {args.device}, {args.threads} thread(s)"
     )
     print(f"AR baseline: {ar_desc}")
@@ -323,14 +348,14 @@ def run_bench(args: argparse.Namespace) -> int:
     # warm up every path once (allocator, oneDNN primitives, lazy imports)
     _diffusion(svc, holes[:1], sizes[0], opts, args.context, 1)
     _diffusion(svc, holes[:1], sizes[0], full_opts, args.context, 1)
-    _autoregressive(ar, tok, svc, holes[:1], sizes[0], args.context, 1, opts)
+    _autoregressive(ar, tok, cfg, holes[:1], sizes[0], args.context, 1, opts)
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in sizes:
         for mode, fn in (
             ("full", lambda n=n: _diffusion(svc, holes, n, full_opts, args.context, args.reps)),
             ("cached", lambda n=n: _diffusion(svc, holes, n, opts, args.context, args.reps)),
-            ("ar", lambda n=n: _autoregressive(ar, tok, svc, holes, n, args.context, args.reps, opts)),
+            ("ar", lambda n=n: _autoregressive(ar, tok, cfg, holes, n, args.context, args.reps, opts)),
         ):
             r = {"mode": mode, "n": n, **fn()}
             rows.append(r)
@@ -346,7 +371,7 @@ def run_bench(args: argparse.Namespace) -> int:
     batch = _batching(svc, holes, bn, args.context, args.batch, args.batch_reps, opts)
     svc.close()
 
-    def get(mode, n, key="ms_p50"):
+    def get(mode: str, n: int, key: str = "ms_p50") -> float:
         return next((r[key] for r in rows if r["mode"] == mode and r["n"] == n), float("nan"))
 
     big = 64 if 64 in sizes else sizes[-1]

@@ -30,18 +30,24 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from engine.api import DecodeOptions, FillJob
+from engine.api import DecodeOptions, Fill, FillJob
 from engine.decode.forward import build_canvas
 
+if TYPE_CHECKING:
+    from engine.model.config import ModelConfig
+    from engine.serve.service import EngineService
 
-def _p(xs: list[float], q: float) -> float:
+
+def _p(xs: Sequence[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def reuse_kind(cfg) -> str | None:
+def reuse_kind(cfg: ModelConfig) -> str | None:
     """How the engine reuses a session's context for this model: "exact" (the reorder layout's
     SessionCache), "approximate" (full attention, engine/decode/reuse.py: EngineService._admit attaches it
     when DecodeOptions.reuse is on) or None (no reuse for this layout)."""
@@ -55,6 +61,7 @@ def reuse_kind(cfg) -> str | None:
 def typed_text(path: str | None, context: int, keys: int) -> tuple[str, str, str, str]:
     """(name, text before the cursor, the characters typed, the text after them). The cursor is at a
     line start past the file's middle, with at least 5 characters per context token before it."""
+    name: str | None
     if path:
         name, text = path, Path(path).read_text(encoding="utf-8")
     else:
@@ -71,7 +78,7 @@ def typed_text(path: str | None, context: int, keys: int) -> tuple[str, str, str
     return name, text[:cut], text[cut : cut + keys], text[cut + keys :]
 
 
-def _summary(fills: list, ms: list[float]) -> dict:
+def _summary(fills: list[Fill], ms: list[float]) -> dict[str, float]:
     fwd = [f.forwarded_tokens for f in fills]
     return {
         "ms_p50": statistics.median(ms),
@@ -86,16 +93,18 @@ def _summary(fills: list, ms: list[float]) -> dict:
     }
 
 
-def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_path: str | None) -> int:
+def run_incremental(args: argparse.Namespace, svc: EngineService, opts: DecodeOptions, model_path: str | None) -> int:
     """Types the keystrokes, measures both ways, prints the table and writes --json."""
 
-    cfg, n = svc.cfg, int(str(args.sizes).split(",")[0])
+    cfg, tok, n = svc.cfg, svc.tok, int(str(args.sizes).split(",")[0])
+    if cfg is None or tok is None:  # the caller has loaded the engine
+        raise RuntimeError("bench: the engine is not loaded")
     keys = min(args.keys, 8) if args.quick else args.keys
     name, before, typed, after = typed_text(args.file, args.context, keys)
     kind = reuse_kind(cfg)
     exact, available = kind == "exact", kind is not None
     reuse_opts = dataclasses.replace(opts, reuse=True) if kind == "approximate" else opts
-    p_ids, s_ids = svc.tok.encode_batch([before, after])
+    p_ids, s_ids = tok.encode_batch([before, after])
     canvas_tokens = build_canvas(p_ids, s_ids, n, cfg, dataclasses.replace(opts, heal=False), args.context).ids.shape[0]
 
     def job(k: int, session: str | None) -> FillJob:
@@ -108,7 +117,7 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
             session=session,
         )
 
-    def timed(j: FillJob):
+    def timed(j: FillJob) -> tuple[Fill, float]:
         t0 = time.perf_counter()
         f = svc.run_now(j)
         return f, (time.perf_counter() - t0) * 1000
@@ -117,10 +126,10 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
     session = f"bench-incremental-{time.time_ns()}"  # the typed document's key: no earlier request shares it
     for mode in modes:  # warm-up (allocator, kernels); the reuse run's keystroke 0 also starts the session
         timed(job(0, session if mode == "reuse" else None))
-    runs = {m: ([], []) for m in modes}
+    runs: dict[str, tuple[list[Fill], list[float]]] = {m: ([], []) for m in modes}
     per_key = []
     for k in range(1, keys + 1):
-        row = {"k": k, "typed": typed[k - 1]}
+        row: dict[str, Any] = {"k": k, "typed": typed[k - 1]}
         for mode in modes if k % 2 else modes[::-1]:
             seen = dict(svc._reuse.stats)
             f, ms = timed(job(k, session if mode == "reuse" else None))
@@ -162,13 +171,13 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
         "canvas_tokens": canvas_tokens,
         "full": full,
         "reuse": reuse,
-        "speedup_p50": full["ms_p50"] / reuse["ms_p50"] if available else None,
-        "speedup_p95": full["ms_p95"] / reuse["ms_p95"] if available else None,
-        "first_step_speedup_p50": full["first_step_ms_p50"] / reuse["first_step_ms_p50"] if available else None,
+        "speedup_p50": full["ms_p50"] / reuse["ms_p50"] if reuse is not None else None,
+        "speedup_p95": full["ms_p95"] / reuse["ms_p95"] if reuse is not None else None,
+        "first_step_speedup_p50": full["first_step_ms_p50"] / reuse["first_step_ms_p50"] if reuse is not None else None,
         "forwarded_ratio": sum(f.forwarded_tokens for f in runs["reuse"][0]) / fwd_full if available else None,
         # exact reuse must give the same tokens; approximate reuse reports how often it did
-        "identical_fills": all(same) if exact else None,
-        "same_fills_share": sum(same) / len(same) if available else None,
+        "identical_fills": all(same) if exact and same is not None else None,
+        "same_fills_share": sum(same) / len(same) if same is not None else None,
         "reuse_budget": reuse_opts.reuse_budget if kind == "approximate" else None,
         "full_recomputes": (
             sum(r.get("reuse_outcome", "reused") != "reused" for r in per_key) if kind == "approximate" else None
@@ -193,7 +202,7 @@ def run_incremental(args: argparse.Namespace, svc, opts: DecodeOptions, model_pa
     return 0
 
 
-def _print(r: dict, cfg, args) -> None:
+def _print(r: dict[str, Any], cfg: ModelConfig, args: argparse.Namespace) -> None:
     print(
         f"incremental: {r['keystrokes']} keystrokes typed one character at a time at the cursor of {r['file']} "
         f"(canvas {r['canvas_tokens']} tokens, {r['slots']} slots); layout attention={cfg.attention} "

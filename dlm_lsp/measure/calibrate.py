@@ -12,7 +12,9 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from dlm_lsp.fill.gate import DROP, FEATURES, Calibrator, _sigmoid
 
@@ -45,7 +47,9 @@ def fit(rows: list[list[float]], labels: list[int], l2: float = 1.0, iters: int 
     return [float(v) for v in weights], float(bias)
 
 
-def _samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None):
+def _samples(
+    paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """(path, sample) of every hole in `dlm-lsp eval --samples` files, of the eval label `model`
     and the hole `kinds` when given."""
     for path in paths:
@@ -58,26 +62,30 @@ def _samples(paths: list[str], model: str | None = None, kinds: tuple[str, ...] 
             yield path, s
 
 
-def _hole_id(s: dict) -> tuple:
+def _hole_id(s: dict[str, Any]) -> tuple[Any, ...]:
     return s.get("key"), s.get("line"), s.get("col")
 
 
-def _has_fill(s: dict) -> bool:
+def _has_fill(s: dict[str, Any]) -> bool:
     """A fill the calibrator scores: features computed and its acceptance known (>= 2 characters)."""
     return s.get("features") is not None and s.get("accepted") is not None
 
 
-def hole_ids(paths: list[str]) -> set[tuple]:
+def hole_ids(paths: list[str]) -> set[tuple[Any, ...]]:
     """(key, line, col) of every hole in `dlm-lsp eval --samples` files."""
     return {_hole_id(s) for _, s in _samples(paths)}
 
 
 def load_samples(
-    paths: list[str], model: str | None = None, kinds: tuple[str, ...] | None = None, exclude: set[tuple] | None = None
-):
+    paths: list[str],
+    model: str | None = None,
+    kinds: tuple[str, ...] | None = None,
+    exclude: set[tuple[Any, ...]] | None = None,
+) -> tuple[list[list[float]], list[int]]:
     """(feature rows, accepted labels) of the shown-ungated fills in `dlm-lsp eval --samples` files,
     leaving out the holes in `exclude` ((key, line, col): the holes the gate will be judged on)."""
-    rows, labels = [], []
+    rows: list[list[float]] = []
+    labels: list[int] = []
     for path, s in _samples(paths, model, kinds):
         if (exclude and _hole_id(s) in exclude) or not _has_fill(s):
             continue
@@ -88,13 +96,17 @@ def load_samples(
     return rows, labels
 
 
-def _fill(s: dict, score: float) -> tuple:
+# (raw confidence, calibrated score, accepted, non-space characters)
+GatedFill = tuple[float, float, bool, int]
+
+
+def _fill(s: dict[str, Any], score: float) -> GatedFill:
     """(raw confidence, calibrated score, accepted, non-space characters) of a sample's fill."""
     chars = round(math.expm1(s["features"][FEATURES.index("log_chars")]))
     return float(s["confidence"]), score, bool(s["accepted"]), chars
 
 
-def _at_shares(fills: list[tuple], holes: int, shares, per_shown: bool) -> list[dict]:
+def _at_shares(fills: list[GatedFill], holes: int, shares: Sequence[float], per_shown: bool) -> list[dict[str, float]]:
     """fills: _fill tuples. Per shown share: the accepted share of the top-ranked fills under each
     gate, and the characters they give: per shown fill (`per_shown`, key `<gate>_chars_per_shown`)
     or per accepted fill (key `<gate>_chars`; a gate that prefers short fills is accepted more often)."""
@@ -103,7 +115,7 @@ def _at_shares(fills: list[tuple], holes: int, shares, per_shown: bool) -> list[
         k = int(round(share * holes))
         if k == 0 or k > len(fills):
             continue
-        row = {"shown": share}
+        row: dict[str, float] = {"shown": share}
         for name, i in (("confidence", 0), ("calibrated", 1)):
             top = sorted(fills, key=lambda f: -f[i])[:k]
             accepted = sum(f[2] for f in top)
@@ -122,18 +134,19 @@ def judge(
     cal: Calibrator,
     model: str | None = None,
     kinds: tuple[str, ...] | None = None,
-    shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
-) -> dict:
+    shares: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+) -> dict[str, Any]:
     """The raw confidence and the calibrated score as gates on the same filled holes (eval
     --samples files, every hole counted in `shown`'s denominator): accepted among the fills each
     ranks highest when the top `share` of holes are shown, and each one's curve over gates."""
-    holes, fills = 0, []
+    holes = 0
+    fills: list[GatedFill] = []
     for _, s in _samples(paths, model, kinds):
         holes += 1
         if _has_fill(s):
             x = dict(zip(FEATURES, s["features"]))
             fills.append(_fill(s, _sigmoid(cal.bias + sum(w * x[n] for n, w in zip(cal.names, cal.weights)))))
-    out: dict = {
+    out: dict[str, Any] = {
         "holes": holes,
         "fills": len(fills),
         "accepted_ungated": round(sum(f[2] for f in fills) / max(1, len(fills)), 4),
@@ -162,14 +175,14 @@ def cross_validate(
     folds: int,
     model: str | None = None,
     kinds: tuple[str, ...] | None = None,
-    shares=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
-) -> dict:
+    shares: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+) -> dict[str, Any]:
     """Fits on all but one fold of files (sha256 of the hole's file key) and scores the held-out
     fold, for every fold: the raw and the calibrated gate compared out of sample on the fit's own
     samples (how a choice of features is made without the holes it will be judged on)."""
     import hashlib
 
-    per: list[tuple[int, list[float], dict]] = []  # (fold, the fitted features, sample)
+    per: list[tuple[int, list[float], dict[str, Any]]] = []  # (fold, the fitted features, sample)
     holes = 0
     for _, s in _samples(paths, model, kinds):
         holes += 1
@@ -177,7 +190,7 @@ def cross_validate(
             fold = int(hashlib.sha256(str(s.get("key")).encode()).hexdigest()[:8], 16) % folds
             x = dict(zip(FEATURES, s["features"]))
             per.append((fold, [x[n] for n in names], s))
-    fills = []
+    fills: list[GatedFill] = []
     for k in range(folds):
         train = [p for p in per if p[0] != k]
         labels = [int(bool(p[2]["accepted"])) for p in train]

@@ -14,6 +14,7 @@ import json
 import random
 import statistics
 import time
+from typing import Any
 
 from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.documents import Document
@@ -88,7 +89,7 @@ def run_ctxbench(args: argparse.Namespace) -> int:
         doc.apply_change((row, 0), (row, len(cur)), line)
         doc.version += 1
         doc.reparse(incremental=True)
-    res = {
+    res: dict[str, Any] = {
         "lines": doc.text.count("\n"),
         "bytes": len(doc.text.encode("utf-8", "surrogatepass")),
         "tree": doc.tree is not None,

@@ -39,10 +39,25 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from dlm_lsp.measure.holes import KINDS, Hole, count_syntax_errors, cut_holes
+
+if TYPE_CHECKING:
+    from dlm_lsp.fill.context import FillRequest
+    from dlm_lsp.fill.documents import Document
+    from dlm_lsp.fill.gate import Calibrator
+    from engine.api import DecodeOptions, FillJob
+    from engine.model.transformer import Transformer
+    from engine.serve.service import EngineService
+    from engine.tokenizer import TextTokenizer
+
+# the post-processing of a raw fill: (doc, request, raw, confidence, min_confidence, calibrator) ->
+# (shown text, replace_len, calibrated score or None)
+PostProcess = Callable[..., tuple[str, int, float | None]]
 
 DUP_TOLERANCE = 0.05  # Tabby drops a completion within 5% edit distance of the suffix
 METRIC_KEYS = ("holes", "exact", "edit_sim", "syntax_clean", "dup_suffix", "p50_ms", "p95_ms")  # per kind, in --json
@@ -125,11 +140,11 @@ class Sample:
     confidence: float = 1.0  # what the gate compares: the calibrated score, else the engine's confidence
     ungated: str | None = None  # what would be shown with no confidence gate (None: same as shown)
     raw_confidence: float = 1.0  # the engine's confidence (Fill.confidence)
-    features: list | None = None  # calibrate.features of the ungated fill (None: nothing to show)
+    features: list[float] | None = None  # calibrate.features of the ungated fill (None: nothing to show)
     ungated_replace_len: int = 0  # replace_len of the ungated fill
 
 
-def _request(hole: Hole, neighbours: str = ""):
+def _request(hole: Hole, neighbours: str = "") -> tuple[Document, FillRequest]:
     """(document, FillRequest) the server builds for the cursor at the hole (the middle removed);
     `neighbours`: the cross-file text of the other open documents (context.neighbour_text)."""
     from dlm_lsp.fill.context import build_request
@@ -145,7 +160,7 @@ def sibling_files(files: dict[str, str], n: int) -> dict[str, list[str]]:
     by_dir: dict[str, list[str]] = {}
     for key in sorted(files):
         by_dir.setdefault(key.rsplit("/", 1)[0] if "/" in key else key.split(":", 1)[0], []).append(key)
-    out = {}
+    out: dict[str, list[str]] = {}
     for keys in by_dir.values():
         for i, key in enumerate(keys):
             others = sorted((k for k in keys if k != key), key=lambda k: (abs(keys.index(k) - i), k))
@@ -163,7 +178,7 @@ def package_files(files: dict[str, str]) -> dict[str, list[str]]:
     return {k: [o for o in by_pkg[k.split("/", 1)[0]] if o != k] for k in files}
 
 
-def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
+def retrieval_fn(files: dict[str, str], scope: str, n: int = 0) -> Callable[[Hole], str]:
     """For --retrieve: fn(hole) -> the cross-file text the server would retrieve for it
     (dlm_lsp.fill.retrieval), from the hole's `n` neighbours (scope "neighbours", sibling_files) or its
     package's other files (scope "package")."""
@@ -197,7 +212,7 @@ def retrieval_fn(files: dict[str, str], scope: str, n: int = 0):
     return fn
 
 
-def workspace_memories(files: dict[str, str], service) -> None:
+def workspace_memories(files: dict[str, str], service: EngineService) -> None:
     """For --retrieve package: each package's evaluated files given to `service` as a workspace
     memory named after the package (DecodeOptions.workspace_ngram; DiffusionFiller names it and the
     hole's file in each job, whose own counts the engine leaves out, as the server's jobs name the
@@ -209,7 +224,7 @@ def workspace_memories(files: dict[str, str], service) -> None:
         service.workspace_files(pkg, texts)
 
 
-def _postprocessor():
+def _postprocessor() -> tuple[str, PostProcess]:
     """Returns (name, fn(doc, request, raw) -> (shown text, replace_len)): the server's
     post-processing (dlm_lsp.fill.postprocess.finish with its syntax check) when it is importable, else
     the request's stop rules alone."""
@@ -225,7 +240,14 @@ def _postprocessor():
             ),
         )
 
-    def run(doc, req, raw, confidence=1.0, min_confidence=0.0, calibrator=None):
+    def run(
+        doc: Document,
+        req: FillRequest,
+        raw: str,
+        confidence: float = 1.0,
+        min_confidence: float = 0.0,
+        calibrator: Calibrator | None = None,
+    ) -> tuple[str, int, float | None]:
         check = SyntaxCheck(doc.text, doc.tree, doc.parser, req.offset) if doc.tree is not None else None
         out = finish(req, raw, check, confidence=confidence, min_confidence=min_confidence, calibrator=calibrator)
         return out.text, out.replace_len, out.score
@@ -233,7 +255,7 @@ def _postprocessor():
     return "dlm_lsp.fill.postprocess.finish + SyntaxCheck", run
 
 
-def apply_stop_rules(req, raw: str) -> str:
+def apply_stop_rules(req: FillRequest, raw: str) -> str:
     """Minimal post-processing from the request's stop rules: one line for line/middle holes; for
     blocks, cut at the first non-blank line indented less than the block."""
     from dlm_lsp.fill.context import indent_width
@@ -260,17 +282,19 @@ class Filler:
 
     min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
-    snippets = None  # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
+    # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
+    snippets: Callable[[Hole], str] | None = None
     # --retrieve package: jobs name their package's workspace memory (workspace_memories); a function
     # of the hole names the memory itself (docs/research/scripts/workspace_order_eval.py)
-    workspace = False
+    workspace: bool | Callable[[Hole], str] = False
     last_confidence = 1.0  # the engine's confidence in the fill decode() returned last
-    calibrator = None  # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
+    # the model's calibrated gate (calibrate.Calibrator); None: the raw confidence is gated
+    calibrator: Calibrator | None = None
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.post_name, self.post = _postprocessor()
 
-    def decode(self, hole: Hole, req) -> tuple[str, int, int]:
+    def decode(self, hole: Hole, req: FillRequest) -> tuple[str, int, int]:
         raise NotImplementedError
 
     def cross_file(self, hole: Hole) -> str:
@@ -325,8 +349,8 @@ class DiffusionFiller(Filler):
         device: str = "cpu",
         threads: int | None = None,
         budget_ms: float | None = None,
-        options=None,
-    ):
+        options: DecodeOptions | None = None,
+    ) -> None:
         from engine.api import DecodeOptions
         from engine.serve.service import EngineService
 
@@ -336,7 +360,7 @@ class DiffusionFiller(Filler):
         self.service = EngineService(model, device=device, threads=threads)
         self.service.load()
 
-    def decode(self, hole, req):
+    def decode(self, hole: Hole, req: FillRequest) -> tuple[str, int, int]:
         from dlm_lsp.fill.context import to_fill_job
 
         deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
@@ -354,7 +378,7 @@ class TypedReuseFiller(DiffusionFiller):
     last `typing` characters before the cursor are typed one at a time, a fill per keystroke under
     the hole's own session key, so the scored fill reuses the context the keystrokes left."""
 
-    def __init__(self, base: DiffusionFiller, typing: int):
+    def __init__(self, base: DiffusionFiller, typing: int) -> None:
         Filler.__init__(self)
         self.service, self.budget_ms, self.min_confidence = base.service, base.budget_ms, base.min_confidence
         self.calibrator = getattr(base, "calibrator", None)
@@ -366,14 +390,14 @@ class TypedReuseFiller(DiffusionFiller):
         self.outcomes_before = dict(self.service._reuse.stats)
         self.same = (0.0, 0.0)  # set by run_eval: share of holes with the same raw / shown fill as without reuse
 
-    def _job(self, req, deadline=None):
+    def _job(self, req: FillRequest, deadline: float | None = None) -> FillJob:
         from dlm_lsp.fill.context import to_fill_job
 
         job = to_fill_job(req, deadline, options=dataclasses.replace(self.options))
         job.session = self.session
         return job
 
-    def before(self, hole):
+    def before(self, hole: Hole) -> None:
         self.holes += 1
         self.session = f"eval-reuse-{self.holes}"  # a fresh document per hole: no reuse across holes
         a, text = hole.a, hole.document
@@ -383,14 +407,14 @@ class TypedReuseFiller(DiffusionFiller):
             _, req = _request(typed, near)
             self.service.run_now(self._job(req))
 
-    def decode(self, hole, req):
+    def decode(self, hole: Hole, req: FillRequest) -> tuple[str, int, int]:
         deadline = time.monotonic() + self.budget_ms / 1000 if self.budget_ms else None
         fill = self.service.run_now(self._job(req, deadline))
         self.last_confidence = fill.confidence
         self.rows.append((fill.forwarded_tokens, fill.reused_tokens))
         return fill.text, fill.steps, fill.tokens
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """Rows reused / forwarded per scored fill and the staleness policy's outcomes over the run."""
         fwd = [f for f, _ in self.rows]
         stats = self.service._reuse.stats
@@ -411,7 +435,7 @@ class TypedReuseFiller(DiffusionFiller):
 class AutoregressiveFiller(Filler):
     """The AR twin on the same requests: greedy FIM decoding with a KV cache, one token per step."""
 
-    def __init__(self, model: str, device: str = "cpu", threads: int | None = None, heal: bool = True):
+    def __init__(self, model: str, device: str = "cpu", threads: int | None = None, heal: bool = True) -> None:
         import torch
 
         from engine.weights.load import load_ar_model
@@ -428,7 +452,7 @@ class AutoregressiveFiller(Filler):
                 "(train it with --objective ar)"
             )
 
-    def decode(self, hole, req):
+    def decode(self, hole: Hole, req: FillRequest) -> tuple[str, int, int]:
         ids, healed = fim_greedy(self.model, self.tok, req.prefix, req.suffix, req.mask_slots, heal=self.heal)
         text = self.tok.decode(ids)
         if healed:  # the first token re-typed the prefix's tail (it starts with it)
@@ -439,12 +463,18 @@ class AutoregressiveFiller(Filler):
 class OracleFiller(Filler):
     """Decodes the true middle: the ceiling that context + post-processing leave a perfect model."""
 
-    def decode(self, hole, req):
+    def decode(self, hole: Hole, req: FillRequest) -> tuple[str, int, int]:
         return hole.middle, 0, 0
 
 
 def fim_greedy(
-    model, tok, prefix: str, suffix: str, max_tokens: int, context_tokens: int = 512, heal: bool = False
+    model: Transformer,
+    tok: TextTokenizer,
+    prefix: str,
+    suffix: str,
+    max_tokens: int,
+    context_tokens: int = 512,
+    heal: bool = False,
 ) -> tuple[list[int], str]:
     """Returns (the middle's token ids, healed text) from greedy PSM decoding with a KV cache
     (engine.decode.autoregressive), stopping at end-of-text or padding. The context is cut like the
@@ -529,7 +559,7 @@ def _accepted(h: Hole, shown: str, replace_len: int) -> bool:
     return ref.startswith(shown.rstrip())
 
 
-def accept_curve(holes: list[Hole], samples: list[Sample], gates=None) -> list[dict]:
+def accept_curve(holes: list[Hole], samples: list[Sample], gates: list[float] | None = None) -> list[dict[str, float]]:
     """(gate, shown, accepted, chars) for each confidence gate: the ungated fills whose confidence
     passes; `chars` is the accepted characters per hole (accepted_chars)."""
     gates = gates or [round(0.05 * i, 2) for i in range(21)]
@@ -555,7 +585,7 @@ def accept_curve(holes: list[Hole], samples: list[Sample], gates=None) -> list[d
     return out
 
 
-def plot_curves(curves: dict[str, list[dict]], png: str, gate: float | None = None) -> None:
+def plot_curves(curves: dict[str, list[dict[str, float]]], png: str, gate: float | None = None) -> None:
     """accepted vs shown, one line per (model, kind), each point a confidence gate."""
     import matplotlib
 
@@ -586,7 +616,7 @@ def plot_curves(curves: dict[str, list[dict]], png: str, gate: float | None = No
     plt.close(fig)
 
 
-def score(holes: list[Hole], samples: list[Sample]) -> dict:
+def score(holes: list[Hole], samples: list[Sample]) -> dict[str, Any]:
     """Per-kind metrics of filled holes."""
     base: dict[str, int] = {}
     exact = sim = clean = clean_shown = dup = 0.0
@@ -634,7 +664,13 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict:
     }
 
 
-def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=None, keep: list | None = None) -> dict:
+def evaluate(
+    filler: Filler,
+    holes: dict[str, list[Hole]],
+    label: str = "",
+    samples_out: IO[str] | None = None,
+    keep: list[Sample] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Fills every hole with `filler` and returns {kind: metrics}; `keep` collects the Samples."""
     results = {}
     total = sum(len(v) for v in holes.values())
@@ -685,11 +721,11 @@ def evaluate(filler, holes: dict[str, list[Hole]], label: str = "", samples_out=
     return results
 
 
-def _chars(r: dict) -> str:
+def _chars(r: dict[str, Any]) -> str:
     return f"{r['accepted_chars']:.2f}" if "accepted_chars" in r else "-"
 
 
-def markdown_table(results: dict[str, dict[str, dict]]) -> str:
+def markdown_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     """A Markdown table: one row per (model, kind)."""
     rows = [
         "| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | kept chars | p50 ms | p95 ms |",
@@ -813,7 +849,7 @@ def run_eval(args: argparse.Namespace) -> int:
                 samples_out.close()
         table = markdown_table(results)
         print(table)
-        out = dict(results["oracle"])
+        out: dict[str, Any] = dict(results["oracle"])
         out["meta"] = {
             "oracle_only": True,
             "source": _source_name(args),
@@ -891,7 +927,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from dlm_lsp.fill.context import MASK_SLOTS
     from engine.api import KIND_DECODE_KEYS
 
-    out: dict = dict(results["diffusion"])
+    out = dict(results["diffusion"])
     out["meta"] = {
         "model": str(args.model or "default"),
         "model_path": _resolved(args.model),
@@ -947,13 +983,13 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _source_name(args) -> str:
+def _source_name(args: argparse.Namespace) -> str:
     if getattr(args, "corpus", None):
         return f"corpus {args.corpus} held-out {args.heldout}"
     return args.source or "held-out split (engine.train.corpus.heldout_files)"
 
 
-def _resolved(model) -> str:
+def _resolved(model: str | None) -> str:
     try:
         from engine.weights.checkpoint import resolve_model_path
 

@@ -15,6 +15,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tree_sitter import Parser, Tree
 
 KINDS = ("line", "block", "middle")
 LINE_CUT_MAX = 15  # characters into the code of a line at most
@@ -38,14 +42,14 @@ _MIDDLE_SKIP = {
 
 
 @lru_cache(maxsize=1)
-def _parser():
+def _parser() -> Parser:
     import tree_sitter_python as tsp
     from tree_sitter import Language, Parser
 
     return Parser(Language(tsp.language()))
 
 
-def parse(text: str):
+def parse(text: str) -> Tree:
     """Returns the tree-sitter tree of Python source text."""
     return _parser().parse(text.encode("utf-8"))
 

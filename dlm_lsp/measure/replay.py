@@ -31,14 +31,16 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from dlm_lsp.fill.documents import language_id_for_path
 from dlm_lsp.fill.positions import units_len
 
 
 class LspError(Exception):
-    def __init__(self, error: dict):
+    def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(f"{error.get('code')}: {error.get('message')}")
         self.code = error.get("code")
         self.error = error
@@ -49,17 +51,45 @@ class LspClient:
     null (or `config` for workspace/configuration); notifications are kept in `notifications`."""
 
     def __init__(
-        self, cmd: list[str], env: dict | None = None, cwd: str | None = None, stderr=None, config: dict | None = None
-    ):
+        self,
+        cmd: list[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stderr: IO[Any] | int | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.cmd, self.env, self.cwd, self.stderr = cmd, env, cwd, stderr
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
-        self.pending: dict[int, asyncio.Future] = {}
+        self.pending: dict[Any, asyncio.Future[Any]] = {}
         self.notifications: list[tuple[float, str, object]] = []
         self.server_requests: list[tuple[str, object]] = []
         self._note_event = asyncio.Event()
-        self._reader: asyncio.Task | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def process(self) -> asyncio.subprocess.Process:
+        """The server process (`start` has run)."""
+        if self.proc is None:
+            raise RuntimeError("the server is not started (LspClient.start)")
+        return self.proc
+
+    @property
+    def _stdin(self) -> asyncio.StreamWriter:
+        """The server's stdin (a pipe: `start` opens one)."""
+        stdin = self.process.stdin
+        if stdin is None:
+            raise RuntimeError("the server has no stdin pipe")
+        return stdin
+
+    @property
+    def _stdout(self) -> asyncio.StreamReader:
+        """The server's stdout (a pipe: `start` opens one)."""
+        stdout = self.process.stdout
+        if stdout is None:
+            raise RuntimeError("the server has no stdout pipe")
+        return stdout
 
     async def start(self) -> LspClient:
         self.proc = await asyncio.create_subprocess_exec(
@@ -74,36 +104,36 @@ class LspClient:
         self._reader = asyncio.create_task(self._read_loop())
         return self
 
-    def _write(self, msg: dict) -> None:
+    def _write(self, msg: dict[str, Any]) -> None:
         body = json.dumps(msg).encode("utf-8")
-        self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self._stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
     def write_raw(self, body: bytes) -> None:
         """Sends a body as is (for malformed-message tests)."""
-        self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self._stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
-    def send_request(self, method: str, params) -> tuple[int, asyncio.Future]:
+    def send_request(self, method: str, params: Any) -> tuple[int, asyncio.Future[Any]]:
         msg_id = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[msg_id] = fut
         self._write({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
         return msg_id, fut
 
-    async def request(self, method: str, params=None, timeout: float = 60.0):
+    async def request(self, method: str, params: Any = None, timeout: float = 60.0) -> Any:
         _, fut = self.send_request(method, params)
         return await asyncio.wait_for(fut, timeout)
 
-    def notify(self, method: str, params=None) -> None:
+    def notify(self, method: str, params: Any = None) -> None:
         self._write({"jsonrpc": "2.0", "method": method, "params": params})
 
     def cancel(self, msg_id: int) -> None:
         self.notify("$/cancelRequest", {"id": msg_id})
 
     async def _read_loop(self) -> None:
-        out = self.proc.stdout
+        out = self._stdout
         try:
             while True:
-                length = None
+                length: int | None = None
                 while True:
                     line = await out.readline()
                     if not line:
@@ -113,6 +143,8 @@ class LspClient:
                         break
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
+                if length is None:  # a header block without Content-Length (readexactly(None) raised this)
+                    raise TypeError("a header block without Content-Length")
                 body = await out.readexactly(length)
                 self._dispatch(json.loads(body))
         except (asyncio.IncompleteReadError, ConnectionResetError):
@@ -122,7 +154,7 @@ class LspClient:
                 if not fut.done():
                     fut.set_exception(ConnectionError("server exited"))
 
-    def _dispatch(self, msg: dict) -> None:
+    def _dispatch(self, msg: dict[str, Any]) -> None:
         if "method" in msg and "id" in msg:  # a request from the server
             self.server_requests.append((msg["method"], msg.get("params")))
             result = None
@@ -141,7 +173,9 @@ class LspClient:
                 else:
                     fut.set_result(msg.get("result"))
 
-    async def wait_notification(self, method: str, pred=lambda p: True, timeout: float = 60.0, since: int = 0):
+    async def wait_notification(
+        self, method: str, pred: Callable[[Any], bool] = lambda p: True, timeout: float = 60.0, since: int = 0
+    ) -> Any:
         """Returns the params of the first `method` notification (from index `since`) matching pred."""
         end = time.monotonic() + timeout
         while True:
@@ -157,7 +191,9 @@ class LspClient:
             except TimeoutError:
                 pass
 
-    async def initialize(self, options: dict | None = None, capabilities: dict | None = None, root: str | None = None):
+    async def initialize(
+        self, options: dict[str, Any] | None = None, capabilities: dict[str, Any] | None = None, root: str | None = None
+    ) -> Any:
         caps = (
             capabilities
             if capabilities is not None
@@ -178,7 +214,7 @@ class LspClient:
         self.notify("initialized", {})
         return result
 
-    async def wait_ready(self, timeout: float = 120.0) -> dict:
+    async def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
         """Waits for dlm/status with state ready (or error, which raises)."""
         st = await self.wait_notification("dlm/status", lambda p: p.get("state") in ("ready", "error"), timeout)
         if st["state"] == "error":
@@ -187,17 +223,17 @@ class LspClient:
 
     async def stop(self, timeout: float = 10.0) -> int | None:
         try:
-            if self.proc.returncode is None:
+            if self.process.returncode is None:
                 await self.request("shutdown", None, timeout=timeout)
                 self.notify("exit")
-                await asyncio.wait_for(self.proc.wait(), timeout)
+                await asyncio.wait_for(self.process.wait(), timeout)
         except (TimeoutError, Exception):  # noqa: BLE001
-            if self.proc.returncode is None:
-                self.proc.kill()
-                await self.proc.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
         if self._reader is not None:
             self._reader.cancel()
-        return self.proc.returncode
+        return self.process.returncode
 
 
 def server_command(model: str | None = None) -> list[str]:
@@ -208,7 +244,16 @@ def server_command(model: str | None = None) -> list[str]:
 # ----------------------------------------------------------------------------- replay
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def stamp_done(rec: dict[str, Any]) -> Callable[[asyncio.Future[Any]], None]:
+    """A done-callback that records in `rec["done"]` when the future finished (monotonic time)."""
+
+    def stamp(fut: asyncio.Future[Any]) -> None:
+        rec.update(done=time.monotonic())
+
+    return stamp
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     s = sorted(values)
@@ -216,7 +261,7 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(s[k], 1)
 
 
-def forwarded_summary(job_rows: list) -> dict:
+def forwarded_summary(job_rows: list[Any] | None) -> dict[str, Any]:
     """Tokens forwarded per engine job, with reuse and as a full recompute, from dlm/stats'
     `engineJobRows` ([forwarded, reused] per job that ran); None values when no job reported rows."""
     rows = [(int(f), int(u)) for f, u in job_rows or []]
@@ -260,7 +305,7 @@ async def replay(
     log_path: str | None = None,
     ready_timeout: float = 180.0,
     at: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Types `path` into a fresh server and returns the measurements (see module docstring)."""
     full = Path(path).read_text(encoding="utf-8")
     start = 0 if at is None else at
@@ -269,7 +314,7 @@ async def replay(
     text = full[start : start + max_chars]
     opened = "" if at is None else full[:start] + full[start + len(text) :]
     lang = language_id_for_path(path)
-    opts: dict = {}
+    opts: dict[str, Any] = {}
     if model:
         opts["model"] = model
     if budget_ms:
@@ -288,8 +333,8 @@ async def replay(
         )
         before = full[:start].split("\n")
         line, char = len(before) - 1, units_len(before[-1])  # cursor in UTF-16 units
-        records: list[dict] = []
-        pending_prev: tuple[int, asyncio.Future] | None = None
+        records: list[dict[str, Any]] = []
+        pending_prev: tuple[int, asyncio.Future[Any]] | None = None
         loop = asyncio.get_running_loop()
         t_start = loop.time()
         for i, ch in enumerate(text):
@@ -316,7 +361,7 @@ async def replay(
                 line, char = line + 1, 0
             else:
                 char += units_len(ch)
-            rec = {"i": i + 1, "sent": time.monotonic(), "version": version}
+            rec: dict[str, Any] = {"i": i + 1, "sent": time.monotonic(), "version": version}
             msg_id, fut = client.send_request(
                 "textDocument/inlineCompletion",
                 {
@@ -325,7 +370,7 @@ async def replay(
                     "context": {"triggerKind": 2},
                 },
             )
-            fut.add_done_callback(lambda f, rec=rec: rec.update(done=time.monotonic()))
+            fut.add_done_callback(stamp_done(rec))
             rec["future"] = fut
             records.append(rec)
             pending_prev = (msg_id, fut)
@@ -422,11 +467,11 @@ def write_histogram(
 
     fig, ax = plt.subplots(figsize=(7, 4))
     values = list(latencies) + list(responses or [])
-    bins = None
+    bins: list[float] | None = None
     if values:
         import numpy as np
 
-        bins = np.linspace(0, max(values) * 1.02 + 1, 41)
+        bins = np.linspace(0, max(values) * 1.02 + 1, 41).tolist()
     if responses:
         ax.hist(responses, bins=bins, color="#c8c8c8", edgecolor="white", label=f"all responses ({len(responses)})")
     if latencies:

@@ -28,11 +28,12 @@ import shlex
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from dlm_lsp.measure.fuzz.checks import server_exceptions
 from dlm_lsp.measure.fuzz.client import FuzzClient, server_command
 from dlm_lsp.measure.fuzz.reference import utf16_len
-from dlm_lsp.measure.replay import LspError, _percentile
+from dlm_lsp.measure.replay import LspError, _percentile, stamp_done
 from engine.paths import EXAMPLES_DIR, REPO_ROOT
 
 CANCELLED = -32800
@@ -115,9 +116,9 @@ class Soak:
         budget_ms: int | None = None,
         server_cmd: list[str] | None = None,
         log_path: str | None = None,
-        options: dict | None = None,
+        options: dict[str, Any] | None = None,
         engine: str = "inproc",
-    ):
+    ) -> None:
         self.seconds, self.cps, self.n_docs, self.cancel_rate = seconds, cps, docs, cancel_rate
         self.model, self.late_ms, self.grace_s = model, late_ms, grace_s
         self.warmup_s = warmup_s if warmup_s is not None else min(60.0, seconds * 0.2)
@@ -131,20 +132,20 @@ class Soak:
         self.log_path = log_path
         texts = [p.read_text(encoding="utf-8", errors="replace") for p in (sources or default_sources())]
         self.texts = [t for t in texts if t.strip()] or ["def f(x):\n    return x + 1\n"]
-        self.records: list[dict] = []
+        self.records: list[dict[str, Any]] = []
         self.rss: list[tuple[float, int]] = []
         self.engine = engine  # "inproc": the model lives in the server process; "shared": in a daemon
         self.engine_rss: list[tuple[float, int]] = []
         self.exceptions: dict[str, int] = {}
 
-    async def run(self) -> dict:
+    async def run(self) -> dict[str, Any]:
         log = open(self.log_path, "w+b") if self.log_path else tempfile.TemporaryFile()
         client = FuzzClient(self.cmd, cwd=str(REPO_ROOT), stderr=log, env={**os.environ, "DLM_ENGINE": self.engine})
         await client.start()
         try:
             await client.initialize(self.options)
             status = await client.wait_ready(300)
-            sampler = asyncio.create_task(self._sample_rss(client.proc.pid))
+            sampler = asyncio.create_task(self._sample_rss(client.process.pid))
             t0 = time.monotonic()
             await self._type(client)
             typed_s = time.monotonic() - t0
@@ -152,8 +153,8 @@ class Soak:
             if pending:
                 await asyncio.wait(pending, timeout=self.grace_s)
             sampler.cancel()
-            exited = client.proc.returncode
-            stats = {}
+            exited = client.process.returncode
+            stats: dict[str, Any] = {}
             if exited is None:
                 try:
                     stats = await client.request("dlm/stats", {}, timeout=10)
@@ -179,7 +180,7 @@ class Soak:
 
     async def _type(self, client: FuzzClient) -> None:
         """Keystrokes at --cps until --seconds are up."""
-        docs = []
+        docs: list[dict[str, Any]] = []
         for i in range(self.n_docs):
             uri = f"file:///soak/doc{i}.py"
             client.notify(
@@ -229,15 +230,17 @@ class Soak:
                     "context": {"triggerKind": 2},
                 },
             )
-            rec = {"sent": time.monotonic(), "future": fut}
-            fut.add_done_callback(lambda f, rec=rec: rec.update(done=time.monotonic()))
+            rec: dict[str, Any] = {"sent": time.monotonic(), "future": fut}
+            fut.add_done_callback(stamp_done(rec))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             self.records.append(rec)
             prev = (msg_id, fut)
-            if client.proc.returncode is not None or client.gone:
+            if client.process.returncode is not None or client.gone:
                 return
 
-    def report(self, status: dict, stats: dict, typed_s: float, exited: int | None) -> dict:
+    def report(
+        self, status: dict[str, Any], stats: dict[str, Any], typed_s: float, exited: int | None
+    ) -> dict[str, Any]:
         lat, fills, cancelled, errors, lost = [], 0, 0, 0, 0
         error_kinds: dict[str, int] = {}
         for r in self.records:

@@ -55,7 +55,7 @@ __all__ = ["add_fuzz_args", "run_fuzz"]
 # ----------------------------------------------------------------------------- CLI
 
 
-def _say(*parts) -> None:
+def _say(*parts: object) -> None:
     """print() that survives lone surrogates in failure details."""
     sys.stdout.write(" ".join(map(str, parts)).encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
 

@@ -5,20 +5,31 @@ from __future__ import annotations
 
 import collections
 import re
+from typing import IO, TYPE_CHECKING, Any
 
 from dlm_lsp.measure.fuzz.reference import RefText
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeAlias
+
+    from dlm_lsp.measure.replay import LspError
+
+    # a request's check: (result, error) -> (check name, problem), or None when the answer is right
+    Check: TypeAlias = Callable[[Any, LspError | None], tuple[str, str] | None]
 
 CHECKS = ("exits", "unanswered", "bad_ranges", "divergences", "protocol")
 
 
-def _ranges(method: str, result) -> tuple[list, list, str | None]:
+def _ranges(method: str, result: Any) -> tuple[list[Any], list[Any], str | None]:
     """(ranges that must contain the cursor, other ranges, shape problem) of an answer."""
     if result is None:
         return [], [], None
     items = result.get("items") if isinstance(result, dict) else result
     if not isinstance(items, list):
         return [], [], f"answer is not a list or a list object: {_brief(result)}"
-    cursor, other = [], []
+    cursor: list[Any] = []
+    other: list[Any] = []
     for it in items:
         if not isinstance(it, dict):
             return [], [], f"item is not an object: {_brief(it)}"
@@ -35,7 +46,7 @@ def _ranges(method: str, result) -> tuple[list, list, str | None]:
     return cursor, other, None
 
 
-def check_answer(method: str, result, ref: RefText, cursor: list[int]) -> str | None:
+def check_answer(method: str, result: Any, ref: RefText, cursor: list[int]) -> str | None:
     """None when every range of a completion answer lies inside `ref` and those of the fill contain
     one of the `cursor` offsets (all of them clamped already); else what is wrong."""
     cursor_rngs, other, problem = _ranges(method, result)
@@ -57,15 +68,15 @@ def check_answer(method: str, result, ref: RefText, cursor: list[int]) -> str | 
     return None
 
 
-def _fmt(rng: dict) -> str:
+def _fmt(rng: dict[str, Any]) -> str:
     s, e = rng["start"], rng["end"]
     return f"{s.get('line')}:{s.get('character')}-{e.get('line')}:{e.get('character')}"
 
 
-def _brief(obj, most: int = 160):
+def _brief(obj: Any, most: int = 160) -> Any:
     """A message for a report: long strings cut (their length kept), deep structures summarized."""
 
-    def cut(o, depth=0):
+    def cut(o: Any, depth: int = 0) -> Any:
         if depth > 12:
             return "<deep>"
         if isinstance(o, str):
@@ -85,8 +96,8 @@ def _brief(obj, most: int = 160):
     return cut(obj)
 
 
-def _expect_code(code: int, what: str):
-    def check(result, err):
+def _expect_code(code: int, what: str) -> Check:
+    def check(result: Any, err: LspError | None) -> tuple[str, str] | None:
         if err is None:
             return "protocol", f"{what}: answered {_brief(result)!r}, want error {code}"
         if err.code != code:
@@ -96,8 +107,8 @@ def _expect_code(code: int, what: str):
     return check
 
 
-def _no_items(uri: str):
-    def check(result, err):
+def _no_items(uri: str) -> Check:
+    def check(result: Any, err: LspError | None) -> tuple[str, str] | None:
         items = result.get("items") if isinstance(result, dict) else result
         if err is None and items:
             return "protocol", f"a fill for a document never opened ({uri}): {_brief(items)}"
@@ -106,7 +117,7 @@ def _no_items(uri: str):
     return check
 
 
-def _first_diff(got, want: str) -> str:
+def _first_diff(got: Any, want: str) -> str:
     have = got.get("text") if isinstance(got, dict) else None
     if not isinstance(have, str) or not isinstance(want, str):
         return ""
@@ -114,12 +125,12 @@ def _first_diff(got, want: str) -> str:
     return f"; first difference at offset {i}: server {have[i : i + 20]!r}, client {want[i : i + 20]!r}"
 
 
-def server_exceptions(log, most: int = 10) -> dict[str, int]:
+def server_exceptions(log: IO[bytes], most: int = 10) -> dict[str, int]:
     """The exceptions in the server's stderr (last line of each traceback, numbers left out), by count.
     Not a check: a request answered empty after an exception is answered; but worth a look."""
     log.flush()
     log.seek(0)
-    found: collections.Counter = collections.Counter()
+    found: collections.Counter[str] = collections.Counter()
     in_tb = False
     for raw in log:
         line = raw.decode("utf-8", "replace").rstrip("\n")

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from dlm_lsp.measure.fuzz.checks import _brief
 from dlm_lsp.measure.replay import LspClient
@@ -20,32 +21,34 @@ class FuzzClient(LspClient):
     """LspClient that sends raw bytes, survives malformed output (kept in `bad_output`) and keeps
     responses nobody waits for (`stray`)."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.bad_output: list[str] = []
-        self.stray: list[dict] = []
+        self.stray: list[dict[str, Any]] = []
         self.gone = False
 
-    def _write(self, msg) -> None:
+    def _write(self, msg: Any) -> None:
         self.send_bytes(_frame(json.dumps(msg).encode("utf-8")))
 
     def send_bytes(self, data: bytes) -> None:
+        stdin = self._stdin
         try:
-            self.proc.stdin.write(data)
+            stdin.write(data)
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             self.gone = True
 
     async def drain(self) -> None:
+        stdin = self._stdin
         try:
-            await self.proc.stdin.drain()
+            await stdin.drain()
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             self.gone = True
 
     async def _read_loop(self) -> None:
-        out = self.proc.stdout
+        out = self._stdout
         try:
             while True:
-                length = None
+                length: int | None = None
                 while True:
                     line = await out.readline()
                     if not line:
@@ -81,14 +84,14 @@ class FuzzClient(LspClient):
                 if not fut.done():
                     fut.set_exception(ConnectionError("server exited"))
 
-    def _dispatch(self, msg: dict) -> None:
+    def _dispatch(self, msg: dict[str, Any]) -> None:
         if "method" not in msg and msg.get("id") not in self.pending:
             self.stray.append(msg)
             return
         super()._dispatch(msg)
 
-    def expect(self, msg_id) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+    def expect(self, msg_id: Any) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # answers nobody awaits are fine
         self.pending[msg_id] = fut
         return fut
@@ -105,12 +108,12 @@ def server_command(model: str | None) -> list[str]:
     return [sys.executable, "-m", "dlm_lsp", "serve"]
 
 
-def _doc_text(msg: dict):
+def _doc_text(msg: Any) -> Any:
     """The text a didOpen carries (for deciding what is too big to keep)."""
     params = msg.get("params") if isinstance(msg, dict) else None
     td = params.get("textDocument") if isinstance(params, dict) else None
     return td.get("text", "") if isinstance(td, dict) else ""
 
 
-def _inline_params(uri: str, line, char) -> dict:
+def _inline_params(uri: str, line: Any, char: Any) -> dict[str, Any]:
     return {"textDocument": {"uri": uri}, "position": {"line": line, "character": char}, "context": {"triggerKind": 2}}

@@ -3,13 +3,18 @@ with the server's copy (dlm/documentText), and asking for fills whose ranges are
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from dlm_lsp.measure.fuzz.checks import _brief, _first_diff, _ranges, check_answer
 from dlm_lsp.measure.fuzz.client import DOC_TEXT, _inline_params
 from dlm_lsp.measure.fuzz.reference import ANY_VERSION, RefText, _is_int, edit_outcomes, norm, resolve
-from dlm_lsp.measure.fuzz.state import URIS, Pending, RefDoc, _lang
+from dlm_lsp.measure.fuzz.state import URIS, FuzzerState, Pending, RefDoc, _lang
+
+if TYPE_CHECKING:
+    from dlm_lsp.measure.replay import LspError
 
 
-class DocumentsMixin:
+class DocumentsMixin(FuzzerState):
     """Fuzzer's documents: what is open, how edits and fills are sent and checked."""
 
     def free_uri(self) -> str | None:
@@ -42,7 +47,7 @@ class DocumentsMixin:
             return self.docs[uri]
         return self.open(uri, self.snippet())
 
-    async def change(self, doc: RefDoc, changes: list, version=None, loose_version: bool = False) -> None:
+    async def change(self, doc: RefDoc, changes: list[Any], version: Any = None, loose_version: bool = False) -> None:
         """Sends a didChange; a single outcome becomes the reference, several are resolved at once."""
         if version is None:
             version = doc.top + 1
@@ -62,7 +67,7 @@ class DocumentsMixin:
         else:
             await self.sync(doc, outcomes)
 
-    async def sync(self, doc: RefDoc, outcomes=None) -> None:
+    async def sync(self, doc: RefDoc, outcomes: list[tuple[str, Any]] | None = None) -> None:
         """Compares the server's copy with the reference (adopting one of `outcomes` when the edit's
         outcome was open); without dlm/documentText an open outcome reopens the document."""
         outcomes = outcomes or [(doc.text, doc.version)]
@@ -129,12 +134,19 @@ class DocumentsMixin:
         if doc.uri in self.docs:
             self.close(doc)
 
-    def complete(self, doc: RefDoc, line, char, method: str = "textDocument/inlineCompletion", params=None) -> Pending:
+    def complete(
+        self,
+        doc: RefDoc,
+        line: Any,
+        char: Any,
+        method: str = "textDocument/inlineCompletion",
+        params: dict[str, Any] | None = None,
+    ) -> Pending:
         """Requests a fill at (line, char); its ranges are checked against the text as it is now."""
         ref, sent_at = doc.ref, doc.edits
         pos = {"line": line, "character": char}
 
-        def check(result, err):
+        def check(result: Any, err: LspError | None) -> tuple[str, str] | None:
             if err is not None:
                 return None
             self.ranges_checked += len(_ranges(method, result)[0])
@@ -155,14 +167,14 @@ class DocumentsMixin:
         line, char = doc.ref.position(offset)
         return self.complete(doc, line, char, method)
 
-    def insert_change(self, doc: RefDoc, offset: int, text: str) -> dict:
+    def insert_change(self, doc: RefDoc, offset: int, text: str) -> dict[str, Any]:
         line, char = doc.ref.position(self._boundary(doc, offset))
         return {
             "range": {"start": {"line": line, "character": char}, "end": {"line": line, "character": char}},
             "text": text,
         }
 
-    def range_change(self, doc: RefDoc, a: int, b: int, text: str) -> dict:
+    def range_change(self, doc: RefDoc, a: int, b: int, text: str) -> dict[str, Any]:
         (la, ca), (lb, cb) = doc.ref.position(self._boundary(doc, a)), doc.ref.position(self._boundary(doc, b))
         return {"range": {"start": {"line": la, "character": ca}, "end": {"line": lb, "character": cb}}, "text": text}
 

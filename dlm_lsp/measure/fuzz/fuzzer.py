@@ -8,16 +8,18 @@ import asyncio
 import collections
 import random
 import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 from dlm_lsp.measure.fuzz.checks import CHECKS, server_exceptions
-from dlm_lsp.measure.fuzz.client import FuzzClient, server_command
+from dlm_lsp.measure.fuzz.client import server_command
 from dlm_lsp.measure.fuzz.corpus import load_corpus
 from dlm_lsp.measure.fuzz.editing import DocumentsMixin
 from dlm_lsp.measure.fuzz.inputs import CLASSES, InputsMixin
 from dlm_lsp.measure.fuzz.lifetime import LifetimeMixin
 from dlm_lsp.measure.fuzz.messages import MessagesMixin
 from dlm_lsp.measure.fuzz.shrink import ShrinkMixin
-from dlm_lsp.measure.fuzz.state import Pending, RefDoc
 
 
 class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMixin):
@@ -30,14 +32,14 @@ class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMi
         model: str | None = None,
         timeout: float = 5.0,
         max_doc_bytes: int = 10_000_000,
-        options: dict | None = None,
+        options: dict[str, Any] | None = None,
         classes: list[str] | None = None,
         server_cmd: list[str] | None = None,
         log_path: str | None = None,
         keep: int = 5,
         shrink: bool = False,
-        corpus_dirs=(),
-    ):
+        corpus_dirs: Iterable[str | Path] = (),
+    ) -> None:
         self.n, self.seed, self.model, self.timeout = n, seed, model, timeout
         self.max_doc_bytes = max_doc_bytes
         self.options = dict(options or {})
@@ -48,28 +50,28 @@ class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMi
         self.rng = random.Random(seed)
         self.classes = {c: w for c, w in CLASSES.items() if not classes or c in classes}
         self.corpus = load_corpus(corpus_dirs)
-        self.client: FuzzClient | None = None
+        self.client = None
         self.log = None
-        self.docs: dict[str, RefDoc] = {}
-        self.outstanding: list[Pending] = []
-        self.trace: collections.deque = collections.deque(maxlen=30)
+        self.docs = {}
+        self.outstanding = []
+        self.trace = collections.deque(maxlen=30)
         self.counts = {c: {"steps": 0, "messages": 0, "requests": 0, "failures": 0} for c in self.classes}
         self.failed = {c: 0 for c in CHECKS}
-        self.failures: list[dict] = []
-        self.doc_text: bool | None = None  # does the server answer dlm/documentText
+        self.failures = []
+        self.doc_text = None  # does the server answer dlm/documentText
         self.cls, self.step = "startup", -1
         self.launches = 0
         self.expect_exit = False
         self.ids = 0
         self.answered = 0
-        self.error_codes: collections.Counter = collections.Counter()
-        self.decks: dict[str, list] = {}
-        self.stalls: list[tuple[float, float]] = []
+        self.error_codes = collections.Counter()
+        self.decks = {}
+        self.stalls = []
         self.last_tick = time.monotonic()
         self.ranges_checked = 0  # fill ranges the answers carried
         self.stray = 0  # responses nobody waited for (parse errors with id null, late answers, batches)
 
-    async def run(self) -> dict:
+    async def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
         self.last_tick = time.monotonic()
         watch = asyncio.ensure_future(self._watch_stalls())
@@ -86,7 +88,7 @@ class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMi
                 except ConnectionError:
                     pass
             if not self.alive():
-                code = self.client.proc.returncode
+                code = self.wire.process.returncode
                 self.fail(
                     "exits",
                     f"the server exited on its own (code {code})"
@@ -104,11 +106,13 @@ class Fuzzer(MessagesMixin, LifetimeMixin, DocumentsMixin, InputsMixin, ShrinkMi
         watch.cancel()
         if self.shrink:
             await self.shrink_failures()
+        if self.log is None:  # launch() opens it
+            raise RuntimeError("the server's log was never opened")
         exceptions = server_exceptions(self.log)
         self.log.close()
         return {**self.report(time.monotonic() - t0), "server_exceptions": exceptions}
 
-    def report(self, elapsed: float) -> dict:
+    def report(self, elapsed: float) -> dict[str, Any]:
         return {
             "ok": not any(self.failed.values()),
             "seed": self.seed,

@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 from dlm_lsp.measure.fuzz.checks import _brief, _expect_code, _no_items
 from dlm_lsp.measure.fuzz.client import DOC_TEXT, PING, _frame, _inline_params
 from dlm_lsp.measure.fuzz.reference import UINT_MAX, RefText, apply_change, edit_outcomes, utf16_len
-from dlm_lsp.measure.fuzz.state import URIS, Pending
+from dlm_lsp.measure.fuzz.state import URIS, FuzzerState, Pending
+
+if TYPE_CHECKING:
+    from dlm_lsp.measure.replay import LspError
 
 # every Unicode line break; only the first three end a line in LSP
 LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
@@ -41,7 +45,7 @@ CLASSES = {
 }
 
 
-class InputsMixin:
+class InputsMixin(FuzzerState):
     """Fuzzer's input classes, one method per name in CLASSES."""
 
     async def valid_session(self) -> None:
@@ -69,7 +73,7 @@ class InputsMixin:
                         "text": self.snippet(8),
                     }
                     changes.append(ch)
-                    text = apply_change(text, ch)[0]
+                    text = cast(str, apply_change(text, ch)[0])  # an insertion at a valid position: one text
                 await self.change(doc, changes)
             elif r < 0.85:
                 await self.change(doc, [{"text": self.snippet(300)}])
@@ -365,13 +369,11 @@ class InputsMixin:
                 {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": "x", **td}},
             )
             if self.doc_text:  # an ill-typed didOpen opens nothing
-                self.request(
-                    DOC_TEXT,
-                    {"textDocument": {"uri": uri}},
-                    check=lambda res, e, td=td: ("divergences", f"didOpen with {td} opened {_brief(res)}")
-                    if res is not None
-                    else None,
-                )
+
+                def opened_nothing(res: Any, e: LspError | None, td: Any = td) -> tuple[str, str] | None:
+                    return ("divergences", f"didOpen with {td} opened {_brief(res)}") if res is not None else None
+
+                self.request(DOC_TEXT, {"textDocument": {"uri": uri}}, check=opened_nothing)
             self.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
         elif r < 0.6:
             self.notify("textDocument/didClose", self.rng.choice([{}, {"textDocument": []}, None]))
@@ -438,10 +440,10 @@ class InputsMixin:
         if self.rng.random() < 0.3:  # and a request written in pieces, with pauses
             msg_id = self.next_id()
             body = _frame(json.dumps({"jsonrpc": "2.0", "id": msg_id, "method": PING}).encode())
-            fut = self.client.expect(msg_id)
+            fut = self.wire.expect(msg_id)
             for i in range(0, len(body), 7):
                 self.raw(body[i : i + 7], "split write")
-                await self.client.drain()
+                await self.wire.drain()
                 await asyncio.sleep(0.002)
             self.outstanding.append(Pending(msg_id, fut, time.monotonic(), self.cls, None, list(self.trace), PING))
         a = self.ping()
@@ -450,7 +452,7 @@ class InputsMixin:
             await self.settle(b)
             if a in self.outstanding:
                 self.outstanding.remove(a)
-                self.client.pending.pop(a.msg_id, None)
+                self.wire.pending.pop(a.msg_id, None)
 
     async def nested_params(self) -> None:
         doc = self.any_doc()

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from typing import Any
 
 from dlm_lsp.measure.fuzz.checks import _brief, _expect_code
 from dlm_lsp.measure.fuzz.client import DOC_TEXT, FuzzClient, _inline_params
 from dlm_lsp.measure.fuzz.reference import _is_int
-from dlm_lsp.measure.fuzz.state import URIS
+from dlm_lsp.measure.fuzz.state import URIS, FuzzerState
 from dlm_lsp.measure.replay import LspError
 from engine.paths import REPO_ROOT
 
 
-class LifetimeMixin:
+class LifetimeMixin(FuzzerState):
     """Fuzzer's server process: start, restart, check its output, end it."""
 
     async def launch(self) -> None:
@@ -83,7 +84,7 @@ class LifetimeMixin:
         if c.bad_output:
             self.fail("protocol", f"malformed output from the server: {c.bad_output[:3]}")
 
-        def ours(i):
+        def ours(i: Any) -> bool:
             return (
                 i is None
                 or (_is_int(i) and 0 < i <= self.ids)
@@ -98,9 +99,9 @@ class LifetimeMixin:
 
     async def kill(self) -> None:
         self.check_output()
-        if self.client is not None and self.client.proc.returncode is None:
-            self.client.proc.kill()
-            await self.client.proc.wait()
+        if self.client is not None and self.client.process.returncode is None:
+            self.client.process.kill()
+            await self.client.process.wait()
         self.outstanding.clear()
 
     async def stop(self, shutdown: bool = True) -> None:
@@ -119,10 +120,10 @@ class LifetimeMixin:
             )
             await self.settle()
         self.notify("exit", None)
-        await self.client.drain()
+        await self.wire.drain()
         want = 0 if shutdown else 1
         try:
-            code = await asyncio.wait_for(self.client.proc.wait(), self.timeout)
+            code = await asyncio.wait_for(self.wire.process.wait(), self.timeout)
             if code != want:
                 self.fail(
                     "protocol", f"exit {'after' if shutdown else 'without'} shutdown: exit code {code}, want {want}"

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING, Any
 
 from dlm_lsp.measure.fuzz.checks import _brief
-from dlm_lsp.measure.fuzz.client import PING, _doc_text
-from dlm_lsp.measure.fuzz.state import Pending, RefDoc
+from dlm_lsp.measure.fuzz.client import PING, FuzzClient, _doc_text
+from dlm_lsp.measure.fuzz.state import FuzzerState, Pending, RefDoc
 from dlm_lsp.measure.replay import LspError
 
+if TYPE_CHECKING:
+    from dlm_lsp.measure.fuzz.checks import Check
 
-class MessagesMixin:
+
+class MessagesMixin(FuzzerState):
     """Fuzzer's bookkeeping: failures, traces, message ids, sending, settling answers, stall time."""
 
-    def fail(self, check: str, detail: str, trace=None, doc: RefDoc | None = None, n_full: int | None = None) -> None:
+    def fail(
+        self,
+        check: str,
+        detail: str,
+        trace: list[Any] | None = None,
+        doc: RefDoc | None = None,
+        n_full: int | None = None,
+    ) -> None:
         """Counts a failure; the first few keep their messages (for a document: since its didOpen)."""
         self.failed[check] += 1
         if self.cls in self.counts:
@@ -24,7 +35,13 @@ class MessagesMixin:
             msgs = list(trace if trace is not None else doc.trace if doc is not None else self.trace)
             if doc is not None and doc.left_out and msgs and trace is None:
                 msgs[1:1] = [{"left_out": f"{doc.left_out} messages"}]
-            f = {"check": check, "class": self.cls, "step": self.step, "detail": detail, "messages": msgs}
+            f: dict[str, Any] = {
+                "check": check,
+                "class": self.cls,
+                "step": self.step,
+                "detail": detail,
+                "messages": msgs,
+            }
             if doc is not None and doc.full is not None:
                 f["_full"] = doc.full[: n_full if n_full is not None else len(doc.full)]
             self.failures.append(f)
@@ -34,7 +51,7 @@ class MessagesMixin:
             self.counts[self.cls]["messages"] += 1
             self.counts[self.cls]["requests"] += int(request)
 
-    def _traced(self, entry, doc: RefDoc | None, msg: dict | None = None) -> None:
+    def _traced(self, entry: Any, doc: RefDoc | None, msg: dict[str, Any] | None = None) -> None:
         self.trace.append(entry)
         if doc is None:
             return
@@ -47,7 +64,7 @@ class MessagesMixin:
             if len(doc.full) > 3000 or len(str(_doc_text(msg))) > 1_000_000:
                 doc.full = None  # not worth shrinking
 
-    def deal(self, deck: str, cards: list):
+    def deal(self, deck: str, cards: list[Any]) -> Any:
         """The next of `cards` from a shuffled deck: every card comes once before any comes again."""
         left = self.decks.get(deck)
         if not left:
@@ -58,20 +75,22 @@ class MessagesMixin:
         self.ids += 1
         return self.ids
 
-    def notify(self, method: str, params, doc: RefDoc | None = None) -> None:
+    def notify(self, method: str, params: Any, doc: RefDoc | None = None) -> None:
         msg = {"jsonrpc": "2.0", "method": method, "params": params}
         self._traced(_brief(msg), doc, msg)
         self._count()
-        self.client._write(msg)
+        self.wire._write(msg)
 
-    def request(self, method: str, params, check=None, doc: RefDoc | None = None, msg_id=None) -> Pending:
+    def request(
+        self, method: str, params: Any, check: Check | None = None, doc: RefDoc | None = None, msg_id: Any = None
+    ) -> Pending:
         """Sends a request; its answer is awaited and checked by `settle`."""
         msg_id = self.next_id() if msg_id is None else msg_id
         msg = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
         self._traced(_brief(msg), doc, msg)
         self._count(True)
-        fut = self.client.expect(msg_id)
-        self.client._write(msg)
+        fut = self.wire.expect(msg_id)
+        self.wire._write(msg)
         p = Pending(
             msg_id,
             fut,
@@ -89,15 +108,15 @@ class MessagesMixin:
     def raw(self, data: bytes, note: str) -> None:
         self._traced({"raw": _brief(data), "note": note}, None)
         self._count()
-        self.client.send_bytes(data)
+        self.wire.send_bytes(data)
 
-    def ping(self, check=None) -> Pending:
+    def ping(self, check: Check | None = None) -> Pending:
         return self.request(PING, {})
 
     async def settle(self, *only: Pending) -> None:
         """Waits for the answers to the requests sent so far (or `only` these) and checks them."""
         todo = list(only) if only else list(self.outstanding)
-        await self.client.drain()
+        await self.wire.drain()
         late = False
         for p in todo:
             # the time this process itself was too busy to read answers does not count against the server
@@ -105,7 +124,7 @@ class MessagesMixin:
             try:
                 result, err = await asyncio.wait_for(asyncio.shield(p.fut), max(0.0, left)), None
             except TimeoutError:
-                self.client.pending.pop(p.msg_id, None)
+                self.wire.pending.pop(p.msg_id, None)
                 if self.alive():
                     self.fail(
                         "unanswered", f"{p.method} id {p.msg_id!r} not answered within {self.timeout:g} s", p.trace
@@ -156,4 +175,11 @@ class MessagesMixin:
         return sum(b - max(a, t) for a, b in self.stalls + current if b > t)
 
     def alive(self) -> bool:
-        return self.client is not None and self.client.proc.returncode is None and not self.client.gone
+        return self.client is not None and self.client.process.returncode is None and not self.client.gone
+
+    @property
+    def wire(self) -> FuzzClient:
+        """The client of the server process (`launch` has made one)."""
+        if self.client is None:
+            raise RuntimeError("the fuzzer's server is not launched")
+        return self.client

@@ -14,6 +14,7 @@ import itertools
 import operator
 import random
 import re
+from typing import Any
 
 UINT_MAX = 2**31 - 1  # LSP uinteger
 LINE_END = re.compile(r"(\r\n|\r|\n)")
@@ -69,7 +70,7 @@ class RefText:
         line = bisect.bisect_right(self.starts, offset) - 1
         return line, utf16_len(self.text[self.starts[line] : offset])
 
-    def is_valid(self, line, character) -> bool:
+    def is_valid(self, line: Any, character: Any) -> bool:
         """True for a position that names a place in the text exactly (no clamping, no split pair)."""
         if not (_is_int(line) and _is_int(character)) or line < 0 or character < 0 or line >= len(self.starts):
             return False
@@ -100,11 +101,11 @@ def norm(s: str) -> str:
     return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
-def _is_int(v) -> bool:
+def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def resolve(ref: RefText, pos) -> tuple[list[int], bool]:
+def resolve(ref: RefText, pos: Any) -> tuple[list[int], bool]:
     """The offsets a wire position may mean, and whether the server may as well reject it.
     A negative coordinate clamps to 0 (or is rejected); one over 2^31-1 clamps or is rejected."""
     if not isinstance(pos, dict) or not (_is_int(pos.get("line")) and _is_int(pos.get("character"))):
@@ -116,7 +117,7 @@ def resolve(ref: RefText, pos) -> tuple[list[int], bool]:
     return ref.offsets(line, max(0, char)), odd
 
 
-def apply_change(text: str, change: dict, ref: RefText | None = None) -> list[str | None]:
+def apply_change(text: str, change: Any, ref: RefText | None = None) -> list[str | None]:
     """Outcomes of one content change on `text` under LSP semantics; None = the change is rejected."""
     if not isinstance(change, dict) or not isinstance(change.get("text"), str):
         return [None]
@@ -140,13 +141,18 @@ def apply_change(text: str, change: dict, ref: RefText | None = None) -> list[st
 
 
 def edit_outcomes(
-    text: str, version, changes: list, sent_version, loose_version: bool = False, ref: RefText | None = None
-):
+    text: str,
+    version: Any,
+    changes: list[Any],
+    sent_version: Any,
+    loose_version: bool = False,
+    ref: RefText | None = None,
+) -> list[tuple[str, Any]]:
     """(text, version) outcomes of a didChange; a rejected notification leaves both unchanged.
     A change whose outcome is open makes the whole notification's outcome open."""
     texts: list[str | None] = [text]
     for ch in changes:
-        nxt = []
+        nxt: list[str | None] = []
         for t in texts:
             nxt += [None] if t is None else apply_change(t, ch, ref)
         texts = list(dict.fromkeys(nxt))

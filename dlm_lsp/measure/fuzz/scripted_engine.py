@@ -32,12 +32,14 @@ import queue
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from typing import Any, TypedDict
 
-from engine.api import EngineError, Fill
+from engine.api import EngineError, Fill, FillJob
 
 
-def parse_script(model: str | None) -> dict:
+def parse_script(model: str | None) -> dict[str, str]:
     params = {
         "steps": "4",
         "step_ms": "10",
@@ -62,25 +64,37 @@ def parse_script(model: str | None) -> dict:
     return params
 
 
+class _Rows(TypedDict, total=False):
+    """The rows a job that ran reports (Fill's fields of the same names)."""
+
+    forwarded_tokens: int
+    reused_tokens: int
+
+
 class ScriptedEngine:
-    def __init__(self, model=None, device="auto", on_state=None):
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        on_state: Callable[[str, dict[str, Any]], object] | None = None,
+    ) -> None:
         self.model_name, self.device_name, self.on_state = model, device, on_state
         self.p = parse_script(model)
         self.state = "idle"
-        self._inbox: queue.Queue = queue.Queue()
-        self._thread = None
+        self._inbox: queue.Queue[tuple[FillJob, Future[Fill]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
         self.jobs_seen = 0
-        self._sessions: set = set()  # session keys that ran a job (their next job "reuses")
+        self._sessions: set[str | None] = set()  # session keys that ran a job (their next job "reuses")
         self._closed = threading.Event()
-        self.spaces: dict[str, set] = {}  # workspace memories: name -> file keys
+        self.spaces: dict[str, set[str]] = {}  # workspace memories: name -> file keys
 
-    def workspace_files(self, space, files) -> dict:
+    def workspace_files(self, space: str, files: Mapping[str, str | None]) -> dict[str, int]:
         keys = self.spaces.setdefault(space, set())
         for k, t in files.items():
             (keys.discard(k) if t is None else keys.add(k))
         return {"files": len(keys), "tokens": 0, "refused": 0}
 
-    def _set(self, state, message=None):
+    def _set(self, state: str, message: str | None = None) -> None:
         self.state = state
         if self.on_state:
             self.on_state(
@@ -93,21 +107,21 @@ class ScriptedEngine:
                 },
             )
 
-    def start(self):
+    def start(self) -> ScriptedEngine:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
-    def submit(self, job) -> Future:
-        fut: Future = Future()
+    def submit(self, job: FillJob) -> Future[Fill]:
+        fut: Future[Fill] = Future()
         self._inbox.put((job, fut))
         return fut
 
-    def close(self):
+    def close(self) -> None:
         self._closed.set()
         self._inbox.put(None)
 
-    def _run(self):
+    def _run(self) -> None:
         self._set("loading")
         time.sleep(int(self.p["load_ms"]) / 1000)
         self._set("ready")
@@ -162,7 +176,7 @@ class ScriptedEngine:
                 )
             )
 
-    def _rows(self, job, steps: int) -> dict:
+    def _rows(self, job: FillJob, steps: int) -> _Rows:
         if not steps:
             return {}
         fwd, reused = int(self.p["forwarded"]), int(self.p["reused"])

@@ -6,15 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from dlm_lsp.measure.fuzz.checks import _brief, check_answer
 from dlm_lsp.measure.fuzz.client import DOC_TEXT, FuzzClient
 from dlm_lsp.measure.fuzz.reference import RefText, edit_outcomes, norm, resolve
+from dlm_lsp.measure.fuzz.state import FuzzerState
 from dlm_lsp.measure.replay import LspError
 from engine.paths import REPO_ROOT
 
 
-class ShrinkMixin:
+class ShrinkMixin(FuzzerState):
     """Fuzzer's shrinking of kept divergences and bad ranges."""
 
     async def shrink_failures(self, budget_s: float = 60.0) -> None:
@@ -43,7 +45,7 @@ class ShrinkMixin:
         finally:
             await self.client.stop()
 
-    async def _ddmin(self, msgs: list, check: str, deadline: float) -> list | None:
+    async def _ddmin(self, msgs: list[Any], check: str, deadline: float) -> list[Any] | None:
         head, rest = msgs[:1], msgs[1:]
         if not await self._fails(head + rest, check):
             return None
@@ -61,7 +63,7 @@ class ShrinkMixin:
                 n = min(2 * n, len(rest))
         return head + rest
 
-    async def _fails(self, msgs: list, check: str) -> bool:
+    async def _fails(self, msgs: list[Any], check: str) -> bool:
         """Replays `msgs` on a document of its own; True when `check` fails again."""
         self.ids += 1
         first = msgs[0]["params"]["textDocument"]["uri"]
@@ -70,8 +72,8 @@ class ShrinkMixin:
             if first.startswith("untitled:")
             else f"file:///fuzz/shrink/{self.ids}/" + first.rsplit("/", 1)[-1]
         )
-        states: list | None = None  # the (text, version) outcomes so far; None: not open
-        c = self.client
+        states: list[tuple[str, Any]] | None = None  # the (text, version) outcomes so far; None: not open
+        c = self.wire
         for m in msgs:
             m = json.loads(json.dumps(m).replace(json.dumps(first)[1:-1], json.dumps(uri)[1:-1]))
             method, params = m.get("method"), m.get("params")
