@@ -14,6 +14,7 @@ runs on CPU tensors in Triton's interpreter: that is how the tests check it with
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,12 @@ except ImportError:  # pragma: no cover - depends on the platform
     triton = tl = None
 
 
-def slot_stats_reference(h: torch.Tensor, norm_w: torch.Tensor, eps: float, head_w: torch.Tensor, ban: int = -1):
+Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (max_prob, argmax, top2_prob, entropy)
+
+
+def slot_stats_reference(
+    h: torch.Tensor, norm_w: torch.Tensor, eps: float, head_w: torch.Tensor, ban: int = -1
+) -> Stats:
     """h: (M, D) pre-norm hidden states of masked slots; head_w: (V, D); `ban` is a token id that may
     never be predicted (the mask token), or -1.
     Returns (max_prob (M,), argmax (M,) long, top2_prob (M,), entropy (M,)), all fp32."""
@@ -165,7 +171,7 @@ if triton is not None:
     _slot_stats_kernel = triton.jit(_slot_stats_kernel)
 
 
-def launch_settings(M: int, D: int, V: int, device: torch.device) -> dict:
+def launch_settings(M: int, D: int, V: int, device: torch.device) -> dict[str, int]:
     """BLOCK_M/D/V and the vocabulary split for a problem size (the one place launch settings live)."""
     block_m = 16  # tl.dot needs >= 16 rows
     block_d = min(128, max(16, triton.next_power_of_2(D)))
@@ -181,7 +187,9 @@ def launch_settings(M: int, D: int, V: int, device: torch.device) -> dict:
     return {"BLOCK_M": block_m, "BLOCK_D": block_d, "BLOCK_V": block_v, "split": split}
 
 
-def _combine_splits(m, s, u, t1, t1i, t2):
+def _combine_splits(
+    m: torch.Tensor, s: torch.Tensor, u: torch.Tensor, t1: torch.Tensor, t1i: torch.Tensor, t2: torch.Tensor
+) -> Stats:
     """Merges per-split online-softmax states (SPLIT, M) into the final statistics (M,)."""
     mx = m.max(0).values  # (M,)
     scale = torch.exp(m - mx)
@@ -196,16 +204,16 @@ def _combine_splits(m, s, u, t1, t1i, t2):
 
 
 def slot_stats_triton(
-    h,
-    norm_w,
-    eps,
-    head_w,
+    h: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    head_w: torch.Tensor,
     ban: int = -1,
     *,
     block_v: int | None = None,
     block_d: int | None = None,
     split: int | None = None,
-):
+) -> Stats:
     """The kernel's answer to slot_stats_reference (same signature and outputs); the keyword
     arguments override launch settings (tests cover odd blockings with them)."""
     if triton is None:
@@ -221,11 +229,11 @@ def slot_stats_triton(
     # each split covers a whole number of vocabulary blocks
     per = triton.cdiv(triton.cdiv(V, sp), bv) * bv
     sp = triton.cdiv(V, per)
-    f32 = dict(dtype=torch.float32, device=h.device)
-    m, s, u, t1, t2 = (torch.empty(sp, M, **f32) for _ in range(5))
+    m, s, u, t1, t2 = (torch.empty(sp, M, dtype=torch.float32, device=h.device) for _ in range(5))
     t1i = torch.empty(sp, M, dtype=torch.int32, device=h.device)
     grid = (triton.cdiv(M, st["BLOCK_M"]), sp)
-    _slot_stats_kernel[grid](
+    kernel: Any = _slot_stats_kernel  # the triton.jit object bound over the def above: launched as kernel[grid](...)
+    kernel[grid](
         h,
         norm_w,
         head_w,
@@ -281,7 +289,7 @@ def backend() -> str:
     return _backend
 
 
-def slot_stats(h, norm_w, eps, head_w, ban: int = -1):
+def slot_stats(h: torch.Tensor, norm_w: torch.Tensor, eps: float, head_w: torch.Tensor, ban: int = -1) -> Stats:
     """(max_prob, argmax, top2_prob, entropy) per slot row of h; see slot_stats_reference."""
     if _backend == "triton" and (h.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return slot_stats_triton(h, norm_w, eps, head_w, ban)

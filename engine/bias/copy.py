@@ -21,15 +21,24 @@ searched, never forwarded: it costs a scan, not model time."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeVar, overload
 
 import numpy as np
 import torch
 
 from engine.api import DecodeOptions
 
+if TYPE_CHECKING:
+    from engine.model.config import ModelConfig
 
-class Successors(Mapping):
+Run = tuple[int, ...]  # a slot's committed left run (nearest last)
+Special = tuple[int | None, ...]  # special ids (a model may have no bos: None)
+CopyTables = tuple[list[int], Mapping[Run, list[int]]]  # copy_tables: the context's ids, the successors
+T = TypeVar("T")
+
+
+class Successors(Mapping[Run, list[int]]):
     """The copy boost's near table, looked up as it is needed: run (1..`order` ids) -> the sorted
     distinct ids that follow it somewhere in the context (no run crosses a special id, no special id
     follows). A run that never occurs, or is followed only by special ids, is not a key. Each lookup
@@ -37,12 +46,12 @@ class Successors(Mapping):
     run (copy_bias asks the longest first); answers are kept for the canvas's later steps. Building
     the whole table up front cost ~5 ms a fill at 512 tokens (order 3); a fill asks a few dozen runs."""
 
-    def __init__(self, context: list[int], special: tuple, order: int):
+    def __init__(self, context: list[int], special: Special, order: int):
         self.order = order
         self._arr = far_ids(context, special, limit=len(context) or 1)
-        self._memo: dict[tuple, list[int]] = {}
+        self._memo: dict[Run, list[int]] = {}
 
-    def _lookup(self, run: tuple) -> list[int]:
+    def _lookup(self, run: Run) -> list[int]:
         if not 0 < len(run) <= self.order:
             return []  # not a key (and no tail of it is memoized from here)
         got = self._memo.get(run)
@@ -53,16 +62,20 @@ class Successors(Mapping):
             got = self._memo[run]
         return got
 
-    def __getitem__(self, run: tuple) -> list[int]:
+    def __getitem__(self, run: Run) -> list[int]:
         got = self._lookup(tuple(run))
         if not got:
             raise KeyError(run)
         return got
 
-    def get(self, run, default=None):
+    @overload
+    def get(self, run: Run, /) -> list[int] | None: ...
+    @overload
+    def get(self, run: Run, default: list[int] | T, /) -> list[int] | T: ...
+    def get(self, run: Run, default: object = None) -> object:
         return self._lookup(tuple(run)) or default
 
-    def _table(self) -> dict[tuple, list[int]]:  # every key (iteration, len, ==: tests and debugging)
+    def _table(self) -> dict[Run, list[int]]:  # every key (iteration, len, ==: tests and debugging)
         a = [] if self._arr is None else self._arr.tolist()
         runs = {
             tuple(a[i - k : i])
@@ -72,21 +85,21 @@ class Successors(Mapping):
         }
         return {r: self[r] for r in runs}
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Run]:
         return iter(self._table())
 
     def __len__(self) -> int:
         return len(self._table())
 
 
-def copy_tables(context: list[int], special: tuple, order: int = 1) -> tuple[list[int], Successors]:
+def copy_tables(context: list[int], special: Special, order: int = 1) -> tuple[list[int], Successors]:
     """The context copy boost's tables (DecodeOptions.copy_*): the distinct ids of the canvas's
     prefix + suffix, and for each run of 1..`order` ids the ids that follow it there (no run
     crosses a special id), as a lazily filled mapping (Successors)."""
     return sorted(set(context) - set(special)), Successors(context, special, order)
 
 
-def far_ids(ids: list[int], special: tuple, limit: int = 16384) -> np.ndarray | None:
+def far_ids(ids: list[int], special: Special, limit: int = 16384) -> np.ndarray | None:
     """The copy boost's far side (FillJob.lookup tokenized): the last `limit` ids as an array, every
     special id as -1 so that no run matches across it. None when empty."""
     if not ids:
@@ -96,7 +109,7 @@ def far_ids(ids: list[int], special: tuple, limit: int = 16384) -> np.ndarray | 
     return a
 
 
-def far_successors(far: np.ndarray, run: tuple) -> list[list[int]]:
+def far_successors(far: np.ndarray, run: Run) -> list[list[int]]:
     """For k = 1..len(run): the distinct ids that follow the run's last k ids somewhere in `far`
     (out[k - 1]; an empty list once no occurrence is left)."""
     out: list[list[int]] = []
@@ -115,13 +128,13 @@ def far_successors(far: np.ndarray, run: tuple) -> list[list[int]]:
 
 
 def copy_bias(
-    left: list[tuple],
+    left: list[Run],
     uni: list[int],
-    succ: dict[tuple, list[int]],
+    succ: Mapping[Run, list[int]],
     vocab: int,
     opts: DecodeOptions,
-    dtype=torch.float32,
-    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
     far: np.ndarray | None = None,
 ) -> torch.Tensor:
     """(M, V) logit bias of the context copy boost for M slots; `left[r]`: the committed ids just
@@ -137,7 +150,9 @@ def copy_bias(
             (opts.copy_bigram, lambda k, run=run: succ.get(tuple(run[-k:]), ())),
             (
                 far_w,
-                (lambda fs: lambda n: fs[n - 1] if n <= len(fs) else ())(far_successors(far, run) if far_w else []),
+                (lambda fs: lambda n: fs[n - 1] if n <= len(fs) else ())(
+                    far_successors(far, run) if far_w and far is not None else []
+                ),
             ),
         ):
             if not w:
@@ -156,21 +171,21 @@ def copy_bias(
 
 
 def chain_copy_bias(
-    left: list[tuple],
+    left: list[Run],
     chain: list[bool],
     logits: torch.Tensor,
-    tables: tuple,
+    tables: CopyTables,
     opts: DecodeOptions,
     order: int,
     far: np.ndarray | None = None,
-    restrict=None,
+    restrict: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """copy_bias for draft chaining (DecodeOptions.copy_chain), row by row from the left: row r's
     run is `left[r]`, or, when `chain[r]` (its left neighbour is row r - 1's slot, masked and
     predicted now), row r - 1's run plus row r - 1's prediction: the argmax of its logits + bias
     after `restrict(r - 1, row)` (the mask ban, token healing), cut to `order`."""
     bias = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
-    runs: list[tuple] = []
+    runs: list[Run] = []
     for r in range(len(left)):
         run = left[r]
         if chain[r] and r > 0:
@@ -185,11 +200,11 @@ def chain_copy_bias(
     return bias
 
 
-def left_runs(ids: list[int], slot_pos: list[int], order: int, mask_id: int) -> list[tuple]:
+def left_runs(ids: list[int], slot_pos: list[int], order: int, mask_id: int) -> list[Run]:
     """For each slot position, the committed ids just left of it (up to `order`, stopping at a mask)."""
     out = []
     for p in slot_pos:
-        run = []
+        run: list[int] = []
         q = p - 1
         while q >= 0 and len(run) < order and ids[q] != mask_id:
             run.append(ids[q])
@@ -198,6 +213,6 @@ def left_runs(ids: list[int], slot_pos: list[int], order: int, mask_id: int) -> 
     return out
 
 
-def ngram_skip(cfg) -> tuple:
+def ngram_skip(cfg: ModelConfig) -> Special:
     """Ids that keep a left run out of the n-gram memory: its contexts never hold them."""
     return (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id)

@@ -29,8 +29,14 @@ import keyword
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.tokenizer import TextTokenizer
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TAIL = re.compile(r"[A-Za-z0-9_]*\Z")
@@ -38,6 +44,14 @@ _RUN = re.compile(r"[^A-Za-z0-9_]*([A-Za-z0-9_]*)")  # a candidate token's first
 _LEAD = re.compile(r"[A-Za-z0-9_]*")
 _OPEN, _CLOSE = {"(": ")", "[": "]", "{": "}"}, {")": "(", "]": "[", "}": "{"}
 _BRACKETISH = re.compile(r"[()\[\]{}'\"#]")
+
+
+def _always(m: re.Match[str] | None) -> re.Match[str]:
+    """The match of a pattern above that matches every string (_TAIL, _RUN, _LEAD: runs of `*`)."""
+    assert m is not None, "the pattern matches the empty string"
+    return m
+
+
 BASE_NAMES = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins))
 MAX_TEXT = 256 * 1024  # characters of a job's text searched for names (its end kept)
 MAX_RANGE = 4096  # known names starting with the partial one beyond this: too open to constrain
@@ -50,7 +64,7 @@ class Vocab:
     def __init__(self, texts: list[str], special: set[int]):
         self.size = len(texts)
         self.texts = texts
-        self.lead = [_LEAD.match(t).group(0) for t in texts]
+        self.lead = [_always(_LEAD.match(t)).group(0) for t in texts]
         self.whole: dict[str, int] = {}  # identifier-only text -> id
         self.ending: dict[str, list[int]] = {}  # leading run -> ids with more (non-identifier) text after it
         id_start, non_id = [], []
@@ -153,11 +167,9 @@ NAMES_FILE = "names.txt"  # in a model folder: identifiers common in its trainin
 MAX_NAMES_BYTES = 1 << 20
 
 
-def load_names(folder) -> frozenset[str]:
+def load_names(folder: str | Path) -> frozenset[str]:
     """The model's corpus names (NAMES_FILE in its folder; `dlm-lsp names` writes it), empty if
     absent; only identifier lines are kept, and a file over MAX_NAMES_BYTES is refused."""
-    from pathlib import Path
-
     p = Path(folder) / NAMES_FILE
     if not p.is_file():
         return frozenset()
@@ -166,7 +178,7 @@ def load_names(folder) -> frozenset[str]:
     return frozenset(w for w in p.read_text(encoding="utf-8", errors="replace").split() if _NAME.fullmatch(w))
 
 
-def _scan(line: str, visit=None) -> bool:
+def _scan(line: str, visit: Callable[[int, str], None] | None = None) -> bool:
     """Walks `line` outside its strings (quotes by parity) up to a comment, calling `visit(i, ch)`
     on each code character; True when the line's end is in code (not in a string or comment)."""
     quote = None
@@ -211,7 +223,7 @@ def line_brackets(line: str, fill_from: int) -> list[tuple[str, bool]]:
 class NameSet:
     """Names, sorted once for prefix queries."""
 
-    def __init__(self, names):
+    def __init__(self, names: Iterable[str]):
         self.set = frozenset(names)
         self.sorted = sorted(self.set)
 
@@ -236,7 +248,7 @@ class NameBias:
         sets: list[NameSet],
         weight: float,
         base: str = "",
-        decode=None,
+        decode: Callable[[list[int]], str] | None = None,
         brackets: float = 0.0,
         ends: tuple[int, ...] = (),
     ):
@@ -247,13 +259,18 @@ class NameBias:
         self._rows: dict[str, torch.Tensor | None] = {}
         self._brows: dict[tuple[str, int], torch.Tensor | None] = {}
         self._hrows: dict[tuple[str, tuple[int, ...]], torch.Tensor | None] = {}
-        self._left: dict[tuple, str] = {}
+        self._left: dict[tuple[int, ...], str] = {}
 
     def left_of(self, slot_ids: list[int]) -> str:
         """The committed text left of the slot after `slot_ids` (all committed): base + their text."""
         key = tuple(slot_ids)
         if key not in self._left:
-            self._left[key] = self.base + (self.decode(list(slot_ids)) if slot_ids else "")
+            text = ""
+            if slot_ids:
+                if self.decode is None:  # a NameBias made without its tokenizer reads no committed slot
+                    raise TypeError("NameBias.left_of needs `decode` to read committed slots")
+                text = self.decode(list(slot_ids))
+            self._left[key] = self.base + text
         return self._left[key]
 
     def slot_row(self, slot_ids: list[int], heal: list[int] | None) -> torch.Tensor | None:
@@ -307,7 +324,7 @@ class NameBias:
     def row(self, left: str) -> torch.Tensor | None:
         """(V,) penalty for the slot after committed text `left`, or None when nothing is penalized
         (no identifier under way, a new name, a number, a string or comment)."""
-        p = _TAIL.search(left).group(0)
+        p = _always(_TAIL.search(left)).group(0)
         if not p or p[0].isdigit() or not in_code(left):
             return None
         if p in self._rows:
@@ -338,7 +355,7 @@ class NameBias:
         tail): each candidate's identifier run, from the partial one in `left`, must be known."""
         if not in_code(left):
             return None
-        p = _TAIL.search(left).group(0)
+        p = _always(_TAIL.search(left)).group(0)
         if p and (p[0].isdigit() or not self.known_start(p)):
             return None  # a number, or a new name: nothing to hold its candidates to
         key = (p, tuple(ids))
@@ -352,7 +369,7 @@ class NameBias:
                 lead = self.vocab.lead[i]
                 run, ended = p + lead, lead != s
             else:
-                m = _RUN.match(s)
+                m = _always(_RUN.match(s))
                 run, ended = m.group(1), m.end() < len(s)
                 if not run:
                     continue
@@ -366,7 +383,7 @@ class NameBias:
 _VOCABS: dict[int, Vocab] = {}
 
 
-def vocab_for(tok) -> Vocab:
+def vocab_for(tok: TextTokenizer) -> Vocab:
     """The Vocab of an engine.tokenizer.TextTokenizer (built once per tokenizer object)."""
     v = _VOCABS.get(id(tok))
     if v is None:

@@ -45,10 +45,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
+
+from engine.bias.copy import Run
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,18 @@ class NgramError(RuntimeError):
     """A table that cannot be built or loaded; the message says why."""
 
 
-def context_hash(ids) -> int:
+Hit = tuple[np.ndarray, np.ndarray]  # next_probs: (next ids, P(next | context))
+
+
+class Memory(Protocol):
+    """What reads an n-gram memory: NgramTable, LocalNgram, WorkspaceView."""
+
+    max_order: int
+
+    def next_probs(self, run: Run) -> Hit | None: ...
+
+
+def context_hash(ids: Iterable[int]) -> int:
     """A context's 64-bit hash (oldest id first): h = (h + id + 1) * MULT mod 2^64."""
     h = 0
     for t in ids:
@@ -70,7 +86,7 @@ def context_hash(ids) -> int:
     return h
 
 
-def tokenizer_digest(folder: Path) -> str:
+def tokenizer_digest(folder: str | Path) -> str:
     return hashlib.sha256((Path(folder) / "tokenizer.json").read_bytes()).hexdigest()
 
 
@@ -92,7 +108,7 @@ class NgramTable:
     def __len__(self) -> int:
         return int(self.ctx.size)
 
-    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    def next_probs(self, run: Run) -> Hit | None:
         """(next ids, P(next | context)) for the longest stored context that ends `run`, or None."""
         for k in self.orders:
             if k > len(run):
@@ -104,7 +120,9 @@ class NgramTable:
                 return self.nxt[i][keep].astype(np.int64), self.prob[i][keep].astype(np.float32)
         return None
 
-    def add_bias(self, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
+    def add_bias(
+        self, logits: torch.Tensor, runs: list[Run], weight: float, skip: tuple[int | None, ...] = ()
+    ) -> torch.Tensor:
         """Adds to `logits` (M, V), in place: row r gains `weight` x P(next | the longest stored
         context ending runs[r]) on each stored next token; a run holding an id of `skip` (padding,
         end, mask) gains nothing. Returns `logits`."""
@@ -126,11 +144,13 @@ class NgramTable:
         )
 
 
-def add_bias(table, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
+def add_bias(
+    table: Memory, logits: torch.Tensor, runs: list[Run], weight: float, skip: tuple[int | None, ...] = ()
+) -> torch.Tensor:
     """NgramTable.add_bias for any table with `next_probs(run)` (NgramTable, LocalNgram)."""
-    skip = set(skip)
+    skipped = set(skip)
     for r, run in enumerate(runs):
-        if not run or not skip.isdisjoint(run):
+        if not run or not skipped.isdisjoint(run):
             continue
         hit = table.next_probs(run)
         if hit is not None:
@@ -138,7 +158,7 @@ def add_bias(table, logits: torch.Tensor, runs: list[tuple], weight: float, skip
     return logits
 
 
-def add_hit(logits: torch.Tensor, r: int, hit: tuple[np.ndarray, np.ndarray], weight: float) -> None:
+def add_hit(logits: torch.Tensor, r: int, hit: Hit, weight: float) -> None:
     """Row r of `logits` (M, V) gains weight x P on each of next_probs' (ids, P) `hit`, in place."""
     ids, p = hit
     ok = ids < logits.shape[-1]
@@ -168,7 +188,7 @@ class LocalNgram:
 
     def __init__(
         self,
-        parts: list,
+        parts: Sequence[Sequence[int] | np.ndarray | None],
         orders: tuple[int, ...] = LOCAL_ORDERS,
         min_count: int = LOCAL_MIN_COUNT,
         top: int = LOCAL_TOP,
@@ -187,7 +207,7 @@ class LocalNgram:
     def __len__(self) -> int:
         return int(self.a.size)
 
-    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    def next_probs(self, run: Run) -> Hit | None:
         """(next ids, P(next | context)) for the longest context ending `run` seen often enough, or None."""
         for k in self.orders:
             h = self.hashes.get(k)
@@ -204,10 +224,14 @@ class LocalNgram:
             return ids[pick], (counts[pick] / at.size).astype(np.float32)
         return None
 
-    def add_bias(self, logits: torch.Tensor, runs: list[tuple], weight: float, skip: tuple = ()) -> torch.Tensor:
+    def add_bias(
+        self, logits: torch.Tensor, runs: list[Run], weight: float, skip: tuple[int | None, ...] = ()
+    ) -> torch.Tensor:
         return add_bias(self, logits, runs, weight, skip)
 
 
+Counts = tuple[np.ndarray, np.ndarray, np.ndarray]  # one order's sorted (context hash, next id, count) pairs
+Pairs = tuple[np.ndarray, np.ndarray]  # one order's (context hash, next id) of a file, sorted by hash
 WORKSPACE_MAX_TOKENS = 1_000_000  # a workspace memory holds at most this many ids (put() refuses more)
 
 
@@ -240,8 +264,10 @@ class WorkspaceNgram:
         self.max_order, self.min_count, self.top, self.max_tokens = self.orders[0], min_count, top, max_tokens
         self._files: dict[str, np.ndarray] = {}  # key -> its ids (int32)
         self._lock = threading.Lock()
-        self._snap: tuple[dict, dict] | None = None  # ({k: (hash, next, count)}, {key: ids}) as counted
-        self._own: dict = {}  # key -> its pairs in the snapshot (view's cache), emptied with the snapshot
+        # ({k: (hash, next, count)}, {key: ids}) as counted
+        self._snap: tuple[dict[int, Counts], dict[str, np.ndarray]] | None = None
+        # key -> its pairs in the snapshot (view's cache), emptied with the snapshot
+        self._own: dict[str, dict[int, Pairs]] = {}
         self.tokens = 0
         self.stale = False  # files changed since the snapshot
 
@@ -256,7 +282,7 @@ class WorkspaceNgram:
         """Whether views have a snapshot to read (a refresh counted at least one file)."""
         return self._snap is not None
 
-    def put(self, key: str, ids) -> bool:
+    def put(self, key: str, ids: npt.ArrayLike) -> bool:
         """File `key` now holds `ids` (counted at the next refresh); False (nothing changed) when the
         memory would exceed max_tokens."""
         a = np.asarray(ids, dtype=np.int32)
@@ -284,7 +310,7 @@ class WorkspaceNgram:
         on reading the old one meanwhile)."""
         with self._lock:
             files, self.stale = dict(self._files), False
-        merged = {}
+        merged: dict[int, Counts] = {}
         if files:
             a = np.concatenate([np.r_[ids.astype(np.int64), -1] for ids in files.values()])
             zeros = np.zeros(a.size, dtype=np.int64)
@@ -303,12 +329,13 @@ class WorkspaceNgram:
         if snap is None:
             return None
         merged, files = snap
-        own = {}
+        own: dict[int, Pairs] = {}
         if exclude is not None and exclude in files:
-            own = own_cache.get(exclude)
-            if own is None:  # each order's (context hash, next id) of the file, sorted by hash
+            cached = own_cache.get(exclude)
+            if cached is not None:
+                own = cached
+            else:  # each order's (context hash, next id) of the file, sorted by hash
                 a = np.r_[files[exclude].astype(np.int64), -1]
-                own = {}
                 for k in self.orders:
                     if a.size > k:
                         h, ok = context_hashes(a, k)
@@ -325,11 +352,13 @@ class WorkspaceView:
     """One fill's workspace table: `merged` ({k: (hash, next, count)}, sorted) less `own` ({k: (hash,
     next)} of the excluded file's positions, sorted by hash)."""
 
-    def __init__(self, merged: dict, own: dict, orders: tuple[int, ...], min_count: int, top: int):
+    def __init__(
+        self, merged: dict[int, Counts], own: dict[int, Pairs], orders: tuple[int, ...], min_count: int, top: int
+    ):
         self.merged, self.own, self.orders = merged, own, orders
         self.max_order, self.min_count, self.top = orders[0], min_count, top
 
-    def next_probs(self, run: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    def next_probs(self, run: Run) -> Hit | None:
         """(next ids, P(next | context)) for the longest context ending `run` that the workspace,
         less the excluded file, follows at least min_count times; None when there is none."""
         for k in self.orders:
@@ -356,7 +385,7 @@ class WorkspaceView:
         return None
 
 
-def load_table(folder) -> NgramTable | None:
+def load_table(folder: str | Path) -> NgramTable | None:
     """The model folder's table (NGRAM_FILE), None when it has none; NgramError when the file is bad
     or was counted with another tokenizer."""
     from engine.model.weight_files import CheckpointError, check_safetensors
@@ -412,7 +441,7 @@ def context_hashes(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return h, ok
 
 
-def pair_counts(a: np.ndarray, pk: np.ndarray, k: int):
+def pair_counts(a: np.ndarray, pk: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every (context of exactly k ids, next id) pair in `a` (-1 between files; no context crosses
     one), sorted by (context hash, next id): (hashes, next ids, counts, packages each pair is seen in;
     `pk`: each position's package)."""
@@ -428,7 +457,9 @@ def pair_counts(a: np.ndarray, pk: np.ndarray, k: int):
     return h[pair], nx[pair], np.diff(np.r_[pair, h.size]), pf
 
 
-def count_order(a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int, min_packages: int):
+def count_order(
+    a: np.ndarray, pk: np.ndarray, k: int, min_count: int, top: int, min_packages: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The contexts of exactly k ids in `a` (-1 between files) and their kept continuations:
     (hashes (C,), next (C, top), prob (C, top)), for contexts seen >= min_count times with at least
     one next id seen in >= min_packages packages (`pk`: each position's package); ranked by count,

@@ -33,10 +33,15 @@ import os
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from typing import TYPE_CHECKING
 
 from engine.api import EngineError, Fill, FillJob
 from engine.clients.remote import _ForwardingEvent  # a cancel event that also aborts the request
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("dlm.http_engine")
 
@@ -60,7 +65,7 @@ def _api_error(raw: bytes) -> bool:
     return isinstance(data, dict) and isinstance(data.get("error"), dict)
 
 
-def _resolve(fut: Future, result=None, exc: BaseException | None = None) -> None:
+def _resolve(fut: Future, result: object = None, exc: BaseException | None = None) -> None:
     if fut.done():
         return
     try:
@@ -90,7 +95,7 @@ class HttpEngine:
         api: str = "openai-fim",
         api_key_env: str | None = None,
         model: str | None = None,
-        on_state=None,
+        on_state: Callable[[str, dict], object] | None = None,
         max_connections: int = 8,
     ):
         if api not in FLAVOURS:
@@ -100,13 +105,14 @@ class HttpEngine:
         self.endpoint = self.base + FLAVOURS[api]
         self.model_id = model or (MERCURY_MODEL if api == "mercury" else None)
         self.max_connections = max_connections
-        self.state, self.message = "idle", None
+        self.state = "idle"
+        self.message: str | None = None
         self.dlm = False  # the endpoint is a dlm-lsp http server (seen in its /v1/models)
         self.gate: float | None = None
         self.calibrator: dict | None = None  # the remote model's calibrated gate (dlm_lsp.fill.gate)
         self.requests = 0
         self._api_key: str | None = None
-        self._client = None
+        self._client: httpx.AsyncClient | None = None  # made on the engine's thread (_setup)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._probing: asyncio.Task | None = None
@@ -187,7 +193,7 @@ class HttpEngine:
         if loop is None or thread is None:
             return
 
-        async def shutdown():
+        async def shutdown() -> None:
             if self._probing is not None:
                 self._probing.cancel()
             if self._client is not None:
@@ -211,6 +217,12 @@ class HttpEngine:
 
     # ------------------------------------------------------------ probing (engine thread)
 
+    def _http(self) -> httpx.AsyncClient:
+        """The HTTP client (_setup makes it on the engine's thread before anything is sent)."""
+        if self._client is None:
+            raise EngineError("the engine is not started")
+        return self._client
+
     def _headers(self) -> dict:
         h = {"accept": "application/json"}
         if self._api_key:
@@ -229,7 +241,7 @@ class HttpEngine:
         tries = 0
         while not self._closed.is_set():
             try:
-                r = await self._client.get(self.base + "/models", headers=self._headers(), timeout=PROBE_TIMEOUT_S)
+                r = await self._http().get(self.base + "/models", headers=self._headers(), timeout=PROBE_TIMEOUT_S)
             except httpx.HTTPError as e:
                 why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 self._set_state("loading", f"the engine at {self.base} does not answer ({why}); retrying")
@@ -259,7 +271,7 @@ class HttpEngine:
             await asyncio.sleep(PROBE_BACKOFF_S[min(tries, len(PROBE_BACKOFF_S) - 1)])
             tries += 1
 
-    def _read_models(self, r) -> None:
+    def _read_models(self, r: httpx.Response) -> None:
         try:
             data = r.json().get("data") or []
             first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
@@ -269,9 +281,10 @@ class HttpEngine:
             self.model_id = first["id"]
         ext = first.get("dlm")
         self.dlm = isinstance(ext, dict)
-        gate = ext.get("gate") if self.dlm else None
+        gate = ext.get("gate") if isinstance(ext, dict) else None
         self.gate = float(gate) if isinstance(gate, (int, float)) and not isinstance(gate, bool) else None
-        cal = ext.get("calibrator") if self.dlm else None  # the remote model's calibrated gate, with its gate
+        # the remote model's calibrated gate, with its gate
+        cal = ext.get("calibrator") if isinstance(ext, dict) else None
         self.calibrator = cal if isinstance(cal, dict) else None
 
     # ------------------------------------------------------------ jobs
@@ -372,7 +385,7 @@ class HttpEngine:
         raise AssertionError("unreachable")
 
     async def _send(self, job: FillJob, left: float) -> tuple[int, bytes]:
-        async with self._client.stream(
+        async with self._http().stream(
             "POST", self.endpoint, json=self._body(job), headers=self._headers(), timeout=left
         ) as r:
             raw = bytearray()
@@ -408,11 +421,11 @@ class HttpEngine:
         use = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         ext = data.get("dlm") if isinstance(data.get("dlm"), dict) else {}
 
-        def num(d, k, default=0.0):
+        def num(d: dict, k: str, default: float = 0.0) -> float:
             v = d.get(k)
             return v if isinstance(v, (int, float)) and not isinstance(v, bool) else default
 
-        def nums(d, k):
+        def nums(d: dict, k: str) -> list[float]:
             v = d.get(k)
             return [x for x in v if isinstance(x, (int, float))] if isinstance(v, list) else []
 

@@ -19,10 +19,12 @@ import fcntl
 import itertools
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 
 from engine.api import EngineError, Fill, FillJob
@@ -34,7 +36,7 @@ log = logging.getLogger("dlm.remote")
 CONNECT_TIMEOUT_S = 120.0  # a daemon binds its socket before it loads the model: this is process start + imports
 
 
-def _resolve(fut: Future, result=None, exc: BaseException | None = None) -> None:
+def _resolve(fut: Future, result: object = None, exc: BaseException | None = None) -> None:
     if fut.done():
         return
     try:
@@ -46,7 +48,7 @@ def _resolve(fut: Future, result=None, exc: BaseException | None = None) -> None
 class _ForwardingEvent(threading.Event):
     """A job's cancel event that also tells the daemon, the first time it is set."""
 
-    def __init__(self, on_set):
+    def __init__(self, on_set: Callable[[], object]):
         super().__init__()
         self._on_set = on_set
 
@@ -57,7 +59,7 @@ class _ForwardingEvent(threading.Event):
             self._on_set()
 
 
-def _log_tail(path, n: int = 1500) -> str:
+def _log_tail(path: str | os.PathLike[str], n: int = 1500) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -70,9 +72,11 @@ def _log_tail(path, n: int = 1500) -> str:
 WORKSPACE_PART_CHARS = 4 * 1024 * 1024  # a workspace message's texts (frames stop at wire.MAX_FRAME)
 
 
-def _chunks(files: dict) -> list[dict]:
+def _chunks(files: Mapping[str, str | None]) -> list[dict[str, str | None]]:
     """`files` split into parts of at most WORKSPACE_PART_CHARS characters of text (at least one part)."""
-    parts, part, size = [], {}, 0
+    parts: list[dict[str, str | None]] = []
+    part: dict[str, str | None] = {}
+    size = 0
     for k, t in files.items():
         n = len(t or "") + len(k)
         if part and size + n > WORKSPACE_PART_CHARS:
@@ -91,7 +95,7 @@ class RemoteEngine:
         self,
         model: str | None = None,
         device: str = "auto",
-        on_state=None,
+        on_state: Callable[[str, dict], object] | None = None,
         threads: int | None = None,
         idle_s: float | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
@@ -99,7 +103,8 @@ class RemoteEngine:
         self.model_name, self.device_name = model, device or "auto"
         self.on_state = on_state
         self.threads, self.idle_s, self.connect_timeout = threads, idle_s, connect_timeout
-        self.state, self.message = "idle", None
+        self.state = "idle"
+        self.message: str | None = None
         self.daemon_pid: int | None = None
         self.connections = 0  # connections made (1 + restarts seen)
         self.started_daemons = 0  # daemons this client spawned
@@ -121,7 +126,7 @@ class RemoteEngine:
         self.state, self.message = state, message
         if self.on_state is None:
             return
-        out = {
+        out: dict[str, object] = {
             "model": str(self.model_name or "default"),
             "device": self.device_name,
             "message": message,
@@ -193,7 +198,7 @@ class RemoteEngine:
             if backoff and self._closed.wait(backoff):
                 return
 
-    def _connect(self):
+    def _connect(self) -> tuple[socket.socket, dict]:
         """(socket, hello) of a connection to the daemon, started if needed; raises EngineError."""
         place = wire.place(self.model_name, self.device_name)
         deadline = time.monotonic() + self.connect_timeout
@@ -210,7 +215,7 @@ class RemoteEngine:
                 raise EngineError(f"the shared engine on {place.socket} does not answer; see {place.log}")
             time.sleep(0.1)
 
-    def _handshake(self, sock):
+    def _handshake(self, sock: socket.socket) -> dict | None:
         """Says hello; the daemon's hello (its state), or None when the connection ended first."""
         sock.settimeout(30.0)
         try:
@@ -230,7 +235,7 @@ class RemoteEngine:
         except (OSError, ValueError):
             return None
 
-    def _start_daemon(self, place: wire.Place, deadline: float):
+    def _start_daemon(self, place: wire.Place, deadline: float) -> socket.socket:
         """Starts `dlm-lsp engine` under the lock (or finds the one another window started) and
         returns a connected socket; raises EngineError with the daemon's log when it fails."""
         fd = wire.open_lock(place.lock)
@@ -291,8 +296,9 @@ class RemoteEngine:
         finally:
             os.close(fd)  # releases the lock unless the daemon did already
 
-    def _attach(self, sock, hello: dict) -> wire.Channel:
+    def _attach(self, sock: socket.socket, hello: dict) -> wire.Channel:
         """Makes the connection current, sends the jobs that waited for it, reports the daemon's state."""
+        chan: wire.Channel  # its on_close names it
         chan = wire.Channel(sock, self._on_message, lambda: self._dropped(chan), name="dlm-remote")
         with self._lock:
             self._chan = chan
@@ -413,7 +419,7 @@ class RemoteEngine:
             del self._jobs[jid]
         _resolve(entry[1], Fill(text="", tokens=0, steps=0, slots=entry[0].max_tokens, cancelled=True))
 
-    def workspace_files(self, space: str, files: dict) -> Future:
+    def workspace_files(self, space: str, files: Mapping[str, str | None]) -> Future:
         """EngineService.workspace_files on the shared engine: the files ({key: text or None}) go
         into this window's memory `space` there (kept here too, and sent again to a daemon that
         replaced a dead one). The future resolves to the last part's result, or raises EngineError.

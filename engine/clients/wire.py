@@ -30,6 +30,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.api import DecodeOptions, EngineError, Fill, FillJob
@@ -196,7 +197,13 @@ class Channel:
     message for a writer thread, so no caller (the engine worker, the event loop) ever blocks on a
     slow peer. `on_close` runs once, when either side ends it."""
 
-    def __init__(self, sock: socket.socket, on_message, on_close, name: str = "dlm-wire"):
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_message: Callable[[dict], object],
+        on_close: Callable[[], object],
+        name: str = "dlm-wire",
+    ):
         self.sock, self.on_message, self.on_close = sock, on_message, on_close
         self._out: queue.Queue = queue.Queue()
         self._closed = threading.Event()
@@ -297,7 +304,7 @@ _OPTION_FIELDS = {f.name for f in dataclasses.fields(DecodeOptions)}
 _FILL_FIELDS = {f.name for f in dataclasses.fields(Fill)}
 
 
-def job_from_message(m: dict, now: float | None = None) -> FillJob:
+def job_from_message(m: object, now: float | None = None) -> FillJob:
     """The wire form -> a FillJob with a deadline on this process's clock. Raises ValueError."""
     now = time.monotonic() if now is None else now
     if not isinstance(m, dict):
@@ -334,10 +341,13 @@ def job_from_message(m: dict, now: float | None = None) -> FillJob:
         options=DecodeOptions(**opts),
         session=session,
         lookup=lookup,
-        **names,
+        kind=names["kind"],
+        workspace=names["workspace"],
+        document=names["document"],
         deadline=None if remaining is None else now + remaining,
         submitted_at=now - max(0.0, age),
-        **ints,
+        max_tokens=ints["max_tokens"],
+        context_tokens=ints["context_tokens"],
     )
 
 

@@ -16,7 +16,7 @@ import torch
 
 from engine.decode.sampler import heal_logits
 from engine.model.transformer import Transformer
-from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+from engine.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, TextTokenizer
 
 
 @dataclass
@@ -30,10 +30,10 @@ class ARResult:
         return self.prefill_ms + sum(self.ms_per_token)
 
 
-def fim_prompt(prefix: list[int], suffix: list[int], tok) -> list[int]:
+def fim_prompt(prefix: list[int], suffix: list[int], tok: TextTokenizer) -> list[int]:
     """The twin's prompt: PSM order with the tokenizer's FIM markers (plain prefix if it has none)."""
     fp, fs, fm = (tok.token_id(t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE))
-    if None in (fp, fs, fm):
+    if fp is None or fs is None or fm is None:
         return list(prefix)
     return [fp] + list(prefix) + [fs] + list(suffix) + [fm]
 

@@ -23,16 +23,25 @@ tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 import torch
 
 from engine.api import DecodeOptions
-from engine.bias.copy import chain_copy_bias, copy_bias, copy_tables, far_ids, left_runs, ngram_skip
-from engine.bias.ngram import LocalNgram, add_hit
+from engine.bias.copy import CopyTables, Run, chain_copy_bias, copy_bias, copy_tables, far_ids, left_runs, ngram_skip
+from engine.bias.ngram import Hit, LocalNgram, add_hit
 from engine.families import dreamon
 from engine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.bias.names import NameBias
+    from engine.bias.ngram import NgramTable, WorkspaceView
+    from engine.decode.reuse import ReuseCache
+
+LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each (1, Hkv, L, Dh)
 
 SELECTIONS = ("threshold", "topk", "timesteps")
 # Dream's default eps: its timesteps run from 1 down to eps (generation_utils, DreamGenerationConfig)
@@ -129,7 +138,7 @@ class Canvas:
     tokens_per_step: list[int] = field(default_factory=list)
     ms_per_step: list[float] = field(default_factory=list)
     rows_forwarded: int = 0  # rows run through the model, summed over this job's forwards (Fill.forwarded_tokens)
-    kv: list | None = None  # per layer (k, v) buffers (1, Hkv, L, Dh); the first ctx_len rows are the context
+    kv: LayerKV | None = None  # per layer (k, v) buffers (1, Hkv, L, Dh); the first ctx_len rows are the context
     kv_pos: torch.Tensor | None = None  # (L,) absolute positions of the kv rows (block-causal models only)
     ctx_len: int = 0
     n_frozen: int = 0
@@ -144,27 +153,27 @@ class Canvas:
     full_ms: float = 0.0  # last full-forward step, the estimate for the next one (0: unknown)
     cached_ms: float = 0.0  # last cached step
     final_step: bool = False  # this step commits every mask (deadline): set before its forward
-    _masked_at: tuple = (-1, None)  # (steps, masked slot indices): computed once per step
-    slot_kv: list | None = None  # with a window: per layer (k, v) (1, H, n, Dh) of the slots at the last full forward
+    _masked_at: tuple[int, torch.Tensor | None] = (-1, None)  # (steps, masked slot indices): computed once per step
+    # with a window: per layer (k, v) (1, H, n, Dh) of the slots at the last full forward
+    slot_kv: LayerKV | None = None
     # token healing (TextTokenizer.heal): slot `heal_slot` (0, or 1 after slot 0 took a shorter piece
     # of the healed text) may only take the ids in `heal`; it is the leftmost masked slot while open
     heal: torch.Tensor | None = None
     heal_open: bool = False
     heal_slot: int = 0
-    heal_then: dict = field(default_factory=dict)  # piece id at slot 0 -> (ids) slot 1 may then take
+    heal_then: dict[int, torch.Tensor] = field(default_factory=dict)  # piece id at slot 0 -> (ids) slot 1 may then take
     heal_whole: torch.Tensor | None = None  # slot 0's ids that re-type the whole text (a final step's)
-    copy: tuple | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
+    copy: CopyTables | None = None  # (ids, successors) of the context copy boost (copy_tables), None: off
     copy_far: np.ndarray | None = None  # the boost's far side (far_ids of FillJob.lookup), None: none
-    names: object = None  # engine.bias.names.NameBias of identifier-aware decoding (DecodeOptions.names), None: off
-    ngram: object = None  # engine.bias.ngram.NgramTable of the corpus n-gram memory (DecodeOptions.ngram), None: off
-    local: object = None  # engine.bias.ngram.LocalNgram of the fill's own texts (DecodeOptions.local_ngram), None: off
-    local_near: list | None = None  # the context's ids for `local` (attach_far adds the lookup's)
-    workspace: object = (
-        None  # engine.bias.ngram.WorkspaceView (FillJob.workspace, DecodeOptions.workspace_ngram), None: off
-    )
-    stop_ids: tuple = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
+    names: NameBias | None = None  # identifier-aware decoding (DecodeOptions.names), None: off
+    ngram: NgramTable | None = None  # the corpus n-gram memory (DecodeOptions.ngram), None: off
+    local: LocalNgram | None = None  # the fill's own texts' n-gram (DecodeOptions.local_ngram), None: off
+    local_near: list[list[int]] | None = None  # the context's ids for `local` (attach_far adds the lookup's)
+    workspace: WorkspaceView | None = None  # FillJob.workspace's memory (DecodeOptions.workspace_ngram), None: off
+    stop_ids: tuple[int, ...] = ()  # ids that end the fill like padding (DecodeOptions.stop_newline: line breaks)
     middle: dreamon.Middle | None = None  # DreamOn: the middle grows and shrinks (engine/families/dreamon.py)
-    reuse: tuple | None = None  # (engine.decode.reuse.ReuseCache, session key): approximate context reuse (None: off)
+    # (engine.decode.reuse.ReuseCache, session key): approximate context reuse (None: off)
+    reuse: tuple[ReuseCache, str] | None = None
     reused: int = 0  # context rows whose K/V the first forward took from the session (Fill.reused_tokens)
 
     @classmethod
@@ -176,10 +185,10 @@ class Canvas:
         cfg: ModelConfig,
         opts: DecodeOptions,
         context_tokens: int = 512,
-        device="cpu",
+        device: str | torch.device = "cpu",
         heal: list[int] | None = None,
         heal_then: dict[int, list[int]] | None = None,
-    ) -> Canvas:
+    ) -> Self:
         """Cuts prefix/suffix to fit `context_tokens` (and the model) around n mask slots. Token
         healing (the caller removed the healed tail from the prefix): `heal`, the ids slot 0 may
         take; `heal_then`, for those that are a shorter piece of the tail, the ids slot 1 may then
@@ -263,7 +272,7 @@ class Canvas:
         return self.start - (1 if self.cfg.logits_shift else 0), self.start + self.n
 
     @property
-    def ctx(self) -> list | None:
+    def ctx(self) -> LayerKV | None:
         """Per layer (k, v) of the cached context, (1, H, ctx_len, Dh); None before the first full forward."""
         if self.kv is None:
             return None
@@ -295,7 +304,10 @@ class Canvas:
     def heal_ids(self, final: bool) -> torch.Tensor:
         """The ids the healed slot may take this step: a final step at slot 0 must re-type the
         whole tail (slot 1 is committed in the same step, unrestricted)."""
-        return self.heal_whole if final and self.heal_slot == 0 else self.heal
+        ids = self.heal_whole if final and self.heal_slot == 0 else self.heal
+        if ids is None:  # set together with heal_open by build (and heal_then's pieces by the commit)
+            raise ValueError("this canvas has no token healing")
+        return ids
 
     def attach_far(self, lookup: list[int] | None) -> None:
         """Gives the copy boost its far side: the ids of FillJob.lookup (off unless copy_far), and
@@ -305,37 +317,46 @@ class Canvas:
         if far is not None and self.copy is not None and self.opts.copy_far:
             self.copy_far = far
         if self.opts.local_ngram and self.local_near is not None:
-            self.local = LocalNgram([far] + self.local_near)
+            self.local = LocalNgram([far, *self.local_near])
 
-    def copy_bias(self, slot_idx: torch.Tensor, logits: torch.Tensor | None = None, restrict=None) -> torch.Tensor:
+    def copy_bias(
+        self,
+        slot_idx: torch.Tensor,
+        logits: torch.Tensor | None = None,
+        restrict: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """(M, V) context copy bias for these slots, from the tokens left of them right now. With
         `copy_chain` and the slots' (M, V) `logits`, a slot right of a slot predicted in this step
         takes that slot's prediction (argmax of its biased row after `restrict(r, row)`) as its left
         neighbour (chain_copy_bias)."""
+        tables = self.copy
+        if tables is None:  # the sampler asks only with the boost on
+            raise ValueError("the context copy boost is off on this canvas")
         order = max(1, self.opts.copy_order or 1)
         slots = slot_idx.tolist()
         left = left_runs(self.ids.tolist(), [self.start + j for j in slots], order, self.cfg.mask_token_id)
         if logits is None or not self.opts.copy_chain or self.opts.temperature > 0:
-            return copy_bias(
-                left, *self.copy, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far
-            )
+            return copy_bias(left, *tables, self.cfg.vocab_size, self.opts, device=self.ids.device, far=self.copy_far)
         chain = [r > 0 and slots[r - 1] == j - 1 for r, j in enumerate(slots)]
-        return chain_copy_bias(left, chain, logits, self.copy, self.opts, order, self.copy_far, restrict)
+        return chain_copy_bias(left, chain, logits, tables, self.opts, order, self.copy_far, restrict)
 
-    def memory_runs(self, slot_idx: torch.Tensor) -> list[tuple]:
+    def memory_runs(self, slot_idx: torch.Tensor) -> list[Run]:
         """These slots' committed left runs at the longest order any n-gram memory reads (the corpus
         table, the fill's own, the workspace's): one pass over the canvas for all of them."""
         order = max(t.max_order for t in (self.ngram, self.local, self.workspace) if t is not None)
         return left_runs(self.ids.tolist(), [self.start + j for j in slot_idx.tolist()], order, self.cfg.mask_token_id)
 
-    def add_ngram(self, logits: torch.Tensor, slot_idx: torch.Tensor, left: list[tuple] | None = None) -> None:
+    def add_ngram(self, logits: torch.Tensor, slot_idx: torch.Tensor, left: list[Run] | None = None) -> None:
         """Adds the corpus n-gram memory to these slots' (M, V) logits in place, from the committed
         ids left of them (`left`: memory_runs(slot_idx), when the caller has them)."""
         table = self.ngram
+        if table is None:  # the sampler asks only with the memory on
+            raise ValueError("the corpus n-gram memory is off on this canvas")
         left = self.memory_runs(slot_idx) if left is None else left
-        table.add_bias(logits, [run[-table.max_order :] for run in left], self.opts.ngram, ngram_skip(self.cfg))
+        weight = self.opts.ngram or 0.0  # set whenever the memory is (engine/decode/levers.py)
+        table.add_bias(logits, [run[-table.max_order :] for run in left], weight, ngram_skip(self.cfg))
 
-    def add_local(self, logits: torch.Tensor, slot_idx: torch.Tensor, left: list[tuple] | None = None) -> None:
+    def add_local(self, logits: torch.Tensor, slot_idx: torch.Tensor, left: list[Run] | None = None) -> None:
         """Adds the fill's own n-gram (DecodeOptions.local_ngram) to these slots' (M, V) logits in
         place, from the committed ids left of them; where it has no context, the workspace's n-gram
         (DecodeOptions.workspace_ngram, `workspace`) instead. `left`: memory_runs(slot_idx)."""
@@ -347,18 +368,23 @@ class Canvas:
             run = run[-order:]
             if not run or not skip.isdisjoint(run):
                 continue
-            hit, w = (local.next_probs(run), self.opts.local_ngram) if local is not None else (None, 0.0)
+            hit: Hit | None = None
+            w = 0.0
+            if local is not None:  # its weight is set whenever it is (attach_far), the workspace's too (levers)
+                hit, w = local.next_probs(run), self.opts.local_ngram or 0.0
             if hit is None and ws is not None:
-                hit, w = ws.next_probs(run), self.opts.workspace_ngram
+                hit, w = ws.next_probs(run), self.opts.workspace_ngram or 0.0
             if hit is not None:
                 add_hit(logits, r, hit, w)
 
     def masked_slots(self) -> torch.Tensor:
         """(M,) indices of the still-masked slots, ascending; one nonzero per step, shared by the
         forward (which slots to run) and the commit."""
-        if self._masked_at[0] != self.steps:
-            self._masked_at = (self.steps, torch.nonzero(self.masked).flatten())
-        return self._masked_at[1]
+        steps, slots = self._masked_at
+        if steps != self.steps or slots is None:
+            slots = torch.nonzero(self.masked).flatten()
+            self._masked_at = (self.steps, slots)
+        return slots
 
     def window_now(self, final: bool = False) -> int:
         """Slots this step predicts from the left (0: every masked slot): the window, unless the

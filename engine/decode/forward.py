@@ -5,12 +5,19 @@ and gives each canvas its rows."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from engine.api import DecodeOptions
 from engine.decode import reorder, reuse
 from engine.decode.cache import BatchContext, Rows, forward_cached, forward_full
 from engine.decode.canvas import Canvas
 from engine.decode.reorder import ReorderCanvas
 from engine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model.transformer import Transformer
 
 
 def build_canvas(
@@ -20,7 +27,7 @@ def build_canvas(
     cfg: ModelConfig,
     opts: DecodeOptions,
     context_tokens: int = 512,
-    device="cpu",
+    device: str | torch.device = "cpu",
     heal: list[int] | None = None,
     heal_then: dict[int, list[int]] | None = None,
 ) -> Canvas:
@@ -30,11 +37,12 @@ def build_canvas(
     return kind.build(prefix, suffix, n, cfg, opts, context_tokens, device, heal, heal_then)
 
 
-def forward(model, canvases: list[Canvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
+def forward(model: Transformer, canvases: list[Canvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
     """Hidden states for a batch: one full forward for the canvases that need one, one cached step
     for the rest. Returns per canvas (hidden (R, D), their positions (R,)), in order."""
     if canvases and canvases[0].cfg.canvas == "reorder":  # causal, masks last: engine/decode/reorder.py
-        return reorder.forward(model, canvases, batch_ctx)
+        # build_canvas gives a "reorder" model's canvases their own class (one model per batch)
+        return reorder.forward(model, cast(list[ReorderCanvas], canvases), batch_ctx)
     full = [c for c in canvases if c.needs_full()]
     cached = [c for c in canvases if not c.needs_full()]
     hs: dict[int, Rows] = {}

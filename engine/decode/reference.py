@@ -3,19 +3,28 @@ softmax in fp64, plain Python selection."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from engine.api import DecodeOptions
-from engine.bias.copy import copy_bias, ngram_skip
+from engine.bias.copy import Run, copy_bias, ngram_skip
 from engine.decode.canvas import schedule, timestep_schedule, trim_fill
 from engine.decode.forward import build_canvas
 from engine.decode.reorder import reference_logits
 
+if TYPE_CHECKING:
+    from engine.bias.names import NameBias
+    from engine.bias.ngram import NgramTable
+    from engine.model.transformer import Transformer
+
+Candidate = tuple[int, int, float, bool]  # (slot, token, confidence, confident padding)
+
 
 @torch.no_grad()
 def reference_fill(
-    model,
+    model: Transformer,
     prefix: list[int],
     suffix: list[int],
     n: int,
@@ -25,8 +34,8 @@ def reference_fill(
     heal_then: dict[int, list[int]] | None = None,
     lookup: list[int] | None = None,
     stop_ids: list[int] | None = None,
-    names=None,
-    ngram=None,
+    names: NameBias | None = None,
+    ngram: NgramTable | None = None,
     workspace: list[list[int]] | None = None,
 ) -> list[int]:
     """Naive sampler kept as the oracle: full recompute every step, full softmax over the vocabulary
@@ -61,9 +70,10 @@ def reference_fill(
         else:
             logits = model(torch.tensor([seq]))[0].double()  # (L, V)
         if c.copy is not None:  # the context copy boost, from each masked slot's left neighbour now
-            left = []
+            left: list[Run] = []
             for j in masked:  # the committed run just left of slot j, written out plainly
-                run, q = [], s + j - 1
+                run: list[int] = []
+                q = s + j - 1
                 while q >= 0 and len(run) < max(1, opts.copy_order or 1) and seq[q] != cfg.mask_token_id:
                     run.insert(0, seq[q])
                     q -= 1
@@ -72,9 +82,9 @@ def reference_fill(
             if opts.copy_chain and c.middle is None and cfg.family != "wedlm":
                 # draft chaining: slot j - 1 masked too -> its biased, restricted argmax continues j's run
                 bias = torch.zeros(len(masked), logits.shape[-1], dtype=torch.float64)
-                runs: list[tuple] = []
+                runs: list[Run] = []
                 for r, j in enumerate(masked):
-                    run = left[r]
+                    chained = left[r]
                     if r > 0 and masked[r - 1] == j - 1:
                         row = logits[s + j - 1 - shift] + bias[r - 1]
                         row[cfg.mask_token_id] = float("-inf")
@@ -85,9 +95,11 @@ def reference_fill(
                                 row,
                                 torch.full_like(row, float("-inf")),
                             )
-                        run = (runs[r - 1] + (int(torch.argmax(row)),))[-max(1, opts.copy_order or 1) :]
-                    runs.append(run)
-                    bias[r] = copy_bias([run], *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)[0]
+                        chained = (runs[r - 1] + (int(torch.argmax(row)),))[-max(1, opts.copy_order or 1) :]
+                    runs.append(chained)
+                    bias[r] = copy_bias(
+                        [chained], *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far
+                    )[0]
             else:
                 bias = copy_bias(left, *c.copy, logits.shape[-1], opts, dtype=torch.float64, far=c.copy_far)
             for r, j in enumerate(masked):
@@ -116,7 +128,7 @@ def reference_fill(
                 if not run or set(run) & set(ngram_skip(cfg)):
                     continue
                 for src, weight in sources:
-                    hit = False
+                    found = False
                     for k in (6, 5, 4, 3):  # the longest context followed at least twice
                         if k > len(run):
                             continue
@@ -127,12 +139,12 @@ def reference_fill(
                             if x[i + k] >= 0 and tuple(x[i : i + k]) == tuple(run[-k:])
                         ]
                         if len(nexts) >= 2:
-                            ranked = sorted(set(nexts), key=lambda t: (-nexts.count(t), t))[:2]
-                            for t in ranked:
+                            top_next = sorted(set(nexts), key=lambda t: (-nexts.count(t), t))[:2]
+                            for t in top_next:
                                 logits[s + j - shift, t] += weight * nexts.count(t) / len(nexts)
-                            hit = True
+                            found = True
                             break
-                    if hit:
+                    if found:
                         break
         budget_out = opts.selection == "threshold" and opts.steps is not None and steps + 1 >= opts.steps
         if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed
@@ -142,16 +154,17 @@ def reference_fill(
                 cands = None
                 if h_slot is not None and j0 == h_slot:
                     cands = sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)
-                row = names.slot_row(done, cands)
-                if row is not None:
-                    logits[s + j0 - shift] += row.double()
+                penalty = names.slot_row(done, cands)
+                if penalty is not None:
+                    logits[s + j0 - shift] += penalty.double()
         logits[:, cfg.mask_token_id] = float("-inf")
         if h_slot is not None:  # the healed slot: only its candidates (a last step at slot 0: whole ones)
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
             keep[sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)] = True
             logits[s + h_slot - shift, ~keep] = float("-inf")
         probs = F.softmax(logits, dim=-1)
-        cand, max_p = [], {}
+        cand: list[Candidate] = []
+        max_p: dict[int, float] = {}
         for j in masked:
             p = probs[s + j - shift]
             top = torch.topk(p, 2)
@@ -205,15 +218,22 @@ def reference_fill(
                     and not any(x[2] >= opts.threshold for x in cand_e)
                     and max_p[first] < opts.stop_below
                 ):
-                    chosen = [(first, cfg.eos_token_id, 0, 0)]  # stop when unsure: the end, at the leftmost slot
+                    chosen = [(first, cfg.eos_token_id, 0, False)]  # stop when unsure: the end, at the leftmost slot
         if opts.block > 0 or opts.pad_left or opts.window > 0:  # a committed padding/end slot ends the fill
             ends_at = [x[0] for x in chosen if x[1] in ends_now]
             if ends_at:
                 cut = min(ends_at)
                 chosen = (
                     [x for x in chosen if x[0] < cut]
-                    + [(cut, cfg.eos_token_id if opts.pad_left else next(x[1] for x in chosen if x[0] == cut), 0, 0)]
-                    + [(j, cfg.pad_token_id, 0, 0) for j in masked if j > cut]
+                    + [
+                        (
+                            cut,
+                            cfg.eos_token_id if opts.pad_left else next(x[1] for x in chosen if x[0] == cut),
+                            0,
+                            False,
+                        )
+                    ]
+                    + [(j, cfg.pad_token_id, 0, False) for j in masked if j > cut]
                 )
         for j, tok, _, _ in chosen:
             seq[s + j] = tok

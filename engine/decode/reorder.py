@@ -32,13 +32,18 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Self
 
 import torch
 
 from engine.api import DecodeOptions
-from engine.decode.cache import BatchContext, Rows, pad_stack
-from engine.decode.canvas import Canvas, trim_fill
+from engine.decode.cache import BatchContext, Rows, need, pad_stack
+from engine.decode.canvas import Canvas, LayerKV, trim_fill
 from engine.families import wedlm
+from engine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.model.transformer import Transformer
 
 CUT_CHUNK = 64  # a too-long prefix is cut from the left in multiples of this many tokens (ReorderCanvas.build)
 
@@ -64,7 +69,7 @@ class ReorderCanvas(Canvas):
     streaming: bool = False  # WeDLM's window and cache order
     keep: int = 0  # slots that make the fill (the rest: WeDLM's window past the last one); 0: all
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.in_cache = [False] * self.n
         self.streaming = self.cfg.family == "wedlm"
         self.keep = self.keep or self.n
@@ -75,13 +80,13 @@ class ReorderCanvas(Canvas):
         prefix: list[int],
         suffix: list[int],
         n: int,
-        cfg,
+        cfg: ModelConfig,
         opts: DecodeOptions,
         context_tokens: int = 512,
-        device="cpu",
-        heal=None,
-        heal_then=None,
-    ) -> ReorderCanvas:
+        device: str | torch.device = "cpu",
+        heal: list[int] | None = None,
+        heal_then: dict[int, list[int]] | None = None,
+    ) -> Self:
         """Canvas.build, except that a prefix too long for its room loses its head in whole chunks of
         CUT_CHUNK tokens, so its first rows (and every reusable K/V) stay put while the user types.
         WeDLM: its options (wedlm.options), and without a suffix WINDOW - 1 more slots after the n
@@ -166,56 +171,61 @@ class ReorderCanvas(Canvas):
         self.cache_order += slots
 
 
-def _alloc(c: ReorderCanvas, kvs) -> None:
-    """K/V buffers (1, Hkv, L, Dh) per layer: room for the context, every slot, and a step's run rows."""
+def _alloc(c: ReorderCanvas, kvs: LayerKV) -> LayerKV:
+    """K/V buffers (1, Hkv, L, Dh) per layer: room for the context, every slot, and a step's run rows
+    (the canvas's `kv`, returned)."""
     k0, v0 = kvs[0]
     shape = (1, k0.shape[1], c.ids.shape[0], k0.shape[3])
     c.kv = [
         (torch.empty(shape, dtype=k0.dtype, device=k0.device), torch.empty(shape, dtype=v0.dtype, device=v0.device))
         for _ in kvs
     ]
+    return c.kv
 
 
-def _forward_full(model, c: ReorderCanvas) -> Rows:
+def _forward_full(model: Transformer, c: ReorderCanvas) -> Rows:
     """The whole reordered row in one forward: context, committed slots (cache order, then the last
     step's; WeDLM: logical order), masked slots. Fills the canvas's cache with everything but the
     masks (WeDLM: with the left-contiguous committed run only). With a session, the context's K/V are
     reused up to its first changed row and only the rest is run."""
     ctx_ids, ctx_pos = c.context_rows()
-    first = c.kv is None
+    kv = c.kv
+    first = kv is None
     done = c.cache_order + c.pending()
     slots = torch.tensor(done, dtype=torch.long, device=c.ids.device) + c.start
     masks = c.run_slots() + c.start
     ids = torch.cat([ctx_ids, c.ids[slots], c.ids[masks]])
     pos = torch.cat([ctx_pos, slots, masks])
-    keyed = c.session is not None and c.session_key is not None
+    session, key = c.session, c.session_key
     k = 0
-    if keyed and first:
-        k, past = c.session.lookup(c.session_key, ctx_ids, ctx_pos)
-        if k:
-            _alloc(c, past)
-            for (kb, vb), (pk, pv) in zip(c.kv, past):
+    if session is not None and key is not None and first:
+        got, past = session.lookup(key, ctx_ids, ctx_pos)
+        if got and past is not None:  # lookup gives the K/V whenever it reuses rows
+            k = got
+            kv = _alloc(c, past)
+            for (kb, vb), (pk, pv) in zip(kv, past):
                 kb[:, :, :k] = pk[:, :, :k]
                 vb[:, :, :k] = pv[:, :, :k]
             c.reused = k
-    if k:  # only the rows from the first changed one run, against the reused rows (written in place after them)
+    # with reused rows, only the rows from the first changed one run, against them (written in place after them)
+    if k and kv is not None:
         h = model.hidden(
             ids[k:][None],
             pos=pos[k:][None],
-            ctx=[(kb, vb, k) for kb, vb in c.kv],
+            ctx=[(kb, vb, k) for kb, vb in kv],
             key_valid=torch.ones(1, ids.shape[0] - k, dtype=torch.bool, device=ids.device),
         )
     else:
         h, kvs = model.hidden(ids[None], pos=pos[None], return_kv=True)  # (1, R, D)
-        if first:
-            _alloc(c, kvs)
-        for (kb, vb), (kk, vv) in zip(c.kv, kvs):
+        if kv is None:  # the first forward
+            kv = _alloc(c, kvs)
+        for (kb, vb), (kk, vv) in zip(kv, kvs):
             kb[:, :, : kk.shape[2]] = kk
             vb[:, :, : vv.shape[2]] = vv
     c.rows_forwarded += ids.shape[0] - k
     Lc = ctx_ids.shape[0]
-    if keyed and first:
-        c.session.store(c.session_key, ctx_ids, ctx_pos, [(kb[:, :, :Lc], vb[:, :, :Lc]) for kb, vb in c.kv])
+    if session is not None and key is not None and first:
+        session.store(key, ctx_ids, ctx_pos, [(kb[:, :, :Lc], vb[:, :, :Lc]) for kb, vb in kv])
     c.cache_order = []
     c.in_cache = [False] * c.n
     join = c.joining(done)  # recipe (c): every committed slot; WeDLM: the run from slot 0 (first in `done`)
@@ -226,7 +236,7 @@ def _forward_full(model, c: ReorderCanvas) -> Rows:
     return h[0, Lc + len(done) - k :], masks
 
 
-def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContext | None) -> list[Rows]:
+def _forward_cached(model: Transformer, canvases: list[ReorderCanvas], batch_ctx: BatchContext | None) -> list[Rows]:
     """One step for canvases with a cache: each runs its committed slots not cached yet (recipe (c):
     the last step's commits; WeDLM: every committed slot right of the left-contiguous run), then its
     masked slots."""
@@ -244,7 +254,7 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
         h = model.hidden(
             c.ids[run][None],
             pos=run[None],
-            ctx=[(kb, vb, c.ctx_len) for kb, vb in c.kv],
+            ctx=[(kb, vb, c.ctx_len) for kb, vb in need(c.kv, "Canvas.kv")],
             key_valid=torch.ones(1, run.shape[0], dtype=torch.bool, device=run.device),
         )
         join = c.joining(new)  # the first of the run's rows: their K/V stay where they were written
@@ -264,7 +274,7 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
     for i, (c, (new, run, masks)) in enumerate(zip(canvases, plans)):
         join = c.joining(new)
         g = len(join)
-        for (kb, vb), (kk, vv) in zip(c.kv, kvs):  # the new commits' K/V join the canvas's own cache
+        for (kb, vb), (kk, vv) in zip(need(c.kv, "Canvas.kv"), kvs):  # the new commits' K/V join the canvas's own cache
             kb[0, :, c.ctx_len : c.ctx_len + g] = kk[i, :, :g]
             vb[0, :, c.ctx_len : c.ctx_len + g] = vv[i, :, :g]
         c._cached(join)
@@ -275,7 +285,7 @@ def _forward_cached(model, canvases: list[ReorderCanvas], batch_ctx: BatchContex
     return out
 
 
-def forward(model, canvases: list[ReorderCanvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
+def forward(model: Transformer, canvases: list[ReorderCanvas], batch_ctx: BatchContext | None = None) -> list[Rows]:
     """sampler.forward for the reorder layout: per canvas the hidden states of the masked slots the
     step predicts and their logical positions (ascending), which is what sampler.commit reads."""
     full = [c for c in canvases if c.needs_full()]
@@ -286,7 +296,7 @@ def forward(model, canvases: list[ReorderCanvas], batch_ctx: BatchContext | None
     return [hs[id(c)] for c in canvases]
 
 
-def reference_logits(model, seq: list[int], start: int, n: int, groups: list[list[int]]) -> torch.Tensor:
+def reference_logits(model: Transformer, seq: list[int], start: int, n: int, groups: list[list[int]]) -> torch.Tensor:
     """The oracle's forward (sampler.reference_fill): the whole reordered row recomputed - prefix,
     suffix, each step's commits (`groups`, in logical order), then every masked slot - and its logits
     put back in logical order, (L, V)."""
@@ -314,11 +324,12 @@ class SessionCache:
 
     def __init__(self, size: int = 8):
         self.size = size
-        self._entries: OrderedDict[str, tuple] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[torch.Tensor, torch.Tensor, LayerKV]] = OrderedDict()
         self.stats = {"lookups": 0, "hits": 0, "rows_reused": 0, "rows_total": 0}
 
-    def lookup(self, key: str, ids: torch.Tensor, pos: torch.Tensor):
-        """(k, per-layer K/V) with k the number of leading context rows equal to the stored ones."""
+    def lookup(self, key: str, ids: torch.Tensor, pos: torch.Tensor) -> tuple[int, LayerKV | None]:
+        """(k, per-layer K/V) with k the number of leading context rows equal to the stored ones
+        (K/V None when k is 0)."""
         self.stats["lookups"] += 1
         self.stats["rows_total"] += ids.shape[0]
         e = self._entries.get(key)
@@ -338,7 +349,7 @@ class SessionCache:
     def clear(self) -> None:
         self._entries.clear()
 
-    def store(self, key: str, ids: torch.Tensor, pos: torch.Tensor, kv) -> None:
+    def store(self, key: str, ids: torch.Tensor, pos: torch.Tensor, kv: LayerKV) -> None:
         self._entries[key] = (ids.clone(), pos.clone(), [(k.clone(), v.clone()) for k, v in kv])
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:

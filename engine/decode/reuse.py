@@ -63,6 +63,7 @@ from engine.decode.cache import Rows, forward_full
 
 if TYPE_CHECKING:
     from engine.decode.canvas import Canvas
+    from engine.model.transformer import Transformer
 
 JUMP_TOKENS = 32  # a change this far (in tokens) from the cursor, or more changed there, is a cursor jump
 MAX_SHIFT = 64  # diagonals searched for a part's unchanged run (a slide or a re-tokenized head up to this)
@@ -185,7 +186,7 @@ class Plan:
     changed: int
 
 
-def fingerprint(model, c: Canvas) -> tuple:
+def fingerprint(model: Transformer, c: Canvas) -> tuple:
     """What an entry must share with a request to be reused: the model. Not the DecodeOptions: what
     they change that the first forward sees (healing's re-typed tokens, the slot count, the window's
     span) is in the canvas's ids and positions, which `plan` compares row by row."""
@@ -236,7 +237,9 @@ class ReuseCache:
         return p, outcome
 
     @staticmethod
-    def _plan(e: Entry | None, fp, ids, split, n, budget) -> tuple[str, Plan | None]:
+    def _plan(
+        e: Entry | None, fp: tuple, ids: torch.Tensor, split: int, n: int, budget: int
+    ) -> tuple[str, Plan | None]:
         if e is None:
             return "full_new", None
         if e.fingerprint != fp:
@@ -266,7 +269,7 @@ class ReuseCache:
         return "reused", Plan(e, new_rows, old_rows, torch.nonzero(keep).flatten(), changed)
 
 
-def forward_first(model, c: Canvas) -> Rows:
+def forward_first(model: Transformer, c: Canvas) -> Rows:
     """The first forward of a canvas with a session (`Canvas.reuse` = (ReuseCache, key)): with a
     plan, only the changed context rows and the active span run, against the reused rows' K/V
     (re-rotated where their position moved); else the full forward. Either way the session's entry
@@ -275,6 +278,8 @@ def forward_first(model, c: Canvas) -> Rows:
     Every layer's K and V live in one (n_layers, 2, Hkv, L, Dh) buffer whose per-layer views are the
     canvas's `kv`: a contiguous piece of rows is one copy for all layers, not one per layer and
     tensor (this path runs at every keystroke; its copies are what reuse costs beyond the model)."""
+    if c.reuse is None:  # engine/decode/forward.py sends only canvases with a session here
+        raise ValueError("forward_first needs a canvas with a session (Canvas.reuse)")
     store, key = c.reuse
     pos, split = context_rows(c)
     ids = c.ids[pos]
@@ -283,8 +288,10 @@ def forward_first(model, c: Canvas) -> Rows:
     if p is None:
         rows = forward_full(model, [c])[0]
         Lc = c.ctx_len  # forward_full's context: every row but the active span, in position order
-        kv = torch.stack([torch.stack([k[0, :, :Lc], v[0, :, :Lc]]) for k, v in c.kv])
-        store.put(key, Entry(ids.clone(), pos.clone(), pos.clone(), kv, split, c.n, 0, fp))
+        if c.kv is None:  # forward_full fills it: reuse applies only to canvases that cache (`applies`)
+            raise RuntimeError("forward_full left no context K/V to keep")
+        stacked = torch.stack([torch.stack([k[0, :, :Lc], v[0, :, :Lc]]) for k, v in c.kv])
+        store.put(key, Entry(ids.clone(), pos.clone(), pos.clone(), stacked, split, c.n, 0, fp))
         return rows
     e = p.entry
     R, C = p.new_rows.numel(), p.run_rows.numel()

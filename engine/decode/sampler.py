@@ -37,25 +37,40 @@ it is. The stopped fill is a prefix of the unstopped one.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.decode import forward as fwd
 from engine.decode.cache import BatchContext, Rows
 from engine.decode.canvas import Canvas
+from engine.decode.reorder import ReorderCanvas
 from engine.families import dreamon, wedlm
 from engine.families.blocks import block_eligible
 from kernels import slot_stats
 
+if TYPE_CHECKING:
+    from engine.bias.names import NameBias
+    from engine.model.transformer import Transformer
 
-def confidence_from_stats(max_prob, top2_prob, entropy, kind: str) -> torch.Tensor:
+# per predicted slot: its token's probability, its token, the second best's probability, the entropy
+# (None where the confidence does not read it)
+Predictions = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def confidence_from_stats(
+    max_prob: torch.Tensor, top2_prob: torch.Tensor, entropy: torch.Tensor | None, kind: str
+) -> torch.Tensor:
     """Confidence per slot from softmax statistics: max prob, top1 - top2 margin, or -entropy."""
     if kind == "max_prob":
         return max_prob
     if kind == "margin":
         return max_prob - top2_prob
     if kind == "neg_entropy":
+        if entropy is None:  # row_predictions computes it whenever the confidence reads it
+            raise ValueError("the neg_entropy confidence needs the entropy")
         return -entropy
     raise ValueError(f"unknown confidence {kind!r}")
 
@@ -81,8 +96,13 @@ def eligible_slots(masked_slots: list[int], block: int) -> list[int]:
 
 
 def _end_at_padding(
-    pick: list[int], pred_l: list[float], values: torch.Tensor, ends, pad_id: int, end_id: int | None = None
-):
+    pick: list[int],
+    pred_l: list[float],
+    values: torch.Tensor,
+    ends: tuple[int, ...],
+    pad_id: int,
+    end_id: int | None = None,
+) -> tuple[list[int], torch.Tensor]:
     """Semi-AR: a committed padding/end slot ends the fill, so every masked slot after the first one
     is committed as padding in the same step (training lays a fill out as text, then padding).
     With `end_id` that first slot is committed as end-of-text, so text already committed further
@@ -104,7 +124,7 @@ def heal_logits(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def commit(model, c: Canvas, rows: Rows, final: bool) -> int:
+def commit(model: Transformer, c: Canvas, rows: Rows, final: bool) -> int:
     """Predicts the masked slots of one canvas from the hidden states of a forward and commits some
     (all when `final`). Returns how many slots were committed; sets c.done when nothing is left.
 
@@ -144,7 +164,9 @@ def predicted_slots(c: Canvas, rows: Rows, final: bool) -> tuple[torch.Tensor, t
     return slot_idx, outside, h_rows[torch.searchsorted(pos, want)]  # (M, D)
 
 
-def slot_predictions(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool):
+def slot_predictions(
+    model: Transformer, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool
+) -> Predictions:
     """Per predicted slot: its token's probability, its token, the second best's probability and the
     entropy (None where the confidence does not read it), every bias and restriction applied."""
     cfg, o = c.cfg, c.opts
@@ -170,12 +192,12 @@ def slot_predictions(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, 
     return max_p, pred, top2_p, ent
 
 
-def biased_logits(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool) -> torch.Tensor:
+def biased_logits(model: Transformer, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool) -> torch.Tensor:
     """The predicted slots' full logit rows (M, V) with every bias, the temperature and the restrictions applied."""
     cfg, o = c.cfg, c.opts
     logits = model.logits(h).float()  # (M, V)
     if c.names is not None and c.middle is None:  # identifier-aware decoding, the leftmost masked slot
-        row = name_row(c, int(slot_idx[0]), final)
+        row = name_row(c, c.names, int(slot_idx[0]), final)
         if row is not None:
             logits[0] += row.to(logits.device, logits.dtype)
     if c.copy is not None:
@@ -203,7 +225,7 @@ def biased_logits(model, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, fin
     return logits
 
 
-def row_predictions(c: Canvas, logits: torch.Tensor):
+def row_predictions(c: Canvas, logits: torch.Tensor) -> Predictions:
     """From full logit rows: each slot's token (sampled, or argmax) and its probability, the second
     best's probability and the entropy (None where the confidence does not read it)."""
     o = c.opts
@@ -229,7 +251,7 @@ def select_slots(
     maxp_l: list[float],
     pred_l: list[float],
     slot_l: list[int],
-    ends: tuple,
+    ends: tuple[int, ...],
     final: bool,
 ) -> tuple[list[int], bool]:
     """The slots to commit (indices into the step's), and True when the fill stops at the leftmost (stop_below)."""
@@ -265,7 +287,12 @@ def select_slots(
 
 
 def pad_after_end(
-    c: Canvas, pick: list[int], pred: torch.Tensor, pred_l: list[float], ends: tuple, outside: torch.Tensor | None
+    c: Canvas,
+    pick: list[int],
+    pred: torch.Tensor,
+    pred_l: list[float],
+    ends: tuple[int, ...],
+    outside: torch.Tensor | None,
 ) -> tuple[list[int], torch.Tensor, int]:
     """The slots to commit and their tokens, every slot after a committed end made padding; commits
     the masked slots right of the window as padding when the fill ended inside it, and gives their count."""
@@ -318,19 +345,21 @@ def end_step(c: Canvas, chosen: torch.Tensor, committed: int) -> None:
     c.tokens_per_step.append(committed)
     c.done = c.n_masked == 0
     if c.cfg.family == "wedlm":  # its authors' stream ends at a stop token with nothing masked before it
+        if not isinstance(c, ReorderCanvas):  # build_canvas gives WeDLM (canvas "reorder") its own
+            raise TypeError("a WeDLM fill runs on a ReorderCanvas (engine/decode/reorder.py)")
         c.done = c.done or wedlm.finished(c.slot_ids(), c.masked.tolist(), c.keep, (c.cfg.eos_token_id,))
     if c.middle is not None:  # DreamOn: a committed expand / end-of-text resizes the middle
         dreamon.edit(c, chosen.tolist())
 
 
-def name_row(c: Canvas, j: int, final: bool) -> torch.Tensor | None:
-    """The identifier penalty (engine/bias/names.py) of slot j, the leftmost masked one: None when a
-    committed slot before it ends the fill."""
+def name_row(c: Canvas, names: NameBias, j: int, final: bool) -> torch.Tensor | None:
+    """The identifier penalty (engine/bias/names.py, the canvas's `names`) of slot j, the leftmost
+    masked one: None when a committed slot before it ends the fill."""
     done = c.ids[c.start : c.start + j].tolist()
     if any(t in (c.cfg.pad_token_id, c.cfg.eos_token_id) for t in done):
         return None
     heal = c.heal_ids(final or c.last_step_due()).tolist() if c.heal_open and j == c.heal_slot else None
-    return c.names.slot_row(done, heal)
+    return names.slot_row(done, heal)
 
 
 def record_step(c: Canvas, was_full: bool, ms: float) -> None:
@@ -343,7 +372,9 @@ def record_step(c: Canvas, was_full: bool, ms: float) -> None:
 
 
 @torch.inference_mode()
-def step(model, canvases: list[Canvas], final: list[bool] | None = None, batch_ctx: BatchContext | None = None) -> None:
+def step(
+    model: Transformer, canvases: list[Canvas], final: list[bool] | None = None, batch_ctx: BatchContext | None = None
+) -> None:
     """One denoising step for a batch of canvases: forward, then each commits its own slots."""
     final = final or [False] * len(canvases)
     for c, f in zip(canvases, final):
@@ -376,7 +407,9 @@ def deadline_due(c: Canvas, deadline: float | None, now: float | None = None) ->
     return (time.monotonic() if now is None else now) + c.next_step_ms() / 1000 >= deadline
 
 
-def fill(model, canvas: Canvas, deadline: float | None = None, cancelled=lambda: False) -> DecodeResult:
+def fill(
+    model: Transformer, canvas: Canvas, deadline: float | None = None, cancelled: Callable[[], bool] = lambda: False
+) -> DecodeResult:
     """Denoises one canvas to the end. Between steps: a cancelled job stops at once; when the next
     step would pass the deadline it becomes the last one and commits every remaining mask."""
     while not canvas.done:

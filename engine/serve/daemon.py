@@ -26,9 +26,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
+from typing import Protocol
 
-from engine.api import EngineError
+from engine.api import EngineError, FillJob
 from engine.clients import wire
 
 log = logging.getLogger("dlm.daemon")
@@ -40,7 +43,7 @@ IDLE_S = 600.0
 ERROR_WAIT_S = 30.0
 
 
-def alive(path) -> bool:
+def alive(path: Path) -> bool:
     """True when a daemon accepts connections on `path`."""
     try:
         wire.connect(path, timeout=2.0).close()
@@ -60,19 +63,43 @@ def _rss_mb() -> float | None:
     return None
 
 
+class Service(Protocol):
+    """What the daemon runs jobs on: EngineService (engine/serve/service.py), or a test's stand-in."""
+
+    def start(self) -> object: ...
+
+    def close(self) -> None: ...
+
+    def submit(self, job: FillJob) -> Future: ...
+
+    def workspace_files(self, space: str, files: dict) -> dict: ...
+
+    def workspace_drop(self, space: str) -> None: ...
+
+
+# (model, device, on_state, threads) -> the service (tests script one)
+ServiceFactory = Callable[[str | None, str, Callable[[str, dict], None], int | None], Service]
+
+
 class _Client:
     """One connection; a `window` once it said hello (a status query or a probe never does)."""
 
     def __init__(self, sock: socket.socket, pid: int):
         self.pid, self.since = pid, time.monotonic()
         self.window = False
-        self.jobs: dict[int, object] = {}  # wire id -> FillJob in flight
+        self.jobs: dict[int, FillJob] = {}  # wire id -> FillJob in flight
         self.submitted = 0
         self.lock = threading.Lock()
         self.closed = False
         self.channel: wire.Channel | None = None
         self.spaces: set[str] = set()  # workspace memories this connection named (dropped when it ends)
         self.space_lock = threading.Lock()  # one workspace update of a connection at a time, in order
+
+    def send(self, msg: dict) -> bool:
+        """Queues `msg` on the connection (Channel.send); its channel is attached before it reads."""
+        if self.channel is None:
+            raise EngineError("the connection has no channel yet")
+        return self.channel.send(msg)
 
 
 class EngineDaemon:
@@ -85,12 +112,12 @@ class EngineDaemon:
         threads: int | None = None,
         idle_s: float = IDLE_S,
         place: wire.Place | None = None,
-        service_factory=None,
+        service_factory: ServiceFactory | None = None,
     ):
         self.model, self.device, self.threads, self.idle_s = model, device, threads, idle_s
         self.place = place or wire.place(model, device)
         self.service_factory = service_factory
-        self.service = None
+        self.service: Service | None = None
         self.state, self.info = "idle", {"model": str(model or "default"), "device": device, "message": None}
         self.loads = 0
         self.counters = {"windows": 0, "refused": 0, "disconnect_cancels": 0, "bad_messages": 0}
@@ -131,6 +158,18 @@ class EngineDaemon:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
+    def _bound(self) -> socket.socket:
+        """The listening socket (bind() made it)."""
+        if self._listener is None:
+            raise EngineError("the daemon's socket is not bound (bind() first)")
+        return self._listener
+
+    def _engine(self) -> Service:
+        """The service jobs run on (serve_forever starts it before it accepts a connection)."""
+        if self.service is None:
+            raise EngineError("the daemon's engine is not started (serve_forever)")
+        return self.service
+
     def _unlink_own_socket(self) -> None:
         try:
             if os.stat(self.place.socket).st_ino == self._inode:
@@ -146,21 +185,22 @@ class EngineDaemon:
         fd = wire.open_lock(self.place.lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._listener.settimeout(0)
+            listener = self._bound()
+            listener.settimeout(0)
             try:  # a serve that connected just now keeps the daemon
-                conn, _ = self._listener.accept()
+                conn, _ = listener.accept()
                 self._admit(conn)
                 return False
             except (TimeoutError, BlockingIOError):
                 pass
             finally:
-                self._listener.settimeout(0.5)
+                listener.settimeout(0.5)
             with self._lock:
                 if self._has_windows():
                     return False
             log.info("no window for %.0f s: the engine exits", self.idle_s)
             self._unlink_own_socket()
-            self._listener.close()
+            listener.close()
             return True
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -174,7 +214,7 @@ class EngineDaemon:
 
     # ------------------------------------------------------------ running
 
-    def _make_service(self):
+    def _make_service(self) -> Service:
         if self.service_factory is not None:
             return self.service_factory(self.model, self.device, self._on_state, self.threads)
         from engine.serve.service import EngineService  # torch: only in the daemon
@@ -183,9 +223,10 @@ class EngineDaemon:
 
     def serve_forever(self) -> None:
         """Accepts windows until stop() or the idle exit; the socket must be bound."""
-        self.service = self._make_service()
-        self.service.start()
-        self._listener.settimeout(0.5)
+        self.service = service = self._make_service()
+        service.start()
+        listener = self._bound()
+        listener.settimeout(0.5)
         log.info(
             "engine daemon %d on %s (model %s, device %s)",
             os.getpid(),
@@ -196,7 +237,7 @@ class EngineDaemon:
         try:
             while not self._stop.is_set():
                 try:
-                    conn, _ = self._listener.accept()
+                    conn, _ = listener.accept()
                 except TimeoutError:
                     if self._idle_exit():
                         return
@@ -251,7 +292,7 @@ class EngineDaemon:
         self.stop()
         try:
             self._unlink_own_socket()
-            self._listener.close()  # wakes accept()
+            self._bound().close()  # wakes accept()
         except OSError:
             pass
 
@@ -260,7 +301,7 @@ class EngineDaemon:
         with self._lock:
             clients = [c for c in self._clients if c.window]
         for c in clients:
-            c.channel.send(msg)
+            c.send(msg)
         return len(clients)
 
     # ------------------------------------------------------------ one connection
@@ -280,15 +321,15 @@ class EngineDaemon:
             conn.close()
             return
         client = _Client(conn, pid)
-        client.channel = wire.Channel(
+        client.channel = channel = wire.Channel(
             conn,
-            lambda m, c=client: self._on_message(c, m),
-            lambda c=client: self._on_close(c),
+            lambda m: self._on_message(client, m),
+            lambda: self._on_close(client),
             name=f"dlm-daemon-{pid}",
         )
         with self._lock:
             self._clients.add(client)
-        client.channel.start()
+        channel.start()
 
     def _on_close(self, c: _Client) -> None:
         """A connection ended: its jobs are cancelled (the worker drops them within one step)."""
@@ -300,7 +341,7 @@ class EngineDaemon:
         with c.lock:
             spaces, c.spaces = c.spaces, set()
         for space in spaces:  # its workspace memories
-            self.service.workspace_drop(space)
+            self._engine().workspace_drop(space)
         with self._lock:
             self._clients.discard(c)
             self.counters["disconnect_cancels"] += len(jobs)
@@ -316,7 +357,7 @@ class EngineDaemon:
                 c.window = True
                 self.counters["windows"] += 1
             state = self.state
-            c.channel.send(
+            c.send(
                 {"op": "hello", "state": state, "info": self.info, "pid": os.getpid(), "version": wire.PROTOCOL_VERSION}
             )
             if state == "error":
@@ -325,20 +366,20 @@ class EngineDaemon:
             self._submit(c, m)
         elif op == "cancel":
             with c.lock:
-                job = c.jobs.get(m.get("id"))
+                job = c.jobs.get(m["id"]) if "id" in m else None
             if job is not None:
                 job.cancel()
         elif op == "workspace":
             self._workspace(c, m)
         elif op == "status":
-            c.channel.send(self.status())
+            c.send(self.status())
         elif op == "stop":
             log.info("stop asked by pid %d", c.pid)
             self._exit_now()
         else:
             with self._lock:
                 self.counters["bad_messages"] += 1
-            c.channel.send({"op": "error", "id": m.get("id"), "message": f"unknown op {op!r}"})
+            c.send({"op": "error", "id": m.get("id"), "message": f"unknown op {op!r}"})
 
     @staticmethod
     def _space(c: _Client, name: str) -> str:
@@ -357,9 +398,7 @@ class EngineDaemon:
             or not isinstance(files, dict)
             or any(not isinstance(k, str) or not (v is None or isinstance(v, str)) for k, v in files.items())
         ):
-            c.channel.send(
-                {"op": "error", "id": jid, "message": "bad workspace message: space and {key: text or null} files"}
-            )
+            c.send({"op": "error", "id": jid, "message": "bad workspace message: space and {key: text or null} files"})
             return
         full = self._space(c, space)
         with c.lock:
@@ -370,13 +409,13 @@ class EngineDaemon:
                 if c.closed:
                     return
                 try:
-                    result = self.service.workspace_files(full, files)
+                    result = self._engine().workspace_files(full, files)
                 except Exception as e:  # noqa: BLE001 - the window hears why; the daemon goes on
-                    c.channel.send({"op": "error", "id": jid, "message": str(e) or type(e).__name__})
+                    c.send({"op": "error", "id": jid, "message": str(e) or type(e).__name__})
                     return
                 if c.closed:  # the window left while its files were counted
-                    self.service.workspace_drop(full)
-            c.channel.send({"op": "workspace", "id": jid, "result": result})
+                    self._engine().workspace_drop(full)
+            c.send({"op": "workspace", "id": jid, "result": result})
 
         threading.Thread(target=run, name="dlm-daemon-workspace", daemon=True).start()
 
@@ -389,7 +428,7 @@ class EngineDaemon:
         try:
             job = wire.job_from_message(m.get("job"))
         except (ValueError, TypeError) as e:
-            c.channel.send({"op": "error", "id": jid, "message": f"bad job: {e}"})
+            c.send({"op": "error", "id": jid, "message": f"bad job: {e}"})
             return
         if job.workspace is not None:  # the connection's own memory of that name
             job.workspace = self._space(c, job.workspace)
@@ -399,21 +438,21 @@ class EngineDaemon:
             gone = c.closed
         if gone:
             job.cancel()
-        fut = self.service.submit(job)
-        fut.add_done_callback(lambda f, c=c, jid=jid: self._done(c, jid, f))
+        fut = self._engine().submit(job)
+        fut.add_done_callback(lambda f: self._done(c, jid, f))
 
     def _done(self, c: _Client, jid: int, fut: Future) -> None:
         """Engine thread: sends the job's outcome (the channel's writer does the writing)."""
         with c.lock:
             c.jobs.pop(jid, None)
         if fut.cancelled():
-            c.channel.send({"op": "error", "id": jid, "message": "the job was cancelled"})
+            c.send({"op": "error", "id": jid, "message": "the job was cancelled"})
             return
         e = fut.exception()
         if e is not None:
-            c.channel.send({"op": "error", "id": jid, "message": str(e) or type(e).__name__})
+            c.send({"op": "error", "id": jid, "message": str(e) or type(e).__name__})
         else:
-            c.channel.send({"op": "fill", "id": jid, "fill": wire.fill_message(fut.result())})
+            c.send({"op": "fill", "id": jid, "fill": wire.fill_message(fut.result())})
 
     def status(self) -> dict:
         """Model, state, windows, queue and counters (what `dlm-lsp engine --status` prints)."""
@@ -494,7 +533,7 @@ def idle_default() -> float:
 
 def ask_all(op: str) -> list[dict]:
     """Sends `op` to every daemon in the runtime folder; their answers (status) or {} (stop)."""
-    out = []
+    out: list[dict] = []
     folder = wire.runtime_dir(create=False)
     if not folder.is_dir():
         return out

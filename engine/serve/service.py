@@ -41,8 +41,10 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,12 +52,17 @@ from engine.api import DecodeOptions, EngineError, Fill, FillJob
 from engine.bias import names, ngram
 from engine.decode import forward as fwd
 from engine.decode import levers, reuse, sampler
-from engine.decode.cache import BatchContext
+from engine.decode.cache import BatchContext, Rows
 from engine.decode.canvas import Canvas
 from engine.decode.forward import build_canvas
 from engine.decode.reorder import SessionCache
 from engine.weights.checkpoint import resolve_model_path, serving_defaults
 from engine.weights.load import load_checkpoint
+
+if TYPE_CHECKING:
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
+    from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger("dlm.engine")
 
@@ -92,7 +99,7 @@ def _death(e: BaseException) -> EngineError:
     return EngineError(f"the engine thread died ({type(e).__name__}: {e}); it restarts with the next request")
 
 
-def _resolve(fut: Future, result=None, exc: BaseException | None = None) -> None:
+def _resolve(fut: Future, result: object = None, exc: BaseException | None = None) -> None:
     """Sets a future's outcome unless it has one (a watchdog and a late worker may race for it)."""
     if fut.done():
         return
@@ -132,7 +139,7 @@ class EngineService:
         self,
         model: str | None = None,
         device: str = "auto",
-        on_state=None,
+        on_state: Callable[[str, dict], object] | None = None,
         max_batch: int = 8,
         threads: int | None = None,
         stall_s: float = 60.0,
@@ -160,7 +167,9 @@ class EngineService:
         self.state = "idle"
         self.message: str | None = None
         self.device: torch.device | None = None
-        self.model = self.tok = self.cfg = None
+        self.model: Transformer | None = None
+        self.tok: TextTokenizer | None = None
+        self.cfg: ModelConfig | None = None
         self.serving: dict = {}  # the model's serving defaults (checkpoint.serving_defaults)
         self.corpus_names = names.NameSet(frozenset())  # the model's names.txt (engine/bias/names.py)
         self.ngram: ngram.NgramTable | None = None  # the model's ngram.safetensors (engine/bias/ngram.py)
@@ -277,18 +286,27 @@ class EngineService:
         self._set_state("ready")
         self._ready.set()
 
+    def _loaded(self) -> tuple[Transformer, TextTokenizer, ModelConfig, torch.device]:
+        """The model, its tokenizer and config, and its device, as load() set them; EngineError before."""
+        if self.model is None or self.tok is None or self.cfg is None or self.device is None:
+            raise EngineError("the model is not loaded")
+        return self.model, self.tok, self.cfg, self.device
+
     def _warm_up(self) -> None:
         """The worker's own short fills before it takes jobs, once per process (see `warm_up`); a
         failure is logged and the worker serves on (the jobs then report their own errors)."""
-        if self._warmed or not (self.warm_up if self.warm_up is not None else self.device.type == "cuda"):
+        if self._warmed:
+            return
+        model, tok, cfg, device = self._loaded()  # the worker warms up after load()
+        if not (self.warm_up if self.warm_up is not None else device.type == "cuda"):
             return
         self._warmed = True
         started = time.monotonic()
         try:
-            prefix = self.tok.encode("import os\n\n\ndef warm_up(path):\n    with open(path) as f:\n        return ")
-            suffix = self.tok.encode("\n\n\nprint(warm_up(os.devnull))\n")
+            prefix = tok.encode("import os\n\n\ndef warm_up(path):\n    with open(path) as f:\n        return ")
+            suffix = tok.encode("\n\n\nprint(warm_up(os.devnull))\n")
             for n in WARM_UP_SLOTS:  # slot counts of different shapes: each may compile its own kernel variant
-                sampler.fill(self.model, build_canvas(prefix, suffix, n, self.cfg, DecodeOptions(), 512, self.device))
+                sampler.fill(model, build_canvas(prefix, suffix, n, cfg, DecodeOptions(), 512, device))
                 with self._stats_lock:
                     self.stats["warmup_fills"] += 1
         except Exception:  # noqa: BLE001 - a warm-up must not keep the engine from serving
@@ -411,6 +429,7 @@ class EngineService:
             raise EngineError("workspace_files needs a workspace name and a {key: text or None} dict")
         if self.tok is None and not self.wait_ready(timeout):
             raise EngineError(self.message or "the engine is not ready")
+        tok = self._loaded()[1]
         mem = self.workspaces.get(space)
         if mem is None:
             mem = self.workspaces[space] = ngram.WorkspaceNgram()
@@ -421,7 +440,7 @@ class EngineService:
                 mem.remove(k)
         for i in range(0, len(puts), 64):
             chunk = puts[i : i + 64]
-            for (k, _), ids in zip(chunk, self.tok.encode_batch([t for _, t in chunk])):
+            for (k, _), ids in zip(chunk, tok.encode_batch([t for _, t in chunk])):
                 refused += not mem.put(k, ids)
         if mem.stale or not mem.counted:
             mem.refresh()
@@ -461,10 +480,11 @@ class EngineService:
 
     def _owned(self) -> levers.Owned:
         """What the levers read from this service, as it stands now (a job's estimate, memories, caches)."""
+        _, tok, cfg, device = self._loaded()
         return levers.Owned(
-            tok=self.tok,
-            cfg=self.cfg,
-            device=self.device,
+            tok=tok,
+            cfg=cfg,
+            device=device,
             decode_defaults=self.serving.get("decode", {}),
             ngram_table=self.ngram,
             workspaces=self.workspaces,
@@ -478,12 +498,13 @@ class EngineService:
         """The job's prefix and suffix ids. With a session key, its last request's texts and ids let
         TextTokenizer.encode_edit tokenize only from the line before the first change on (the same
         ids as tokenizing the whole texts); a new session, or a tokenizer that can't, tokenizes all."""
+        tok = self._loaded()[1]
         last = self._texts.get(job.session) if job.session is not None else None
         if last is None:
-            p_ids, s_ids = self.tok.encode_batch([job.prefix, job.suffix])
+            p_ids, s_ids = tok.encode_batch([job.prefix, job.suffix])
         else:
-            p_ids = self.tok.encode_edit(last[0], last[1], job.prefix)
-            s_ids = self.tok.encode_edit(last[2], last[3], job.suffix)
+            p_ids = tok.encode_edit(last[0], last[1], job.prefix)
+            s_ids = tok.encode_edit(last[2], last[3], job.suffix)
         if job.session is not None:
             self._texts[job.session] = (job.prefix, p_ids, job.suffix, s_ids)
             self._texts.move_to_end(job.session)
@@ -495,7 +516,7 @@ class EngineService:
         c = a.canvas
         try:
             ids = c.fill_ids()
-            text = self.tok.decode(ids)
+            text = self._loaded()[1].decode(ids)
             if a.heal_text:
                 if c.heal_open:  # the healed slots not committed (cancelled): nothing after them is in order
                     ids, text = [], ""
@@ -557,20 +578,20 @@ class EngineService:
             torch.cuda.empty_cache()
 
     @torch.inference_mode()
-    def _forward(self, live: list[_Active], ctx: BatchContext) -> list[torch.Tensor | BaseException]:
-        """Hidden states per job; if the batched forward fails, each job is retried alone so only
-        the culprit fails."""
+    def _forward(self, model: Transformer, live: list[_Active], ctx: BatchContext) -> Sequence[Rows | BaseException]:
+        """Hidden states (and their positions) per job; if the batched forward fails, each job is
+        retried alone so only the culprit fails."""
         canvases = [a.canvas for a in live]
         try:
-            return fwd.forward(self.model, canvases, ctx)
+            return fwd.forward(model, canvases, ctx)
         except Exception as e:  # noqa: BLE001
             if len(live) == 1:
                 return [e]
         ctx.clear()
-        out: list[torch.Tensor | BaseException] = []
+        out: list[Rows | BaseException] = []
         for c in canvases:
             try:
-                out.append(fwd.forward(self.model, [c], None)[0])
+                out.append(fwd.forward(model, [c], None)[0])
             except Exception as e:  # noqa: BLE001
                 out.append(e)
         return out
@@ -587,6 +608,7 @@ class EngineService:
                 live.append(a)
         if not live:
             return []
+        model = self._loaded()[0]  # every admitted job found it loaded (_admit)
         now = time.monotonic()
         finals = []
         for a in live:
@@ -596,7 +618,7 @@ class EngineService:
             finals.append(final)
         t0 = time.perf_counter()
         was_full = [a.canvas.needs_full() for a in live]
-        hs = self._forward(live, ctx)
+        hs = self._forward(model, live, ctx)
         ok, oom = [], False
         for a, h, f in zip(live, hs, finals):
             if isinstance(h, BaseException):
@@ -604,7 +626,7 @@ class EngineService:
                 oom |= is_out_of_memory(h)
                 continue
             try:
-                sampler.commit(self.model, a.canvas, h, f)
+                sampler.commit(model, a.canvas, h, f)
                 ok.append(a)
             except Exception as e:  # noqa: BLE001
                 self._fail(a, e)
