@@ -13,12 +13,25 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.documents import Document, language_id_for_path
 from dlm_lsp.fill.gate import Calibrator
 from dlm_lsp.options import InitializationOptions
 from engine.paths import EXAMPLES_DIR
+
+if TYPE_CHECKING:
+    from engine.api import Fill, FillJob
+    from engine.serve.service import EngineService
+
+
+class FillEngine(Protocol):
+    """What a one-shot fill runs on: EngineService (load_engine), or a test's stand-in. An engine with
+    `serving` (the model's serving defaults) and `workspace_files` (a workspace memory) gets them used."""
+
+    def run_now(self, job: FillJob) -> Fill: ...
+
 
 DEMO_FILE = EXAMPLES_DIR / "tide_log.py"
 
@@ -70,7 +83,7 @@ class HeadlessFill:
         }
 
 
-def load_engine(model: str | None = None, device: str = "auto"):
+def load_engine(model: str | None = None, device: str = "auto") -> EngineService:
     """Loads the engine on this thread (raises with a readable message if the model is missing).
     The one-shot commands fill on this thread, so it gets the resident worker's thread count
     (DLM_THREADS, else service.cpu_threads(): the cores less one): with torch's default of one
@@ -84,7 +97,7 @@ def load_engine(model: str | None = None, device: str = "auto"):
 
 
 def fill_document(
-    engine,
+    engine: FillEngine,
     doc: Document,
     offset: int,
     budget_ms: int = 300,
@@ -137,7 +150,7 @@ def fill_document(
 WORKSPACE_SPACE = "workspace"  # the name of the workspace memory complete() gives the engine
 
 
-def workspace_snippets(folder: str, doc: Document, offset: int, engine=None) -> str:
+def workspace_snippets(folder: str, doc: Document, offset: int, engine: object = None) -> str:
     """The cross-file far text the server would give this cursor with `folder` as its workspace
     (dlm_lsp.fill.workspace, walked once here); with an `engine` that keeps a workspace memory
     (workspace_files), its files go there too, as the server's walk sends them."""
@@ -160,7 +173,7 @@ def complete(
     as_json: bool = False,
     budget_ms: int | None = None,
     device: str = "auto",
-    engine=None,
+    engine: FillEngine | None = None,
     filters: bool = True,
     workspace: str | None = None,
 ) -> str:

@@ -88,7 +88,7 @@ ENGINE_APIS = ("openai-fim", "mercury")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
-def engine_endpoint(value) -> tuple[dict | None, str | None]:
+def engine_endpoint(value: object) -> tuple[dict | None, str | None]:
     """(the normalized {"url", "api", "apiKeyEnv", "model"} of an HTTP `engine` value, None) or
     (None, what is wrong with it). A key itself is never taken from options: only the name of the
     environment variable that holds it."""
@@ -120,7 +120,7 @@ def engine_endpoint(value) -> tuple[dict | None, str | None]:
 
 
 def parse_options(
-    raw, base: InitializationOptions | None = None, from_settings: bool = False
+    raw: object, base: InitializationOptions | None = None, from_settings: bool = False
 ) -> tuple[InitializationOptions, list[str]]:
     """Returns (options, warnings): `raw` applied over `base` (or the defaults); bad values keep the
     value from `base` and add a warning that names the key and the value used. `from_settings`:
@@ -163,7 +163,7 @@ def parse_options(
     return opts, warnings
 
 
-def dlm_section(settings) -> dict | None:
+def dlm_section(settings: object) -> dict | None:
     """The `dlm` section of didChangeConfiguration settings ({"dlm": {...}}), or None if absent."""
     if isinstance(settings, dict):
         section = settings.get("dlm")

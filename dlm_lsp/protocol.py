@@ -25,7 +25,9 @@ import re
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInternalError, JsonRpcMethodNotFound
@@ -34,6 +36,10 @@ from pygls.protocol import JsonRPCNotification, JsonRPCRequestMessage, LanguageS
 from pygls.protocol.json_rpc import RPCRequest
 
 from dlm_lsp.fill.documents import ContentChange
+
+if TYPE_CHECKING:
+    from cattrs import Converter
+    from pygls.lsp.server import LanguageServer
 
 log = logging.getLogger("dlm.protocol")
 
@@ -103,7 +109,7 @@ class Framer:
 
     def eof(self) -> list[Skipped]:
         """Reports what the stream's end cut short."""
-        out: list[bytes | Skipped] = []
+        out: list[Skipped] = []
         self._flush_garbage(out)
         if self._need is not None:
             out.append(
@@ -116,7 +122,7 @@ class Framer:
         self._reset_block()
         return out
 
-    def _line(self, line: bytes, out: list) -> None:
+    def _line(self, line: bytes, out: list[bytes | Skipped]) -> None:
         text = line.rstrip(b"\r\n")
         if not text:
             if not self._block:
@@ -167,7 +173,7 @@ class Framer:
         self._reset_block()
         del self._buf[:drop]
 
-    def _flush_garbage(self, out: list) -> None:
+    def _flush_garbage(self, out: list[Skipped] | list[bytes | Skipped]) -> None:
         if self._garbage:
             out.append(Skipped("bytes that are not an LSP header", self._garbage))
             self._garbage = 0
@@ -176,7 +182,7 @@ class Framer:
 # ---------------------------------------------------------------------- envelopes
 
 
-def check_envelope(data) -> tuple[str, object, str | None]:
+def check_envelope(data: object) -> tuple[str, int | str | None, str | None]:
     """Returns (kind, id, problem) of a parsed message: kind is request, notification, response or
     invalid; id is the one an answer may carry (None when it is missing or malformed); problem
     says why an invalid message, or a response that cannot be used, is wrong."""
@@ -219,13 +225,13 @@ class DlmProtocol(LanguageServerProtocol):
     """pygls's LSP protocol behind our own intake: `receive(body)` answers every request, only the
     top-level object becomes a message, and notifications are never answered or shown."""
 
-    def __init__(self, server, converter):
+    def __init__(self, server: LanguageServer, converter: Converter):
         super().__init__(server, converter)
         self.lifecycle = Lifecycle.NEW
         self.exit_code: int | None = None  # set by `exit`: the loop stops
         self._initialized_seen = False
 
-    def send_error(self, msg_id, code: int, message: str) -> None:
+    def send_error(self, msg_id: int | str | None, code: int, message: str) -> None:
         """Sends an error response; `msg_id` may be None (pygls would drop the id key)."""
         self._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
@@ -244,7 +250,7 @@ class DlmProtocol(LanguageServerProtocol):
         except Exception:  # noqa: BLE001 - a message must never take the server down
             log.exception("message not handled: %.300r", data)
 
-    def _receive(self, data) -> None:
+    def _receive(self, data: Any) -> None:  # parsed JSON: check_envelope says what it is
         kind, msg_id, problem = check_envelope(data)
         if kind == "invalid":
             log.warning("invalid message: %s: %.200r", problem, data)
@@ -266,7 +272,7 @@ class DlmProtocol(LanguageServerProtocol):
             else:
                 log.info("dropped %s notification: %s", method, refusal[1])
             return
-        envelope = {"jsonrpc": "2.0", "method": method, "params": data.get("params")}
+        envelope: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": data.get("params")}
         if is_request:
             envelope["id"] = msg_id
         cls = self.get_message_type(method) or (JsonRPCRequestMessage if is_request else JsonRPCNotification)
@@ -303,7 +309,7 @@ class DlmProtocol(LanguageServerProtocol):
             return INVALID_REQUEST, "already initialized"
         return None
 
-    def _response(self, data: dict, msg_id, problem: str | None) -> None:
+    def _response(self, data: dict[str, Any], msg_id: int | str | None, problem: str | None) -> None:
         """A client's answer to one of our requests; malformed ones fail that request, never answered."""
         if problem is None:
             try:
@@ -312,6 +318,8 @@ class DlmProtocol(LanguageServerProtocol):
             except Exception as e:  # noqa: BLE001
                 problem = str(e) or type(e).__name__
         log.warning("malformed response to %r: %s", msg_id, problem)
+        if msg_id is None:
+            return  # none of our requests has a null id: nothing waits for it
         self._result_types.pop(msg_id, None)
         future = self._request_futures.pop(msg_id, None)
         if future is not None and not future.done():
@@ -319,7 +327,7 @@ class DlmProtocol(LanguageServerProtocol):
 
     # pygls would show "Error in server" (window/showMessage) for these; a log line is enough
 
-    def _handle_notification(self, method_name: str, params) -> None:
+    def _handle_notification(self, method_name: str, params: Any) -> None:
         if method_name == types.CANCEL_REQUEST:
             # only an id a request can have (a number or a string) names a request to cancel
             req_id = getattr(params, "id", None)
@@ -335,7 +343,7 @@ class DlmProtocol(LanguageServerProtocol):
             return
         self._execute_handler(str(uuid.uuid4()), handler, self._check_handler_result, args=(params,))
 
-    def _check_handler_result(self, future) -> None:
+    def _check_handler_result(self, future: concurrent.futures.Future[Any]) -> None:
         if not future.cancelled() and (exc := future.exception()) is not None:
             log.warning("notification handler failed: %s", exc, exc_info=exc)
 
@@ -343,18 +351,18 @@ class DlmProtocol(LanguageServerProtocol):
 # ---------------------------------------------------------------------- text sync params
 
 
-def require_sync_types(converter) -> None:
+def require_sync_types(converter: Converter) -> None:
     """Makes a cattrs converter refuse text-sync params of the wrong JSON types instead of coercing
     them (it turns {"text": null} into the text "None", 5 into "5", a version "1" into 1): such a
     didOpen / didChange is malformed and ignored whole (logged by the protocol layer)."""
 
-    def is_int(v) -> bool:
+    def is_int(v: object) -> bool:
         return type(v) is int  # not bool, not "1"
 
-    def position(p) -> bool:
+    def position(p: object) -> bool:
         return isinstance(p, dict) and is_int(p.get("line")) and is_int(p.get("character"))
 
-    def change(o) -> str | None:
+    def change(o: object) -> str | None:
         if not isinstance(o, dict) or not isinstance(o.get("text"), str):
             return "text is not a string"
         rng = o.get("range", {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}})
@@ -362,15 +370,19 @@ def require_sync_types(converter) -> None:
             return "range is not two positions of integers"
         return None
 
-    def item(o) -> str | None:
-        ok = isinstance(o, dict) and all(isinstance(o.get(k), str) for k in ("uri", "languageId", "text"))
-        return None if ok and is_int(o.get("version")) else "uri, languageId, version or text of the wrong type"
+    def item(o: object) -> str | None:
+        ok = (
+            isinstance(o, dict)
+            and all(isinstance(o.get(k), str) for k in ("uri", "languageId", "text"))
+            and is_int(o.get("version"))
+        )
+        return None if ok else "uri, languageId, version or text of the wrong type"
 
-    def versioned(o) -> str | None:
+    def versioned(o: object) -> str | None:
         ok = isinstance(o, dict) and isinstance(o.get("uri"), str) and is_int(o.get("version"))
         return None if ok else "uri or version of the wrong type"
 
-    checks = (
+    checks: tuple[tuple[type, Callable[[object], str | None]], ...] = (
         (types.TextDocumentContentChangePartial, change),
         (types.TextDocumentContentChangeWholeDocument, change),
         (types.TextDocumentItem, item),
@@ -379,7 +391,13 @@ def require_sync_types(converter) -> None:
     for cls, check in checks:
         base_hook = converter.get_structure_hook(cls)
 
-        def hook(obj, t, base=base_hook, check=check, name=cls.__name__):
+        def hook(
+            obj: object,
+            t: type,
+            base: Callable[[object, type], object] = base_hook,
+            check: Callable[[object], str | None] = check,
+            name: str = cls.__name__,
+        ) -> object:
             problem = check(obj)
             if problem:
                 raise TypeError(f"{name}: {problem}")
@@ -388,7 +406,7 @@ def require_sync_types(converter) -> None:
         converter.register_structure_hook(cls, hook)
 
 
-def content_changes(changes):
+def content_changes(changes: object) -> object:
     """didChange's content changes (lsprotocol's TextDocumentContentChange* objects, typed by the
     hooks of `require_sync_types`) as the document store's plain documents.ContentChange. A change of
     the wrong shape keeps its wrong fields, so the store ignores the notification whole."""
@@ -397,26 +415,31 @@ def content_changes(changes):
     return [_content_change(ch) for ch in changes]
 
 
-def _content_change(ch) -> ContentChange:
-    rng = getattr(ch, "range", None)
-    text = getattr(ch, "text", None)
+def _wire(o: object, name: str) -> Any:
+    """o.name as the client sent it (None when absent), of whatever type: valid_change checks it."""
+    return getattr(o, name, None)
+
+
+def _content_change(ch: object) -> ContentChange:
+    rng = _wire(ch, "range")
+    text = _wire(ch, "text")
     if rng is None:
         return ContentChange(text)
-    start, end = getattr(rng, "start", None), getattr(rng, "end", None)
+    start, end = _wire(rng, "start"), _wire(rng, "end")
     return ContentChange(
         text,
-        (getattr(start, "line", None), getattr(start, "character", None)),
-        (getattr(end, "line", None), getattr(end, "character", None)),
+        (_wire(start, "line"), _wire(start, "character")),
+        (_wire(end, "line"), _wire(end, "character")),
     )
 
 
 # ---------------------------------------------------------------------- stdio loop
 
 
-def run_stdio(server, stdin=None, stdout=None) -> int:
+def run_stdio(server: LanguageServer, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
     """Serves `server` (a pygls server whose protocol is a DlmProtocol) over stdio until `exit` or
     the end of input; returns the process exit code: 0 after shutdown, else 1."""
-    protocol: DlmProtocol = server.protocol
+    protocol = cast(DlmProtocol, server.protocol)  # built with protocol_cls=DlmProtocol
     protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
     try:
         asyncio.run(_serve(stdin or sys.stdin.buffer, protocol))
@@ -431,9 +454,9 @@ def run_stdio(server, stdin=None, stdout=None) -> int:
     return 0 if protocol.lifecycle is Lifecycle.SHUT_DOWN else 1
 
 
-async def _serve(stdin, protocol: DlmProtocol) -> None:
+async def _serve(stdin: BinaryIO, protocol: DlmProtocol) -> None:
     loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue = asyncio.Queue(maxsize=8)  # bounded: the reader waits while we are behind
+    chunks: asyncio.Queue[bytes] = asyncio.Queue(maxsize=8)  # bounded: the reader waits while we are behind
     threading.Thread(target=_pump, args=(stdin, loop, chunks), name="dlm-stdin", daemon=True).start()
     framer = Framer()
     while protocol.exit_code is None:
@@ -451,7 +474,7 @@ async def _serve(stdin, protocol: DlmProtocol) -> None:
             return
 
 
-def _pump(stdin, loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue) -> None:
+def _pump(stdin: BinaryIO, loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue[bytes]) -> None:
     """Reads stdin on its own daemon thread (so `exit` never waits for it) into `chunks`."""
     try:
         fd = stdin.fileno()

@@ -31,9 +31,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from engine.api import Fill, FillJob
+
+T = TypeVar("T")
 
 log = logging.getLogger("dlm.scheduler")
 
@@ -120,7 +126,7 @@ class Ticket:
         self.superseded: asyncio.Future = loop.create_future()
         self.finished = asyncio.Event()  # set when its handler is done (its fill kept, or not)
         self.offset, self.text = offset, text  # cursor and document text when the request arrived
-        self.job = None
+        self.job: FillJob | None = None
         self.wasted = False
         self.steps: int | None = None  # engine steps of its job, once the job has finished
         self.client_cancelled = False  # the client sent $/cancelRequest for it (answered already)
@@ -143,7 +149,7 @@ class Ticket:
             and text[cursor : cursor + c] == self.text[self.offset : self.offset + c]
         )
 
-    async def race(self, aw):
+    async def race(self, aw: Awaitable[T]) -> T:
         """Awaits `aw` unless a newer request supersedes this one first (then raises Superseded)."""
         task = asyncio.ensure_future(aw)
         try:
@@ -160,7 +166,7 @@ class Ticket:
 class Scheduler:
     """Latest-wins job runner over an engine `submit(job) -> concurrent Future[Fill]`."""
 
-    def __init__(self, submit: Callable, stats: Stats | None = None):
+    def __init__(self, submit: Callable[[FillJob], Future[Fill]], stats: Stats | None = None):
         self.submit = submit
         self.stats = stats or Stats()
         self._latest: dict[str, Ticket] = {}
@@ -244,14 +250,14 @@ class Scheduler:
         if ms > 0:
             await ticket.race(asyncio.sleep(ms / 1000.0))
 
-    async def run(self, ticket: Ticket, job, grace_s: float = LATE_GRACE_S):
+    async def run(self, ticket: Ticket, job: FillJob, grace_s: float = LATE_GRACE_S) -> Fill:
         """Submits `job` and returns its Fill; raises Superseded, CancelledError, EngineError, or
         Late when it has no result by the deadline + `grace_s` (the job is cancelled then)."""
         ticket.job = job
         if ticket.superseded.done():
             job.cancel()
             raise Superseded()
-        fut: Future = self.submit(job)
+        fut: Future[Fill] = self.submit(job)
         self._inflight[ticket.uri] = ticket
         fut.add_done_callback(lambda f: self._booked(ticket, f))
         afut = asyncio.wrap_future(fut)
@@ -276,7 +282,7 @@ class Scheduler:
             )
             raise Late() from None
 
-    def _booked(self, ticket: Ticket, fut: Future) -> None:
+    def _booked(self, ticket: Ticket, fut: Future[Fill]) -> None:
         """Engine thread: books the finished job's steps."""
         if fut.cancelled() or fut.exception() is not None:
             return
@@ -296,7 +302,7 @@ class Scheduler:
                 self.stats.wasted_steps += steps
 
 
-def _retrieve(f: asyncio.Future) -> None:
+def _retrieve(f: asyncio.Future[Any]) -> None:
     if not f.cancelled():
         f.exception()
 
@@ -320,7 +326,7 @@ class TypingThrough:
 
     CONTEXT = 256
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._shown: dict[str, Shown] = {}
 
     def remember(self, uri: str, text: str, offset: int, fill: str, replace_len: int) -> None:

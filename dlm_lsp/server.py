@@ -31,19 +31,30 @@ import argparse
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from dlm_lsp.fill import context, gate, postprocess
-from dlm_lsp.fill.documents import DocumentStore, uri_key
+from dlm_lsp.fill.documents import Document, DocumentStore, uri_key
 from dlm_lsp.fill.positions import UTF16, units_len
 from dlm_lsp.fill.retrieval import SNIPPET_CHARS
-from dlm_lsp.fill.workspace import WorkspaceIndex, root_paths
+from dlm_lsp.fill.workspace import FilesSink, WorkspaceIndex, root_paths
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.protocol import DlmProtocol, content_changes, require_sync_types, run_stdio
-from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, TypingThrough
+from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, Ticket, TypingThrough
+
+if TYPE_CHECKING:
+    from tree_sitter import Tree
+
+    from dlm_lsp.fill.context import FillRequest
+    from dlm_lsp.fill.postprocess import Finished
+    from engine.api import Fill, FillJob
 
 WORKSPACE_SPACE = "workspace"  # the name of this window's workspace memory in its engine (FillJob.workspace)
 
@@ -60,8 +71,32 @@ DOCUMENT_TEXT = "dlm/documentText"
 CANCEL_GRACE_S = 0.05
 PROGRESS_TOKEN = "dlm-lsp/loading"  # + "/<engine generation>": a token is never reused after its end
 
+OnState = Callable[[str, dict], object]  # an engine's state changes (engine thread): (state, info)
+Result = tuple[str, types.Range]  # a fill's text and the range it replaces
 
-def default_engine_factory(model, device, on_state, threads=None, engine=None):
+
+class Engine(Protocol):
+    """What the server fills with: EngineService, RemoteEngine or HttpEngine (default_engine_factory),
+    or a test's scripted engine. One with `workspace_files` gets the workspace's files."""
+
+    def start(self) -> object: ...
+
+    def close(self) -> None: ...
+
+    def submit(self, job: FillJob) -> Future[Fill]: ...
+
+
+# (model, device, on_state, threads=..., engine=...) -> the engine; the keywords only when set
+EngineFactory = Callable[..., Engine]
+
+
+def default_engine_factory(
+    model: str | None,
+    device: str,
+    on_state: OnState,
+    threads: int | None = None,
+    engine: str | dict | None = None,
+) -> Engine:
     """The real engine: the user's shared engine daemon (engine/clients/remote.py: this process never loads
     torch) or, with `engine` / DLM_ENGINE "inproc", an EngineService in this process (imported here
     so importing the server never loads torch), or with an `engine` endpoint object a FIM HTTP
@@ -93,7 +128,7 @@ MAX_OPEN_SNIPPET_DOCS = 16  # the most recently edited open documents searched w
 class DlmServer(LanguageServer):
     """Documents, options, scheduler and the engine handle of one editor session."""
 
-    def __init__(self, engine_factory=None):
+    def __init__(self, engine_factory: EngineFactory | None = None):
         super().__init__(
             "dlm-lsp", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental, protocol_cls=DlmProtocol
         )
@@ -103,24 +138,25 @@ class DlmServer(LanguageServer):
         self.stats = Stats()
         self.scheduler = Scheduler(self._submit, self.stats)
         self.typing = TypingThrough()
-        self.engine_factory = engine_factory or default_engine_factory
-        self.engine = None
+        self.engine_factory: EngineFactory = engine_factory or default_engine_factory
+        self.engine: Engine | None = None
         self.engine_gen = 0
         self.engine_state = "idle"
-        self.engine_info: dict = {"model": "default", "device": "auto", "message": None}
+        self.engine_info: dict[str, Any] = {"model": "default", "device": "auto", "message": None}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Event | None = None
         self._progress_open: str | None = None  # token of the progress that has begun and not ended
         self.workspace_index: WorkspaceIndex | None = None  # the workspace's files as cross-file context
-        self.workspace_roots: list = []
+        self.workspace_roots: list[Path] = []
         self.workspace_folders: list[str] = []  # folder URIs: initialize's, then as the client changes them
 
     # ------------------------------------------------------------------ engine
 
-    def _submit(self, job):
+    def _submit(self, job: FillJob) -> Future[Fill]:
+        assert self.engine is not None  # the scheduler runs jobs only once _wait_ready saw an engine
         return self.engine.submit(job)
 
-    def cross_file(self, uri: str, doc, offset: int) -> str:
+    def cross_file(self, uri: str, doc: Document, offset: int) -> str:
         """The fill's cross-file far text: the snippets of the workspace's other files most like the
         code at the cursor (dlm_lsp.fill.workspace) once its files are indexed, else the starts of the
         most recently edited other open documents (context.neighbour_text)."""
@@ -148,23 +184,25 @@ class DlmServer(LanguageServer):
         else:
             self.workspace_index.set_roots(self.workspace_roots)
 
-    def change_workspace_folders(self, added, removed) -> None:
+    def change_workspace_folders(
+        self, added: Sequence[types.WorkspaceFolder] | None, removed: Sequence[types.WorkspaceFolder] | None
+    ) -> None:
         """workspace/didChangeWorkspaceFolders: the folders' URIs updated, the index re-rooted."""
 
-        def key(uri):  # clients differ in escaping and trailing slashes
+        def key(uri: object) -> str | None:  # clients differ in escaping and trailing slashes
             return unquote(uri).rstrip("/") if isinstance(uri, str) else None
 
         gone = {key(getattr(f, "uri", None)) for f in removed or []}
         folders = [u for u in self.workspace_folders if key(u) not in gone]
         for uri in (getattr(f, "uri", None) for f in added or []):
-            if key(uri) is not None and key(uri) not in {key(u) for u in folders}:
+            if isinstance(uri, str) and key(uri) not in {key(u) for u in folders}:  # key(uri): not None
                 folders.append(uri)
         self.workspace_folders = folders
         self.workspace_roots = root_paths(None, [types.WorkspaceFolder(uri=u, name="") for u in folders])
         if self.loop is not None:
             self.start_workspace()
 
-    def _workspace_sink(self):
+    def _workspace_sink(self) -> FilesSink | None:
         """fn(changes) giving the workspace's files to the current engine's workspace memory
         (EngineService / RemoteEngine .workspace_files, DecodeOptions.workspace_ngram), or None
         when the engine keeps none (an HTTP endpoint). Runs on the index's thread."""
@@ -172,16 +210,18 @@ class DlmServer(LanguageServer):
         if engine is None or not hasattr(engine, "workspace_files"):
             return None
 
-        def feed(changes: dict, engine=engine) -> None:
+        def feed(changes: dict[str, str | None]) -> None:
             engine.workspace_files(WORKSPACE_SPACE, changes)  # in-process: counted here; shared: sent
 
         return feed
 
     def start_engine(self) -> None:
         """(Re)starts the engine with the current model/device options; loading runs off the loop."""
+        loop = self.loop
+        assert loop is not None, "the engine starts once initialized has set the loop"
         old, self.engine = self.engine, None
         if old is not None:
-            self.loop.run_in_executor(None, old.close)
+            loop.run_in_executor(None, old.close)
         self.typing.clear()  # fills of another model
         self.engine_gen += 1
         gen = self.engine_gen
@@ -189,15 +229,15 @@ class DlmServer(LanguageServer):
         self.engine_state = "loading"
         self.engine_info = {"model": self.options.model or "default", "device": self.options.device, "message": None}
 
-        def on_state(state, info, gen=gen):  # engine thread
-            self.loop.call_soon_threadsafe(self._engine_state_changed, gen, state, dict(info or {}))
+        def on_state(state: str, info: dict | None, gen: int = gen) -> None:  # engine thread
+            loop.call_soon_threadsafe(self._engine_state_changed, gen, state, dict(info or {}))
 
         try:
-            extra = {"threads": self.options.threads} if self.options.threads else {}
+            extra: dict[str, object] = {"threads": self.options.threads} if self.options.threads else {}
             if self.options.engine:  # inproc | shared (default_engine_factory)
                 extra["engine"] = self.options.engine
-            self.engine = self.engine_factory(self.options.model, self.options.device, on_state, **extra)
-            self.engine.start()
+            self.engine = engine = self.engine_factory(self.options.model, self.options.device, on_state, **extra)
+            engine.start()
             if self.workspace_index is not None:  # a new engine has no workspace memory: the next walk sends it all
                 self.workspace_index.set_sink(self._workspace_sink())
         except Exception as e:  # noqa: BLE001 - a bad engine setup must not take the server down
@@ -220,6 +260,7 @@ class DlmServer(LanguageServer):
             f": {info.get('message')}" if info.get("message") else "",
         )
         if state in ("ready", "error"):
+            assert self._ready is not None  # start_engine made it before this generation's engine
             self._ready.set()
             self._end_progress(state)
         if state == "error":
@@ -254,7 +295,7 @@ class DlmServer(LanguageServer):
             return
         token = f"{PROGRESS_TOKEN}/{self.engine_gen}"
 
-        async def begin():
+        async def begin() -> None:
             try:
                 await asyncio.wait_for(self.work_done_progress.create_async(token), 5)
                 if self.engine_state != "loading" or token != f"{PROGRESS_TOKEN}/{self.engine_gen}":
@@ -269,6 +310,7 @@ class DlmServer(LanguageServer):
             except Exception as e:  # noqa: BLE001 - progress is cosmetic
                 log.debug("work done progress unavailable: %s", e)
 
+        assert self.loop is not None  # start_engine's caller: the loop is set
         self.loop.create_task(begin())
 
     def _end_progress(self, state: str) -> None:
@@ -278,7 +320,7 @@ class DlmServer(LanguageServer):
                 token, types.WorkDoneProgressEnd(message="model ready" if state == "ready" else "model failed to load")
             )
 
-    async def _wait_ready(self, ticket) -> bool:
+    async def _wait_ready(self, ticket: Ticket) -> bool:
         """True once the engine is ready; waits at most until the request's deadline."""
         if self.engine is None or self.engine_state == "error":
             return False
@@ -287,6 +329,7 @@ class DlmServer(LanguageServer):
         left = ticket.deadline - time.monotonic()
         if left <= 0:
             return False
+        assert self._ready is not None  # made by start_engine with the engine
         try:
             await ticket.race(asyncio.wait_for(self._ready.wait(), left))
         except TimeoutError:
@@ -302,11 +345,11 @@ class DlmServer(LanguageServer):
         except RuntimeError:
             return UTF16
 
-    async def fill_at(self, uri: str, position: types.Position):
+    async def fill_at(self, uri: str, position: types.Position) -> Result | None:
         """Returns (text, range) of the fill at `position`, or None; never raises except
         CancelledError (the client's $/cancelRequest). A client cancel answers at once; the work
         behind it stops CANCEL_GRACE_S later unless a newer request typed along it by then."""
-        holder: dict = {}
+        holder: dict[str, Ticket] = {}
         task = asyncio.ensure_future(self._fill(uri, position, holder))
         try:
             return await asyncio.shield(task)
@@ -320,7 +363,7 @@ class DlmServer(LanguageServer):
                 asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self.scheduler.cancel_unless_spared, ticket)
             raise
 
-    async def _fill(self, uri: str, position: types.Position, holder: dict):
+    async def _fill(self, uri: str, position: types.Position, holder: dict[str, Ticket]) -> Result | None:
         """One request from arrival to answer: the document open and served, a scheduler ticket (in
         `holder`, for fill_at's cancel), then _fill_steps; counts the outcome once, whatever ends it."""
         arrival = time.monotonic()
@@ -353,7 +396,9 @@ class DlmServer(LanguageServer):
         finally:
             self._count_outcome(ticket, outcome)
 
-    async def _fill_steps(self, uri: str, position: types.Position, doc, ticket, spare):
+    async def _fill_steps(
+        self, uri: str, position: types.Position, doc: Document, ticket: Ticket, spare: Ticket | None
+    ) -> tuple[str, Result | None]:
         """(outcome, (text, range) or None): typing-through answer; else the engine's turn (debounce,
         engine ready); the request from the cursor; the engine with the ticket's deadline; stale
         results dropped; post-processing; stats; the editor's item."""
@@ -376,7 +421,7 @@ class DlmServer(LanguageServer):
         self._report_fill(uri, position, req, fill, fin, context_ms, ticket.arrival, stale)
         return self._deliver(key, doc, offset, ticket, fill, fin, stale)
 
-    def _begin_ticket(self, key: str, doc, offset: int, arrival: float):
+    def _begin_ticket(self, key: str, doc: Document, offset: int, arrival: float) -> tuple[Ticket, Ticket | None]:
         """(ticket, spare): the request's scheduler ticket, and the document's job in flight that this
         cursor types along (spared, not cancelled, by the new ticket), or None."""
         inflight = self.scheduler.inflight(key)
@@ -384,7 +429,9 @@ class DlmServer(LanguageServer):
         ticket = self.scheduler.begin(key, doc.version, self.options.budget_ms, arrival, offset, doc.text, spare)
         return ticket, spare
 
-    async def _typed_through(self, key: str, doc, offset: int, ticket, spare):
+    async def _typed_through(
+        self, key: str, doc: Document, offset: int, ticket: Ticket, spare: Ticket | None
+    ) -> tuple[str, int] | None:
         """The rest of a kept fill the user is typing through, (text, replace_len), or None."""
         hit = self.typing.rest(key, doc.text, offset)
         if hit is None and spare is not None:
@@ -393,16 +440,18 @@ class DlmServer(LanguageServer):
             hit = self.typing.rest(key, doc.text, offset)
         return hit
 
-    async def _engine_turn(self, ticket) -> bool:
+    async def _engine_turn(self, ticket: Ticket) -> bool:
         """Waits out the debounce, then a loading engine; False when the engine cannot fill in time."""
         await self.scheduler.debounce(ticket, self.options.debounce_ms)
         return await self._wait_ready(ticket)
 
-    def _is_current(self, uri: str, doc, ticket) -> bool:
+    def _is_current(self, uri: str, doc: Document, ticket: Ticket) -> bool:
         """True while the document is still at the version the ticket was made for."""
         return self.documents.get(uri) is doc and doc.version == ticket.version
 
-    def _build_job(self, uri: str, key: str, doc, offset: int, ticket):
+    def _build_job(
+        self, uri: str, key: str, doc: Document, offset: int, ticket: Ticket
+    ) -> tuple[FillRequest, FillJob, Tree | None, float]:
         """(req, job, tree, context_ms): the FillRequest from the cursor (with cross-file far text),
         its FillJob under the ticket's deadline, the syntax tree as of now, the time it took."""
         t0 = time.perf_counter()
@@ -415,7 +464,7 @@ class DlmServer(LanguageServer):
         tree = doc.tree.copy() if doc.tree is not None else None  # edits change doc.tree in place
         return req, job, tree, (time.perf_counter() - t0) * 1000
 
-    def _standing(self, uri: str, doc, ticket) -> str:
+    def _standing(self, uri: str, doc: Document, ticket: Ticket) -> str:
         """A finished fill's standing: "current" (its version is the document's), "typed along" (the
         user typed along it: kept for typing-through, not shown) or "gone" (dropped, its steps wasted)."""
         if self._is_current(uri, doc, ticket):
@@ -425,7 +474,9 @@ class DlmServer(LanguageServer):
         self.scheduler.mark_wasted(ticket)
         return "gone"
 
-    def _postprocess(self, req, fill, ticket, tree, doc, offset: int):
+    def _postprocess(
+        self, req: FillRequest, fill: Fill, ticket: Ticket, tree: Tree | None, doc: Document, offset: int
+    ) -> Finished:
         """The engine's text made the editor's fill (postprocess.finish: filters, syntax check, gate)."""
         check = (
             postprocess.SyntaxCheck(ticket.text, tree, doc.parser, offset)
@@ -443,7 +494,15 @@ class DlmServer(LanguageServer):
         )
 
     def _report_fill(
-        self, uri: str, position: types.Position, req, fill, fin, context_ms: float, arrival: float, stale: bool
+        self,
+        uri: str,
+        position: types.Position,
+        req: FillRequest,
+        fill: Fill,
+        fin: Finished,
+        context_ms: float,
+        arrival: float,
+        stale: bool,
     ) -> None:
         """Records the fill's latency, logs its timings and sends dlm/status."""
         latency = (time.monotonic() - arrival) * 1000
@@ -468,7 +527,9 @@ class DlmServer(LanguageServer):
         )
         self.send_status()
 
-    def _deliver(self, key: str, doc, offset: int, ticket, fill, fin, stale: bool):
+    def _deliver(
+        self, key: str, doc: Document, offset: int, ticket: Ticket, fill: Fill, fin: Finished, stale: bool
+    ) -> tuple[str, Result | None]:
         """(outcome, (text, range) or None): keeps the fill for typing-through and answers with it when
         it is for the current version and not empty."""
         if fill.cancelled:
@@ -481,7 +542,7 @@ class DlmServer(LanguageServer):
             return "empty", None
         return "answered", self._range_result(doc, offset, fin.text, fin.replace_len)
 
-    def _count_outcome(self, ticket, outcome: str) -> None:
+    def _count_outcome(self, ticket: Ticket, outcome: str) -> None:
         """Ends the ticket and counts the request once, under its outcome."""
         self.scheduler.end(ticket)
         if ticket.client_cancelled:
@@ -489,7 +550,7 @@ class DlmServer(LanguageServer):
         with self.stats._lock:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 
-    def fill_calibrator(self):
+    def fill_calibrator(self) -> gate.Calibrator | None:
         """The model's calibrated gate (serving.json "calibrator", reported by the engine), or None:
         the gate then compares the engine's raw confidence."""
         raw = self.engine_info.get("calibrator")
@@ -505,7 +566,7 @@ class DlmServer(LanguageServer):
         gate = self.engine_info.get("gate")
         return float(gate) if isinstance(gate, (int, float)) else 0.0
 
-    def _range_result(self, doc, offset: int, text: str, replace_len: int):
+    def _range_result(self, doc: Document, offset: int, text: str, replace_len: int) -> Result:
         idx = doc.index(self.encoding)
         line, char = idx.position(offset)
         row, col = idx.row_col(offset)
@@ -515,7 +576,7 @@ class DlmServer(LanguageServer):
 
     # ------------------------------------------------------------------ configuration
 
-    def apply_options(self, raw, initial: bool = False) -> None:
+    def apply_options(self, raw: object, initial: bool = False) -> None:
         """Applies raw option values; restarts the engine when model or device changed."""
         old = self.options
         self.options, warnings = parse_options(raw, old, from_settings=not initial)
@@ -538,7 +599,7 @@ def _is_engine_error(e: Exception) -> bool:
     return type(e).__name__ == "EngineError"
 
 
-def make_server(engine_factory=None) -> DlmServer:
+def make_server(engine_factory: EngineFactory | None = None) -> DlmServer:
     """Builds the server with every handler registered. `engine_factory(model, device, on_state)`
     replaces the real engine (tests use a scripted one)."""
     server = DlmServer(engine_factory)
@@ -554,7 +615,7 @@ def _register_lifecycle(server: DlmServer) -> None:
     """initialize, initialized, the workspace's folders as the client changes them, and shutdown."""
 
     @server.feature(types.INITIALIZE)
-    def initialize(ls: DlmServer, params: types.InitializeParams):
+    def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
         """Reads initializationOptions (bad values fall back to defaults, with a warning later)."""
         ls.apply_options(params.initialization_options, initial=True)
         ls.workspace_folders = [f.uri for f in params.workspace_folders or []] or (
@@ -563,7 +624,7 @@ def _register_lifecycle(server: DlmServer) -> None:
         ls.workspace_roots = root_paths(None, [types.WorkspaceFolder(uri=u, name="") for u in ls.workspace_folders])
 
     @server.feature(types.INITIALIZED)
-    def initialized(ls: DlmServer, params: types.InitializedParams):
+    def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
         """Starts loading the model and reports option warnings."""
         ls.loop = asyncio.get_running_loop()
         for w in ls.option_warnings:
@@ -573,12 +634,12 @@ def _register_lifecycle(server: DlmServer) -> None:
         ls.start_workspace()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
-    def did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams):
+    def did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
         """Folders added to or removed from the workspace: the cross-file index walks the new set."""
         ls.change_workspace_folders(params.event.added, params.event.removed)
 
     @server.feature(types.SHUTDOWN)
-    def shutdown(ls: DlmServer, params):
+    def shutdown(ls: DlmServer, params: None) -> None:
         """Stops the engine."""
         if ls.engine is not None:
             ls.engine.close()
@@ -591,14 +652,14 @@ def _register_document_sync(server: DlmServer) -> None:
     """didOpen, didChange, didClose on the server's one copy of each document (pygls's own removed)."""
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams):
+    def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams) -> None:
         """Tracks a newly opened document (the server's one copy of it: dlm_lsp/fill/documents.py)."""
         d = params.text_document
         ls.documents.open(d.uri, d.language_id, d.version, d.text)
         _tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams):
+    def did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
         """Applies edits (the tree re-parses when next used) and cancels the document's now-stale
         job (unless the edit only typed along it)."""
         uri = params.text_document.uri
@@ -612,7 +673,7 @@ def _register_document_sync(server: DlmServer) -> None:
         _tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams):
+    def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams) -> None:
         """Forgets a closed document."""
         uri = params.text_document.uri
         key = ls.documents.key(uri)
@@ -642,7 +703,7 @@ def _register_completion(server: DlmServer) -> None:
     """inlineCompletion, and completion for editors without it: both answered by DlmServer.fill_at."""
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-    async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
+    async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
         """Ghost text at the cursor: a fill from the engine, or the rest of one being typed."""
         got = await ls.fill_at(params.text_document.uri, params.position)
         if got is None:
@@ -651,7 +712,7 @@ def _register_completion(server: DlmServer) -> None:
         return types.InlineCompletionList(items=[types.InlineCompletionItem(insert_text=text, range=rng)])
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=[]))
-    async def completion(ls: DlmServer, params: types.CompletionParams):
+    async def completion(ls: DlmServer, params: types.CompletionParams) -> types.CompletionList:
         """Fallback for editors without inline completion: the fill as one (multi-line) item."""
         got = await ls.fill_at(params.text_document.uri, params.position)
         if got is None:
@@ -678,7 +739,7 @@ def _register_configuration(server: DlmServer) -> None:
     """workspace/didChangeConfiguration: the `dlm` settings section applied."""
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: DlmServer, params: types.DidChangeConfigurationParams):
+    async def did_change_configuration(ls: DlmServer, params: types.DidChangeConfigurationParams) -> None:
         """Applies the `dlm` settings section (pulls it with workspace/configuration if not pushed)."""
         section = dlm_section(params.settings)
         if section is None and _supports_configuration(ls):
@@ -700,10 +761,10 @@ def _register_dlm_requests(server: DlmServer) -> None:
     """The custom requests dlm/documentText and dlm/stats (docs/lsp-extensions.md)."""
 
     @server.feature(DOCUMENT_TEXT)
-    def document_text(ls: DlmServer, params=None):
+    def document_text(ls: DlmServer, params: object = None) -> dict | None:
         """The server's copy of a document, {"uri", "version", "text"}, or None when it is not open."""
 
-        def field(obj, name):  # pygls hands params of non-LSP methods over as namedtuples
+        def field(obj: object, name: str) -> Any:  # pygls hands params of non-LSP methods over as namedtuples
             return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
         uri = field(field(params, "textDocument"), "uri")
@@ -715,7 +776,7 @@ def _register_dlm_requests(server: DlmServer) -> None:
         return None if doc is None else {"uri": uri, "version": doc.version, "text": doc.text}
 
     @server.feature(STATS)
-    def stats(ls: DlmServer, params=None):
+    def stats(ls: DlmServer, params: object = None) -> dict:
         """Counters since start (requests, cancelled, typed-through, engine steps, wasted steps...)."""
         out = ls.stats.as_json()
         out.update(
@@ -735,7 +796,7 @@ def _supports_configuration(ls: DlmServer) -> bool:
     return bool(caps and caps.workspace and caps.workspace.configuration)
 
 
-def serve(engine_factory=None) -> int:
+def serve(engine_factory: EngineFactory | None = None) -> int:
     """Runs the server over stdio until the client exits; returns the exit code (0 after shutdown,
     else 1). No input ends it otherwise (dlm_lsp/protocol.py)."""
     server = make_server(engine_factory)

@@ -25,6 +25,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +145,7 @@ class TextTokenizer:
                 if ids is not None:
                     cache.move_to_end(p)
         missing = sorted({p for p, ids in zip(pieces, got) if ids is None})
+        new: dict[str, list[int]] = {}
         if missing:
             new = dict(zip(missing, self.encode_batch(missing)))
             with self._lines_lock:
@@ -151,8 +153,7 @@ class TextTokenizer:
                     self._lines[p] = ids
                 while len(self._lines) > LINE_CACHE:
                     self._lines.popitem(last=False)
-            got = [ids if ids is not None else new[p] for p, ids in zip(pieces, got)]
-        return [i for ids in got for i in ids]
+        return [i for p, ids in zip(pieces, got) for i in (ids if ids is not None else new[p])]
 
     def encode_edit(self, old_text: str, old_ids: list[int], text: str) -> list[int]:
         """encode(text), given an earlier text and its ids (a document's previous request): the ids
@@ -292,7 +293,7 @@ def _boundary(text: str, limit: int, lines: int = 64) -> int | None:
     return None
 
 
-def train_bpe(texts, vocab_size: int = 8192) -> TextTokenizer:
+def train_bpe(texts: Iterable[str], vocab_size: int = 8192) -> TextTokenizer:
     """Trains a byte-level BPE on an iterable of strings; special tokens get ids 0..6."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

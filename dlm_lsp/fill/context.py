@@ -36,12 +36,17 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tree_sitter import Node
 
 from dlm_lsp.fill.documents import MAX_LINE_CHARS, Document, grammar_name
 from dlm_lsp.fill.positions import utf8_len
+
+if TYPE_CHECKING:
+    from engine.api import DecodeOptions, FillJob
 
 HOLE_KINDS = ("line", "block", "middle", "args")
 # rest of line: 16 slots hold 88% of held-out stdlib rest-of-line holes (p50 7 tokens); a middle
@@ -171,7 +176,7 @@ def _comment_markers(language_id: str) -> tuple[tuple[str, ...], bool]:
     return ("#", "//"), True
 
 
-def lex_events(text: str, language_id: str, state: LexState):
+def lex_events(text: str, language_id: str, state: LexState) -> Iterator[tuple[int, str, str]]:
     """Yields (index, char, event) for each bracket of `text` in code, updating `state` in place.
     event: "open", "close" (matched an opener) or "mismatch" (a closer that does not match, or
     with nothing open)."""
@@ -336,7 +341,7 @@ def _statement_rows(root: Node, lo_row: int, hi_row: int, probe: int | None = No
     return rows
 
 
-def _fallback_statement_rows(lines: list[str], lo_row: int, hi_row: int) -> set[int]:
+def _fallback_statement_rows(lines: Sequence[str], lo_row: int, hi_row: int) -> set[int]:
     """Statement starts without a grammar: a non-blank line whose previous non-blank line does not
     continue onto it (no trailing comma, operator, open bracket or backslash)."""
     rows: set[int] = set()
@@ -366,6 +371,7 @@ def _header_rows(node: Node) -> tuple[int, int]:
     """Rows (first, last) of a definition's header: up to the line its body starts on when the body
     starts with a bracket, else the line before the body."""
     body = node.child_by_field_name("body")
+    assert body is not None  # a definition of _enclosing_definitions: it has a body
     first = node.start_point.row
     last = body.start_point.row
     if body.type not in ("block",) or body.start_point.row == first or _starts_with_bracket(body):
@@ -378,7 +384,7 @@ def _starts_with_bracket(node: Node) -> bool:
     return child is not None and child.type == "{"
 
 
-def _fallback_headers(lines: list[str], row: int, indent: int, max_rows: int = 2000) -> list[tuple[int, int]]:
+def _fallback_headers(lines: Sequence[str], row: int, indent: int, max_rows: int = 2000) -> list[tuple[int, int]]:
     """Enclosing headers by indentation: each nearer line above with less indentation (looking at
     most `max_rows` lines up: a big file must not cost a scan to its top per keystroke)."""
     headers = []
@@ -444,7 +450,7 @@ def _classify(before: str, after: str, lex: LexState, language_id: str, brace_li
     return "line"
 
 
-def neighbour_text(texts, limit: int = NEIGHBOUR_CHARS) -> str:
+def neighbour_text(texts: Iterable[str], limit: int = NEIGHBOUR_CHARS) -> str:
     """Cross-file context for the copy boost's far side: the other open documents' texts (most
     relevant first), each cut to an equal share of `limit` characters (its start: imports and the
     first definitions), the most relevant last (FillJob.lookup keeps its end when it must cut)."""
@@ -632,18 +638,18 @@ def build_request(
     )
 
 
-def _row_above(lines: list[str], row: int) -> int:
+def _row_above(lines: Sequence[str], row: int) -> int:
     """The nearest non-blank row above `row` (row itself when there is none)."""
     return next((r for r in range(row - 1, max(-1, row - 2001), -1) if lines[r].strip()), row)
 
 
-def header_indent(lines: list[str], row: int, language_id: str, end: int | None = None, max_rows: int = 40) -> int:
+def header_indent(lines: Sequence[str], row: int, language_id: str, end: int | None = None, max_rows: int = 40) -> int:
     """Indentation of the statement whose last line is `row` (cut at column `end`): a header that
     spans several lines (`def f(a,\n      b):`) starts on the nearest line above from which its
     brackets balance (but for the `{` that opens the block)."""
     last = lines[row] if end is None else lines[row][:end]
     for r in range(row, max(-1, row - max_rows), -1):
-        chunk = "\n".join(lines[r:row] + [last])
+        chunk = "\n".join([*lines[r:row], last])
         if len(chunk) > MAX_LINE_CHARS:  # lexing is a Python loop: minified code ends the search
             break
         st = LexState()
@@ -660,7 +666,9 @@ def _opener_on_line(before: str, language_id: str) -> bool:
     return bool(lex_state(before, language_id).stack)
 
 
-def to_fill_job(req: FillRequest, deadline: float | None, context_tokens: int = 512, options=None):
+def to_fill_job(
+    req: FillRequest, deadline: float | None, context_tokens: int = 512, options: DecodeOptions | None = None
+) -> FillJob:
     """The engine job for a request (imported lazily: context itself never needs the engine)."""
     import dataclasses
 

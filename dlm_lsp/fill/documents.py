@@ -84,25 +84,29 @@ def grammar(name: str) -> Language | None:
     """The tree-sitter Language for a canonical grammar name, or None if its package is missing."""
     try:
         if name == "python":
-            import tree_sitter_python as m
+            import tree_sitter_python
 
-            return Language(m.language())
+            return Language(tree_sitter_python.language())
         if name == "javascript":
-            import tree_sitter_javascript as m
+            import tree_sitter_javascript
 
-            return Language(m.language())
+            return Language(tree_sitter_javascript.language())
         if name in ("typescript", "tsx"):
-            import tree_sitter_typescript as m
+            import tree_sitter_typescript
 
-            return Language(m.language_typescript() if name == "typescript" else m.language_tsx())
+            return Language(
+                tree_sitter_typescript.language_typescript()
+                if name == "typescript"
+                else tree_sitter_typescript.language_tsx()
+            )
         if name == "go":
-            import tree_sitter_go as m
+            import tree_sitter_go
 
-            return Language(m.language())
+            return Language(tree_sitter_go.language())
         if name == "rust":
-            import tree_sitter_rust as m
+            import tree_sitter_rust
 
-            return Language(m.language())
+            return Language(tree_sitter_rust.language())
     except ImportError:
         log.warning("tree-sitter grammar for %s is not installed; using indentation only", name)
     return None
@@ -191,7 +195,7 @@ class ContentChange:
     end: tuple[int, int] | None = None
 
 
-def valid_change(ch) -> bool:
+def valid_change(ch: object) -> bool:
     """True for a content change of the right types: text a str, start and end both None or both
     (line, character) pairs of integers."""
     if not isinstance(getattr(ch, "text", None), str):
@@ -272,7 +276,9 @@ class Document:
         # a loaded machine (wall time x3-4 measured) must not take trees from mid-size files
         t0 = time.thread_time()
         src = parse_source(self._text)
-        tree = self.parser.parse(src, old) if old is not None else self.parser.parse(src)
+        parser = self.parser
+        assert parser is not None  # _dirty is only ever set on a document with a parser
+        tree = parser.parse(src, old) if old is not None else parser.parse(src)
         self.parse_ms = (time.thread_time() - t0) * 1000
         self._slow = self._slow + 1 if old is not None and self.parse_ms > SLOW_PARSE_MS else 0
         if self._slow >= SLOW_PARSES:
@@ -356,7 +362,7 @@ def longest_line(idx: LineIndex, first: int, last: int) -> int:
 class DocumentStore:
     """Open documents by URI (normalized by `uri_key`; a document keeps the URI it was opened with)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._docs: dict[str, Document] = {}
         self._told_no_tree = False
         self._touched: dict[str, int] = {}  # key -> when it was last opened or changed (a counter)
@@ -409,7 +415,7 @@ class DocumentStore:
             self._docs.pop(uri_key(uri), None)
             self._touched.pop(uri_key(uri), None)
 
-    def change(self, uri: str, version: int, changes, encoding: str = UTF16) -> Document | None:
+    def change(self, uri: str, version: int, changes: object, encoding: str = UTF16) -> Document | None:
         """Applies content changes (ContentChange) in order. A notification with a change of the wrong
         types is ignored whole, version included."""
         doc = self.get(uri) if isinstance(uri, str) else None

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
+
+if TYPE_CHECKING:
+    from dlm_lsp.fill.context import FillRequest
 
 FEATURES = (
     "logit_confidence",  # log(c / (1 - c)) of the engine's confidence, c clipped to [1e-4, 1 - 1e-4]
@@ -51,7 +55,7 @@ def _clip(c: float) -> float:
     return min(max(float(c), 1e-4), 1 - 1e-4)
 
 
-def features(req, text: str, confidence: float, replace_len: int = 0) -> list[float]:
+def features(req: FillRequest, text: str, confidence: float, replace_len: int = 0) -> list[float]:
     """The FEATURES of a finished fill `text` for request `req` (context.FillRequest), in order."""
     c = _clip(confidence)
     before = req.line_before
@@ -95,7 +99,7 @@ class Calibrator:
     bias: float
     fit_info: dict | None = None
 
-    def score(self, req, text: str, confidence: float, replace_len: int = 0) -> float:
+    def score(self, req: FillRequest, text: str, confidence: float, replace_len: int = 0) -> float:
         x = dict(zip(FEATURES, features(req, text, confidence, replace_len)))
         return _sigmoid(self.bias + sum(w * x[n] for n, w in zip(self.names, self.weights)))
 
@@ -110,7 +114,7 @@ class Calibrator:
         return out
 
     @classmethod
-    def from_json(cls, raw) -> Calibrator | None:
+    def from_json(cls, raw: object) -> Calibrator | None:
         """The calibrator stored in serving.json, or None when it is absent or malformed (unknown
         feature names, non-numbers, lengths that differ): a model then gates on raw confidence."""
         if not isinstance(raw, dict):
@@ -120,8 +124,7 @@ class Calibrator:
             return None
         if not all(isinstance(n, str) and n in FEATURES for n in names) or len(set(names)) != len(names):
             return None
-        nums = [*weights, bias]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in nums):
+        if not (all(_finite(w) for w in weights) and _finite(bias)):
             return None
         return cls(
             tuple(names),
@@ -129,6 +132,11 @@ class Calibrator:
             float(bias),
             raw.get("fit") if isinstance(raw.get("fit"), dict) else None,
         )
+
+
+def _finite(v: object) -> TypeGuard[float]:
+    """A finite int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _sigmoid(z: float) -> float:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
+from typing import overload
 
 UTF8, UTF16, UTF32 = "utf-8", "utf-16", "utf-32"
 
@@ -165,24 +167,28 @@ class LineIndex:
         return out
 
 
-class Lines:
+class Lines(Sequence[str]):
     """Read-only sequence of a LineIndex's lines (without their breaks): len(), [i] and [i:j]."""
 
     def __init__(self, index: LineIndex):
-        self.index = index
+        self._index = index
 
     def __len__(self) -> int:
-        return len(self.index.starts)
+        return len(self._index.starts)
 
-    def __getitem__(self, key):
-        n = len(self.index.starts)
+    @overload
+    def __getitem__(self, key: int) -> str: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[str]: ...
+    def __getitem__(self, key: int | slice) -> str | list[str]:
+        n = len(self._index.starts)
         if isinstance(key, slice):
-            return [self.index.line_text(i) for i in range(*key.indices(n))]
+            return [self._index.line_text(i) for i in range(*key.indices(n))]
         if key < 0:
             key += n
         if not 0 <= key < n:
             raise IndexError(key)
-        return self.index.line_text(key)
+        return self._index.line_text(key)
 
-    def __iter__(self):
-        return (self.index.line_text(i) for i in range(len(self.index.starts)))
+    def __iter__(self) -> Iterator[str]:
+        return (self._index.line_text(i) for i in range(len(self._index.starts)))

@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from tree_sitter import Node, Parser, Tree
 
 from dlm_lsp.fill.context import (
     CLOSERS,
@@ -47,6 +50,9 @@ from dlm_lsp.fill.context import (
     lex_state,
 )
 from dlm_lsp.fill.documents import parse_source
+
+if TYPE_CHECKING:
+    from dlm_lsp.fill.gate import Calibrator
 
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 _END_MARKERS = ("<|endoftext|>", "<|eos|>", "</s>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -209,7 +215,7 @@ def cut_block(fill: str, req: FillRequest) -> str:
 def leading_closers(after: str, stack: list[str]) -> list[int]:
     """End offsets in `after` of the closers right after the cursor that close `stack`'s brackets
     innermost first (brackets the editor auto-closed)."""
-    ends = []
+    ends: list[int] = []
     for i, ch in enumerate(after):
         if ch not in CLOSERS or len(ends) >= len(stack) or MATCH[ch] != stack[-1 - len(ends)]:
             break
@@ -223,7 +229,7 @@ def balance_brackets(fill: str, req: FillRequest) -> tuple[str, int]:
     return fill, replace_len
 
 
-def _fill_events(fill: str, req: FillRequest, st: LexState):
+def _fill_events(fill: str, req: FillRequest, st: LexState) -> Iterator[tuple[int, str, str]]:
     """lex_events of the fill as it reads after the text before the cursor on its line (`""` + `"`
     opens a triple-quoted string), with indices into the fill; updates `st`, which must start as
     the state at the cursor."""
@@ -279,14 +285,15 @@ def own_brackets_closed(fill: str, req: FillRequest, replace_len: int = 0) -> bo
             return False
         floor = min(floor, len(st.stack))
     opened = len(st.stack) - floor
-    open_string = st.quote is not None and st.quote != req.lex.quote
+    open_quote = st.quote if st.quote != req.lex.quote else None  # a string the fill opened and left open
+    open_string = open_quote is not None
     if not opened and not open_string:
         return True
     if st.line_comment or st.block_comment or _own_open(fill[: fill.rfind("\n") + 1], req):
         return False  # only the fill's last line may continue below (and not from inside a comment)
     after = (req.after_cursor or req.suffix)[replace_len:]
-    if open_string:
-        end = _string_end(after, st.quote)
+    if open_quote is not None:
+        end = _string_end(after, open_quote)
         if end is None:
             return False
         after = after[end:]
@@ -389,7 +396,7 @@ def cut_to_clean(fill: str, is_clean: Callable[[str], bool], max_tries: int = 40
 def _boundary(s: str, i: int) -> bool:
     """True between two characters of different kinds (word / space / punctuation)."""
 
-    def kind(c):
+    def kind(c: str) -> int:
         return 0 if c.isalnum() or c == "_" else 1 if c.isspace() else 2
 
     return kind(s[i - 1]) != kind(s[i]) or kind(s[i]) == 2
@@ -405,7 +412,7 @@ def finish(
     filters: bool = True,
     confidence: float = 1.0,
     min_confidence: float = 0.0,
-    calibrator=None,
+    calibrator: Calibrator | None = None,
 ) -> Finished:
     """Returns the fill to show for `req` from the engine's `raw` text (empty text = show nothing).
     A fill the engine was less sure of than `min_confidence` (Fill.confidence) is not shown; with a
@@ -482,7 +489,7 @@ def finish(
 # ----------------------------------------------------------------------------- syntax check
 
 
-def error_nodes(node) -> list:
+def error_nodes(node: Node) -> list[Node]:
     """ERROR and MISSING nodes under `node` (only subtrees flagged has_error are visited)."""
     found = []
     stack = [node]
@@ -495,7 +502,7 @@ def error_nodes(node) -> list:
     return found
 
 
-def count_errors(node) -> int:
+def count_errors(node: Node) -> int:
     """Number of ERROR and MISSING nodes under `node`."""
     return len(error_nodes(node))
 
@@ -505,7 +512,7 @@ PAIRING_MARKERS = ('"""', "'''", "`", "/*", "*/")  # fills with these must leave
 
 
 def check_region(
-    root, src: bytes, cursor: int, probe: int | None = None, limit: int = REGION_MAX_BYTES
+    root: Node, src: bytes, cursor: int, probe: int | None = None, limit: int = REGION_MAX_BYTES
 ) -> tuple[int, int] | None:
     """Byte span [start, end) of whole lines around `cursor` that parses on its own: the outermost
     statement holding `probe` (default: the cursor) of at most `limit` bytes, widened to whole
@@ -541,18 +548,18 @@ class _Source:
 
     src: bytes
     cursor: int
-    tree: object | None  # the document's tree when src is the whole file (incremental re-parse)
+    tree: Tree | None  # the document's tree when src is the whole file (incremental re-parse)
     base_errors: int = 0
     base_starts_at_cursor: bool = False
     row: int = 0
     col_bytes: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         before = self.src[: self.cursor]
         self.row = before.count(b"\n")
         self.col_bytes = len(before) - (before.rfind(b"\n") + 1)
 
-    def with_base(self, root) -> _Source:
+    def with_base(self, root: Node) -> _Source:
         base = error_nodes(root)
         self.base_errors = len(base)
         self.base_starts_at_cursor = any(n.start_byte == self.cursor for n in base)
@@ -581,7 +588,8 @@ class SyntaxCheck:
     paired in the region (so the rest of the file lexes as before). The whole file is re-parsed
     instead (incrementally, from the document's tree) when the cursor sits in a larger statement."""
 
-    def __init__(self, text: str, tree, parser, offset: int, region_limit: int = REGION_MAX_BYTES):
+    def __init__(self, text: str, tree: Tree, parser: Parser | None, offset: int, region_limit: int = REGION_MAX_BYTES):
+        assert parser is not None, "a document with a tree has a parser (Document.parser)"
         self.parser, self.tree, self.calls = parser, tree, 0
         # the bytes the document's tree was parsed from (lone CR as LF, lone surrogates as U+FFFD)
         src_before = parse_source(text[:offset])

@@ -88,7 +88,10 @@ class SnippetIndex:
     once, and per window its place and identifier count; the identifier sets live only in the
     postings (4 bytes an entry): ~3x the indexed text in all."""
 
-    def __init__(self):
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._texts: dict[str, str] = {}
         self._by_source: dict[str, range] = {}
         self._source: list[str | None] = []  # per window: its source (None: removed)
@@ -114,6 +117,10 @@ class SnippetIndex:
         source = self._source[i]
         if source is None:
             return None
+        return self._window(i, source)
+
+    def _window(self, i: int, source: str) -> Chunk:
+        """Window i of `source` (its live source)."""
         a, b = self._span[2 * i], self._span[2 * i + 1]
         return Chunk(source, self._line[i], self._texts[source][a:b])
 
@@ -156,7 +163,7 @@ class SnippetIndex:
     def compact(self) -> None:
         """Re-indexes the live sources, without the windows of removed ones (the same order)."""
         texts = sorted(self._texts.items(), key=lambda kv: self._by_source[kv[0]].start)
-        self.__init__()
+        self._reset()
         for source, text in texts:
             self.add(source, text)
 
@@ -207,6 +214,7 @@ class SnippetIndex:
         used = 0
         for i in order.tolist():
             source, line = self._source[i], self._line[i]
+            assert source is not None  # candidates are live windows (_alive)
             if any(abs(line - l) < CHUNK_LINES for l in taken.get(source, ())):
                 continue
             size = self._span[2 * i + 1] - self._span[2 * i]
@@ -214,7 +222,7 @@ class SnippetIndex:
                 if used + 200 > limit_chars:
                     break
                 continue
-            out.append(self.chunk(i))
+            out.append(self._window(i, source))
             taken.setdefault(source, []).append(line)
             used += size + 1
         return out

@@ -32,11 +32,19 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from dlm_lsp.fill.documents import language_id_for_path, uri_key
 from dlm_lsp.fill.retrieval import SnippetIndex, cross_file_text
+
+if TYPE_CHECKING:
+    from dlm_lsp.fill.documents import Document
+
+# the engine's workspace memory: {source: its text, or None when it left the workspace}
+FilesSink = Callable[[dict[str, str | None]], object]
 
 log = logging.getLogger("dlm.workspace")
 
@@ -69,7 +77,7 @@ SKIP_DIRS = frozenset(
 )
 
 
-def uri_path(uri) -> Path | None:
+def uri_path(uri: object) -> Path | None:
     """The absolute local path of a file URI (not resolved: it must match the walk's paths), else None."""
     if not isinstance(uri, str) or not uri.startswith("file:"):
         return None
@@ -97,7 +105,7 @@ def nearness(folder: Path, focus: list[Path]) -> tuple[int, int]:
     return best
 
 
-def root_paths(root_uri, folders) -> list[Path]:
+def root_paths(root_uri: object, folders: Iterable[object] | None) -> list[Path]:
     """Local folders of an InitializeParams' workspaceFolders (else its rootUri): file URIs only,
     existing directories, each once."""
     uris = [getattr(f, "uri", None) for f in (folders or [])] or [root_uri]
@@ -115,7 +123,7 @@ class WorkspaceIndex:
     def __init__(
         self,
         roots: list[Path],
-        serves=lambda language_id: True,
+        serves: Callable[[str], bool] = lambda language_id: True,
         max_files: int = MAX_FILES,
         max_file_bytes: int = MAX_FILE_BYTES,
         rescan_s: float = RESCAN_S,
@@ -137,7 +145,7 @@ class WorkspaceIndex:
         self.scans = 0
         # the engine's workspace memory (set_sink): fn({source: text, or None when it left}) after a
         # walk that changed files, on this thread; what was sent, by size
-        self.on_files = None
+        self.on_files: FilesSink | None = None
         self._sent: dict[str, int] = {}
         self._unremoved: set[str] = set()  # removals a failed send did not deliver: sent again next walk
         # folders of the documents filled in and open (most recent first), the walk's order; whether
@@ -147,7 +155,10 @@ class WorkspaceIndex:
         self._truncated = False
         self._walked_focus: list[Path] = []
         self._cut = False
-        self._focused_uris: tuple = ((), [])  # the last focus() call's documents and their folders
+        self._focused_uris: tuple[tuple[str, ...], list[Path]] = (
+            (),
+            [],
+        )  # the last focus() call's documents and their folders
 
     def start(self) -> None:
         if self._thread is None and self.roots:
@@ -169,7 +180,7 @@ class WorkspaceIndex:
         self._wake.set()
         self.start()
 
-    def set_sink(self, on_files) -> None:
+    def set_sink(self, on_files: FilesSink | None) -> None:
         """Feeds the engine's workspace memory (DecodeOptions.workspace_ngram): the next walk reads
         every file again for `on_files` (a new engine has none; up to MEMORY_CHARS), then each walk
         gives it the files it changed. Open documents are not sent (the filled one never counts).
@@ -189,7 +200,7 @@ class WorkspaceIndex:
                 log.exception("workspace scan failed")
             self._wake.wait(self.rescan_s)
 
-    def focus(self, uris) -> None:
+    def focus(self, uris: Iterable[str]) -> None:
         """The documents `uris` are being filled in or are open beside the one that is: their folders
         go to the front of the walk's order. When the last walk left files out by a limit and ordered
         them by another focus, the walker walks again now."""
@@ -249,7 +260,8 @@ class WorkspaceIndex:
         read = 0
         total = 0
         present: set[str] = set()
-        sink, changed = self.on_files, {}
+        sink = self.on_files
+        changed: dict[str, str | None] = {}
         memory = 0  # bytes of the files the memory should hold, nearest first
         wanted: set[str] = set()
         files = self.files()
@@ -326,9 +338,9 @@ class WorkspaceIndex:
             ):  # a quality lever: the walk and the snippets go on without it; the next walk sends them again
                 log.exception("the engine's workspace memory was not updated")
                 with self._lock:
-                    for source, text in changed.items():
+                    for source, sent in changed.items():
                         self._sent.pop(source, None)
-                        if text is None:  # else the engine would keep a file past the budget and refuse nearer ones
+                        if sent is None:  # else the engine would keep a file past the budget and refuse nearer ones
                             self._unremoved.add(source)
         self.scans += 1
         return read
@@ -352,7 +364,9 @@ class WorkspaceIndex:
         """Workspace files of `language_id` indexed from disk."""
         return self._disk.get(language_id, 0)
 
-    def cross_file(self, uri: str, text: str, offset: int, language_id: str, open_docs, limit_chars: int) -> str | None:
+    def cross_file(
+        self, uri: str, text: str, offset: int, language_id: str, open_docs: Sequence[Document], limit_chars: int
+    ) -> str | None:
         """The far text of a fill at str `offset` of the document `uri` (whose text is `text`): the
         most similar chunks of the workspace's other files, the open documents `open_docs` (other
         documents of the language) read from the editor. None when no file of the language is

@@ -36,7 +36,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -44,7 +47,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dlm_lsp.http import fim as fim_api
-from dlm_lsp.http.fim import ApiError, FimPipeline, Limits
+from dlm_lsp.http.fim import ApiError, Completed, FimPipeline, Limits, Prepared
+
+if TYPE_CHECKING:
+    from dlm_lsp.fill.gate import Calibrator
+    from engine.api import Fill, FillJob
+    from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger("dlm.http")
 
@@ -58,6 +66,22 @@ READY_WAIT_S = 0.05  # poll of the engine state while a request waits for the mo
 
 class ClientGone(Exception):
     """The client disconnected before its answer."""
+
+
+OnState = Callable[[str, dict], object]  # an engine's state changes: (state, info)
+
+
+class FimEngine(Protocol):
+    """What the server runs fills on: EngineService's interface (in this process, or RemoteEngine for the
+    user's daemon). One that has a `tok` (TextTokenizer) counts prompt tokens for `usage`."""
+
+    def start(self) -> object: ...
+
+    def close(self) -> None: ...
+
+    def submit(self, job: FillJob) -> Future[Fill]: ...
+
+    def wait_ready(self, timeout: float | None = None) -> bool: ...
 
 
 def is_loopback(host: str) -> bool:
@@ -75,14 +99,14 @@ class FimServer:
 
     def __init__(
         self,
-        engine_factory,
+        engine_factory: Callable[[OnState], FimEngine],
         model_id: str,
         token: str | None = None,
         limits: Limits | None = None,
         language: str = "python",
         budget_ms: int = 1000,
         max_inflight: int = 64,
-        tokenizer=None,
+        tokenizer: TextTokenizer | None = None,
         context_tokens: int = 512,
     ):
         self.model_id, self.token = model_id, token or None
@@ -90,7 +114,8 @@ class FimServer:
         self.language, self.budget_ms, self.max_inflight = language, budget_ms, max_inflight
         self.tokenizer = tokenizer
         self.pipeline = FimPipeline(self.limits.max_tokens_cap, context_tokens)
-        self.state, self.info = "loading", {}
+        self.state: str = "loading"
+        self.info: dict[str, Any] = {}
         self.inflight = 0
         self.counters = {"requests": 0, "answered": 0, "errors": 0, "disconnected": 0, "late": 0, "refused": 0}
         self._lock = threading.Lock()
@@ -114,7 +139,7 @@ class FimServer:
         log.info("engine %s%s", state, f": {info.get('message')}" if info and info.get("message") else "")
 
     @contextlib.asynccontextmanager
-    async def _lifespan(self, app):
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.engine.start()
         try:
             yield
@@ -122,7 +147,7 @@ class FimServer:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
     @property
-    def calibrator(self):
+    def calibrator(self) -> Calibrator | None:
         """The engine's calibrated gate (dlm_lsp.fill.gate), or None: the raw confidence is gated."""
         from dlm_lsp.fill.gate import Calibrator
 
@@ -182,7 +207,8 @@ class FimServer:
                 raise ApiError(
                     413, f"the request body is {declared} bytes; at most {limit} are accepted", code="request_too_large"
                 )
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         async for part in request.stream():
             size += len(part)
             if size > limit:
@@ -198,16 +224,19 @@ class FimServer:
             if msg["type"] == "http.disconnect":
                 return
 
-    async def _await_fill(self, request: Request, prep, fut):
+    async def _await_fill(self, request: Request, prep: Prepared, fut: Future[Fill]) -> Fill:
         """The job's Fill; raises ClientGone (job cancelled), ApiError 504 (late: job cancelled) or
         ApiError 500 (the engine failed the job)."""
         from engine.api import EngineError
 
         afut = asyncio.wrap_future(fut)
         gone = asyncio.ensure_future(self._disconnected(request))
-        limit = max(0.0, prep.job.deadline + DEADLINE_GRACE_S - time.monotonic())
+        deadline = prep.job.deadline
+        assert deadline is not None  # FimPipeline.prepare gives every job one
+        limit = max(0.0, deadline + DEADLINE_GRACE_S - time.monotonic())
+        waiting: set[asyncio.Future[Any]] = {afut, gone}
         try:
-            done, _ = await asyncio.wait({afut, gone}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waiting, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             prep.job.cancel()
             raise
@@ -234,7 +263,7 @@ class FimServer:
             code="deadline_exceeded",
         )
 
-    def _prompt_tokens(self, prep) -> int:
+    def _prompt_tokens(self, prep: Prepared) -> int:
         tok = self.tokenizer or getattr(self.engine, "tok", None)
         if tok is None:
             return 0
@@ -363,7 +392,9 @@ class FimServer:
             with self._lock:
                 self.inflight -= 1
 
-    async def _events(self, cid: str, done, use: dict, dlm: dict, include_usage: bool):
+    async def _events(
+        self, cid: str, done: Completed, use: dict, dlm: dict, include_usage: bool
+    ) -> AsyncIterator[bytes]:
         """The answer as server-sent events: the text, the finish reason (+ dlm), usage, [DONE]."""
         if done.text:
             yield fim_api.sse(fim_api.chunk(cid, self.model_id, done.text, None))
@@ -376,10 +407,10 @@ class FimServer:
 # ---------------------------------------------------------------------- running it
 
 
-def engine_factory(kind: str, model: str | None, device: str, threads: int | None):
+def engine_factory(kind: str, model: str | None, device: str, threads: int | None) -> Callable[[OnState], FimEngine]:
     """on_state -> an engine with EngineService's interface: in this process, or the user's daemon."""
 
-    def make(on_state):
+    def make(on_state: OnState) -> FimEngine:
         if kind == "shared":
             from engine.clients.remote import RemoteEngine
 
@@ -398,7 +429,7 @@ def model_id_for(model: str | None) -> str:
     return Path(str(model)).name or str(model)
 
 
-def load_tokenizer(model: str | None):
+def load_tokenizer(model: str | None) -> TextTokenizer | None:
     """The model's tokenizer for `usage` counts (no torch), or None."""
     from engine.clients import wire
     from engine.tokenizer import TextTokenizer

@@ -35,9 +35,16 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
 
 from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.documents import Document, join_pairs, make_parser
+
+if TYPE_CHECKING:
+    from tree_sitter import Parser
+
+    from dlm_lsp.fill.gate import Calibrator
+    from engine.api import Fill, FillJob
 
 FLAVOURS = ("openai", "mercury")
 OBJECT = "text_completion"
@@ -100,11 +107,11 @@ class FimParams:
     slots: int | None = None  # exactly this many mask slots (a client that chose them itself), within max_tokens
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
+def _is_num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -125,7 +132,7 @@ def parse_body(
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
 
-    def bad(param: str, what: str):
+    def bad(param: str, what: str) -> NoReturn:
         raise ApiError(400, f"{param!r} must be {what}", param=param)
 
     prompt = body.get("prompt")
@@ -223,8 +230,8 @@ class Prepared:
 
     params: FimParams
     request: context.FillRequest
-    job: object  # engine.api.FillJob
-    check: object | None  # postprocess.SyntaxCheck, or None (no grammar, or postprocess off)
+    job: FillJob
+    check: postprocess.SyntaxCheck | None  # None: no grammar, or postprocess off
     arrival: float
     context_ms: float
 
@@ -245,9 +252,9 @@ class FimPipeline:
 
     def __init__(self, max_fill_tokens: int = 64, context_tokens: int = 512):
         self.max_fill_tokens, self.context_tokens = max_fill_tokens, context_tokens
-        self._parsers: dict[str, object] = {}
+        self._parsers: dict[str, Parser | None] = {}
 
-    def _parser(self, language: str):
+    def _parser(self, language: str) -> Parser | None:
         if language not in self._parsers:
             self._parsers[language] = make_parser(language)
         return self._parsers[language]
@@ -279,7 +286,7 @@ class FimPipeline:
         return Prepared(p, req, job, check, arrival, (time.perf_counter() - t0) * 1000)
 
     @staticmethod
-    def complete(prep: Prepared, fill, gate: float = 0.0, calibrator=None) -> Completed:
+    def complete(prep: Prepared, fill: Fill, gate: float = 0.0, calibrator: Calibrator | None = None) -> Completed:
         """The completion text of a fill: stop sequences cut the engine's text, then (unless the
         request turned it off) the language server's post-processing decides what may be shown."""
         p = prep.params
@@ -308,7 +315,7 @@ def completion_id() -> str:
     return "cmpl-" + uuid.uuid4().hex[:24]
 
 
-def timing(prep: Prepared, fill, done: Completed | None) -> dict:
+def timing(prep: Prepared, fill: Fill, done: Completed | None) -> dict:
     """The `dlm` extension field: what the engine did and what the pipeline decided."""
     return {
         "steps": fill.steps,
@@ -334,7 +341,7 @@ def timing(prep: Prepared, fill, done: Completed | None) -> dict:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, flavour: str) -> dict:
-    out = {
+    out: dict[str, int] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -360,7 +367,7 @@ def chunk(
     cid: str, model: str, text: str | None, finish_reason: str | None, extra: dict | None = None, choices: bool = True
 ) -> dict:
     """One server-sent event's object (the same shape as the response, a delta of the text)."""
-    out = {
+    out: dict[str, object] = {
         "id": cid,
         "object": OBJECT,
         "created": int(time.time()),
@@ -371,7 +378,7 @@ def chunk(
     return out
 
 
-def sse(obj) -> bytes:
+def sse(obj: dict | bytes) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 

@@ -25,10 +25,15 @@ import os
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from dlm_lsp.http import fim as fim_api
 from dlm_lsp.http.app import DEFAULT_TOKEN_ENV, FimServer, engine_factory, is_loopback, load_tokenizer, model_id_for
 from dlm_lsp.http.fim import Limits
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+    from starlette.applications import Starlette
 
 log = logging.getLogger("dlm.ray")
 
@@ -57,7 +62,7 @@ class FimReplica:
         if not self.server.engine.wait_ready(600):
             raise RuntimeError(f"the engine did not load: {self.server.info.get('message')}")
 
-    def __serve_build_asgi_app__(self):
+    def __serve_build_asgi_app__(self) -> Starlette:
         return self.server.app
 
     def check_health(self) -> None:
@@ -68,7 +73,7 @@ class FimReplica:
 
 def build(
     settings: dict, replicas: int, cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0, max_ongoing: int = 8
-):
+) -> Application:
     """The bound Serve application (replicas of FimReplica)."""
     from ray import serve
 
@@ -89,7 +94,8 @@ def build(
         health_check_timeout_s=30,
         graceful_shutdown_timeout_s=5,
     )
-    return deployment.bind(settings)
+    # ray types serve.deployment as always returning a decorator; given the class it returns the Deployment
+    return deployment.bind(settings)  # type: ignore[attr-defined]
 
 
 def add_ray_serve_args(p: argparse.ArgumentParser) -> None:

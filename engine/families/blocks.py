@@ -19,8 +19,10 @@ The rule is data: `ModelConfig.block_size`, `sub_block_size` (from the family re
 
 from __future__ import annotations
 
+from engine.model.config import ModelConfig
 
-def block_eligible(cfg, start: int, slots: list[int], elig: list[int]) -> list[int]:
+
+def block_eligible(cfg: ModelConfig, start: int, slots: list[int], elig: list[int]) -> list[int]:
     """The indices of `elig` (indices into `slots`, the masked slot numbers in ascending order)
     that the family's block order allows this step; never empty (falls back to the leftmost mask).
     `start` is the canvas position of slot 0."""

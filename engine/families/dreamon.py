@@ -22,8 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from engine.api import DecodeOptions
+from engine.model.config import ModelConfig
+
+if TYPE_CHECKING:  # engine.decode.canvas imports this module
+    from engine.decode.canvas import Canvas
+    from engine.model.transformer import Transformer
 
 START_SLOTS = 16  # masks the middle starts with (the authors' evaluation: min_gen_len 16); it grows from there
 
@@ -43,7 +51,7 @@ class Middle:
 
 
 def layout(
-    prefix: list[int], suffix: list[int], n: int, cfg, context_tokens: int
+    prefix: list[int], suffix: list[int], n: int, cfg: ModelConfig, context_tokens: int
 ) -> tuple[list[int], list[int], int, Middle]:
     """(BOS + prefix, suffix + EOS, masks to start with, limits) for a middle of at most n slots;
     the prefix's oldest and the suffix's last tokens make room for BOS and EOS in the context."""
@@ -58,7 +66,7 @@ def layout(
     return prefix, suffix, min(n, START_SLOTS), Middle(max_slots=n, budget=2 * gen, step_cap=6 * gen)
 
 
-def options(opts):
+def options(opts: DecodeOptions) -> DecodeOptions:
     """The decoding options DreamOn's loop needs, whatever was asked: the canvas changes length, so
     no context cache, window, block or padding rule; one commit per step (a threshold above every
     confidence commits exactly the most confident slot); no token healing."""
@@ -77,7 +85,9 @@ def options(opts):
     )
 
 
-def stats_without_expand(model, h: torch.Tensor, cfg):
+def stats_without_expand(
+    model: Transformer, h: torch.Tensor, cfg: ModelConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """slot_stats for slot rows h (M, D) with the mask and the expand token both banned (torch; the
     rare steps where the middle is at its longest)."""
     logits = model.logits(h).float()  # (M, V)
@@ -89,10 +99,11 @@ def stats_without_expand(model, h: torch.Tensor, cfg):
     return top.values[:, 0].exp(), top.indices[:, 0], top.values[:, 1].exp(), ent
 
 
-def edit(c, committed: list[int]) -> None:
+def edit(c: Canvas, committed: list[int]) -> None:
     """After a commit: committed end-of-text slots leave the middle, committed expand slots become
     two masks (deletions first, as the authors do); then c.done is set."""
     cfg, mid = c.cfg, c.middle
+    assert mid is not None, "dreamon.edit runs on DreamOn canvases only (Canvas.build sets their middle)"
     slots, masked, probs = c.slot_ids(), c.masked.tolist(), list(c.slot_prob)
     gone = {j for j in committed if slots[j] == cfg.eos_token_id}
     grow = {j for j in committed if slots[j] == cfg.expand_token_id} - gone
@@ -114,7 +125,7 @@ def edit(c, committed: list[int]) -> None:
     c.done = c.n_masked == 0 or c.steps >= mid.step_cap
 
 
-def resize(c, slots: list[int], masked: list[bool], probs: list[float]) -> None:
+def resize(c: Canvas, slots: list[int], masked: list[bool], probs: list[float]) -> None:
     """Gives the canvas a middle of len(slots) slots; everything sized by the slot count is rebuilt
     and the context K/V dropped (the next step is a full forward)."""
     dev = c.ids.device

@@ -31,7 +31,7 @@ class CachedModel:
 def scan(hub: Path | None = None) -> list[CachedModel]:
     """Every model snapshot in the cache with a config.json, newest snapshot per repo first."""
     hub = hub or hub_dir()
-    out = []
+    out: list[CachedModel] = []
     if not hub.is_dir():
         return out
     for repo in sorted(hub.glob("models--*")):

@@ -7,6 +7,8 @@ names -> engine/model/transformer.py's. Four layouts cover every family: `qwen2`
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from engine.model.config import ConfigError
 
@@ -78,7 +80,7 @@ def _rope(cfg: dict) -> tuple[float, float]:
     raise ConfigError(f"rope scaling {kind!r} is not supported (supported: none, 'linear')")
 
 
-def _require(cfg: dict, key: str, ok, what: str) -> None:
+def _require(cfg: dict, key: str, ok: Callable[[Any], object], what: str) -> None:
     if key in cfg and not ok(cfg[key]):
         raise ConfigError(f"config.json {key}={cfg[key]!r}: {what}")
 
@@ -91,7 +93,7 @@ def shape_fields(layout: str, cfg: dict) -> dict:
     _require(cfg, "use_sliding_window", lambda v: not v, "sliding-window attention is not supported")
     try:
         dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        out = dict(
+        out: dict[str, object] = dict(
             dim=dim,
             n_layers=int(cfg["num_hidden_layers"]),
             n_heads=heads,

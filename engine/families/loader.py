@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from engine.families.layouts import rename
 from engine.families.registry import Family, detect
 from engine.families.specials import TokenFiles
-from engine.model.config import ConfigError
+from engine.model.config import ConfigError, ModelConfig
 from engine.model.transformer import Transformer, rope_tables
 from engine.model.weight_files import CheckpointError, check_safetensors, weight_paths
 from engine.tokenizer import TextTokenizer
@@ -49,7 +50,7 @@ def is_family_checkpoint(folder: Path) -> bool:
     return cfg.get("model_type", "dlm-lsp") != "dlm-lsp" or "architectures" in cfg
 
 
-def family_config(folder: Path):
+def family_config(folder: Path) -> tuple[Family, ModelConfig]:
     """(Family, ModelConfig) of a family checkpoint folder, special ids from its files."""
     folder = Path(folder)
     cfg = read_config(folder)
@@ -59,8 +60,11 @@ def family_config(folder: Path):
 
 
 def load_family(
-    folder, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, forward_only: bool = False
-):
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    forward_only: bool = False,
+) -> tuple[Transformer, TextTokenizer, ModelConfig]:
     """Returns (model in eval mode, tokenizer, config) for a family checkpoint. `forward_only`
     admits families the engine cannot decode yet (WeDLM) for parity checks."""
     folder = Path(folder)
@@ -102,7 +106,7 @@ FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
 CHUNK_BYTES = 32 * 2**20  # one read's size: the scratch memory a load needs beyond the weights
 
 
-def read_tensors(path: Path, header: dict):
+def read_tensors(path: Path, header: dict) -> Iterator[tuple[str, tuple[int, ...], Callable[[torch.Tensor], None]]]:
     """Yields (name, shape, fill) for each tensor of a checked safetensors file, in file order;
     fill(out) copies the tensor into `out` (any dtype and device, same number of elements) through
     one scratch buffer of CHUNK_BYTES, so no tensor is ever held twice in host memory."""
@@ -116,20 +120,38 @@ def read_tensors(path: Path, header: dict):
             size = file_dtype.itemsize
             begin = t["data_offsets"][0]
 
-            def fill(out: torch.Tensor, begin=begin, file_dtype=file_dtype, size=size, name=name) -> None:
+            def fill(
+                out: torch.Tensor,
+                begin: int = begin,
+                file_dtype: torch.dtype = file_dtype,
+                size: int = size,
+                name: str = name,
+            ) -> None:
                 flat, per = out.view(-1), CHUNK_BYTES // size
                 for e0 in range(0, flat.numel(), per):
                     count = min(per, flat.numel() - e0)
                     buf = scratch[: count * size]
                     f.seek(base + begin + e0 * size)
-                    if f.readinto(memoryview(buf.numpy())) != count * size:
+                    # numpy's stubs declare ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+                    if f.readinto(memoryview(buf.numpy())) != count * size:  # type: ignore[arg-type]
                         raise CheckpointError(f"{path} is truncated inside tensor {name!r}")
                     flat[e0 : e0 + count].copy_(buf.view(file_dtype))
 
             yield name, tuple(t["shape"]), fill
 
 
-def _take(fam: Family, cfg, name: str, shape: tuple, fill, want: dict, sd: dict, device, dtype, path: Path) -> None:
+def _take(
+    fam: Family,
+    cfg: ModelConfig,
+    name: str,
+    shape: tuple[int, ...],
+    fill: Callable[[torch.Tensor], None],
+    want: dict[str, torch.Size],
+    sd: dict[str, torch.Tensor],
+    device: str | torch.device,
+    dtype: torch.dtype,
+    path: Path,
+) -> None:
     """Reads one tensor, renamed and converted, into sd (shape-checked against the model)."""
     try:
         target = rename(fam.layout, name)

@@ -41,7 +41,7 @@ class TokenFiles:
         tok = Tokenizer.from_file(str(folder / "tokenizer.json")) if (folder / "tokenizer.json").is_file() else None
         return cls(config, js("tokenizer_config.json"), js("special_tokens_map.json"), tok)
 
-    def id_of(self, token) -> int | None:
+    def id_of(self, token: object) -> int | None:
         """Id of a token given by name (or as {"content": name}); None when no file knows it."""
         if isinstance(token, dict):
             token = token.get("content")

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.api import DecodeOptions
+
 # the authors' defaults (wedlm/config.py Config.wedlm_window_size, wedlm/sampling_params.py
 # SamplingParams.wedlm_entropy_threshold / wedlm_pos_penalty_factor); module data, as DreamOn's
 # START_SLOTS: tests set other values to show the rule matters
@@ -43,7 +45,7 @@ ENTROPY_THRESHOLD: float | None = 0.4  # None: one commit per step, the lowest a
 POS_PENALTY = 0.02
 
 
-def options(opts):
+def options(opts: DecodeOptions) -> DecodeOptions:
     """The engine options under which its commit runs WeDLM's rule, whatever was asked: the family's
     own window (not `window`, which counts masked slots), no semi-AR block or padding rule, and
     entropy as the confidence (the rule reads it back as -confidence)."""

@@ -17,6 +17,8 @@ K/V (Fast-dLLM DualCache) and lets the causal twin decode with a KV cache; both 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Literal, overload
 
 import torch
 import torch.nn as nn
@@ -25,6 +27,8 @@ import torch.nn.functional as F
 from engine.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (B, Hkv, L, Dh) each, RoPE already applied to K
+BufKV = tuple[torch.Tensor, torch.Tensor, int]  # (k_buf, v_buf, n): see below
+CtxKV = KV | BufKV  # one layer's context
 # A context may also be given as (k_buf, v_buf, n): buffers whose first n rows are the context, with
 # room after them. The call writes its own K/V at rows n.. and attends to the buffer's first n + L rows:
 # no concatenation (which copies the whole context, every layer, every step).
@@ -43,7 +47,7 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
-def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(cfg: ModelConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns cos, sin of shape (max_seq_len, head_dim) in the rotate-half (HF Llama) layout."""
     hd = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
@@ -74,7 +78,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x, cos, sin, mask, ctx: KV | None, is_causal: bool):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        ctx: CtxKV | None,
+        is_causal: bool,
+    ) -> tuple[torch.Tensor, KV]:
         B, L, _ = x.shape
         q = self.wq(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         k = self.wk(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dh)
@@ -108,7 +120,7 @@ class MLP(nn.Module):
         self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.mlp_bias)  # up
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=cfg.mlp_bias)  # down
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -120,7 +132,15 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, ctx, is_causal):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        ctx: CtxKV | None,
+        is_causal: bool,
+    ) -> tuple[torch.Tensor, KV]:
         a, kv = self.attn(self.attn_norm(x), cos, sin, mask, ctx, is_causal)
         x = x + a
         x = x + self.mlp(self.ffn_norm(x))
@@ -128,13 +148,17 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    # registered (non-persistent) buffers: declared so that attribute access is a Tensor, not nn.Module's union
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output: nn.Linear | None = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -159,7 +183,17 @@ class Transformer(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def _mask(self, B, L, device, key_valid, ctx_valid, Lc, pos=None, ctx_pos=None):
+    def _mask(
+        self,
+        B: int,
+        L: int,
+        device: torch.device,
+        key_valid: torch.Tensor | None,
+        ctx_valid: torch.Tensor | None,
+        Lc: int,
+        pos: torch.Tensor,
+        ctx_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """Boolean attention mask (B, 1, L, Lc+L), True = attend; None when nothing is masked.
         Causal order is the order of the rows (the context first: WeDLM's reordered inputs keep their
         logical positions but attend in physical order); block-causal order is by absolute position."""
@@ -179,13 +213,26 @@ class Transformer(nn.Module):
         ctx_part = kv_ctx[:, None, None, :].expand(B, 1, L, Lc)
         return torch.cat([ctx_part, self_part], dim=-1)
 
-    def _block_mask(self, B, L, device, key_valid, ctx_valid, Lc, pos, ctx_pos):
+    def _block_mask(
+        self,
+        B: int,
+        L: int,
+        device: torch.device,
+        key_valid: torch.Tensor | None,
+        ctx_valid: torch.Tensor | None,
+        Lc: int,
+        pos: torch.Tensor,
+        ctx_pos: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Block-causal (B, 1, L, Lc+L): a query sees the keys whose block (absolute position //
         block_size) is not after its own. The context's positions default to 0..Lc-1."""
         bs = self.cfg.block_size
-        if Lc and ctx_pos is None:
-            ctx_pos = torch.arange(Lc, device=device).expand(B, Lc)
-        key_pos = pos if not Lc else torch.cat([ctx_pos, pos], dim=1)  # (B, Lc+L)
+        if Lc:
+            if ctx_pos is None:
+                ctx_pos = torch.arange(Lc, device=device).expand(B, Lc)
+            key_pos = torch.cat([ctx_pos, pos], dim=1)  # (B, Lc+L)
+        else:
+            key_pos = pos
         ok = (key_pos[:, None, :] // bs) <= (pos[:, :, None] // bs)  # (B, L, Lc+L)
         valid = [
             v if v is not None else torch.ones(B, n, dtype=torch.bool, device=device)
@@ -195,17 +242,54 @@ class Transformer(nn.Module):
         ok[:, :, Lc:] |= torch.eye(L, dtype=torch.bool, device=device)  # padding rows stay finite
         return ok[:, None]
 
+    @overload
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor | None = ...,
+        key_valid: torch.Tensor | None = ...,
+        ctx: Sequence[CtxKV] | None = ...,
+        ctx_valid: torch.Tensor | None = ...,
+        return_kv: Literal[False] = ...,
+        ctx_pos: torch.Tensor | None = ...,
+        attn_mask: torch.Tensor | None = ...,
+    ) -> torch.Tensor: ...
+    @overload
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor | None = ...,
+        key_valid: torch.Tensor | None = ...,
+        ctx: Sequence[CtxKV] | None = ...,
+        ctx_valid: torch.Tensor | None = ...,
+        *,
+        return_kv: Literal[True],
+        ctx_pos: torch.Tensor | None = ...,
+        attn_mask: torch.Tensor | None = ...,
+    ) -> tuple[torch.Tensor, list[KV]]: ...
+    @overload
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor | None = ...,
+        key_valid: torch.Tensor | None = ...,
+        ctx: Sequence[CtxKV] | None = ...,
+        ctx_valid: torch.Tensor | None = ...,
+        return_kv: bool = ...,
+        ctx_pos: torch.Tensor | None = ...,
+        attn_mask: torch.Tensor | None = ...,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[KV]]: ...
     def hidden(
         self,
         ids: torch.Tensor,  # (B, L)
         pos: torch.Tensor | None = None,  # (B, L) absolute positions; default 0..L-1 (+ctx length)
         key_valid: torch.Tensor | None = None,  # (B, L) False at batch padding
-        ctx: list | None = None,  # per layer (k, v) (B, H, Lc, Dh), or (k_buf, v_buf, Lc) with room after Lc
+        ctx: Sequence[CtxKV] | None = None,  # per layer (k, v) (B, H, Lc, Dh), or (k_buf, v_buf, Lc) with room after Lc
         ctx_valid: torch.Tensor | None = None,  # (B, Lc)
         return_kv: bool = False,
         ctx_pos: torch.Tensor | None = None,  # (B, Lc) the context's absolute positions (block_causal)
         attn_mask: torch.Tensor | None = None,  # (B, 1, L, L) True = attend: replaces the topology's mask
-    ):
+    ) -> torch.Tensor | tuple[torch.Tensor, list[KV]]:
         """Returns pre-norm hidden states (B, L, D), plus this call's per-layer K/V if return_kv.
         `attn_mask` (training only, no context) overrides the attention topology, e.g. the random
         causal-to-full mask of AR-to-diffusion adaptation (engine/train/loop.py `anneal_mask`)."""
@@ -222,7 +306,7 @@ class Transformer(nn.Module):
         mask = self._mask(B, L, ids.device, key_valid, ctx_valid, Lc, pos, ctx_pos) if attn_mask is None else attn_mask
         causal = self.causal and attn_mask is None
         x = self.tok_embeddings(ids)
-        kvs = []
+        kvs: list[KV] = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, cos, sin, mask, None if ctx is None else ctx[i], causal)
             if return_kv:
@@ -233,7 +317,9 @@ class Transformer(nn.Module):
         """Final norm + LM head: (..., D) -> (..., V)."""
         return F.linear(self.norm(h), self.head_weight)
 
-    def forward(self, ids, pos=None, key_valid=None):
+    def forward(
+        self, ids: torch.Tensor, pos: torch.Tensor | None = None, key_valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits (B, L, V); position p's logits are the model's output at p (shifted families
         predict token p+1 there: the sampler reads them one position to the left)."""
         return self.logits(self.hidden(ids, pos, key_valid))

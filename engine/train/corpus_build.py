@@ -22,6 +22,7 @@ do not count as shared.
 
 from __future__ import annotations
 
+import argparse
 import email.parser
 import hashlib
 import json
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import zipfile
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,7 +232,7 @@ def build(
     wheels: Path | None = None,
     pins: list[Pin] | None = None,
     stdlib_root: Path | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
     extra_manifest: Path | None = None,
 ) -> dict:
     """Builds the corpus into `out` and returns its summary (also written to out/corpus.json).
@@ -296,11 +298,11 @@ def build(
     seen_sha: set[str] = set()
     uniq = []
     for it in items:
-        h = hashlib.sha256(it[2].encode("utf-8", "surrogatepass")).hexdigest()
-        if h in seen_sha:
+        sha = hashlib.sha256(it[2].encode("utf-8", "surrogatepass")).hexdigest()
+        if sha in seen_sha:
             dropped["exact_duplicate"] += 1
             continue
-        seen_sha.add(h)
+        seen_sha.add(sha)
         uniq.append(it)
     lines = [_long_lines(it[2]) for it in uniq]
     freq: Counter = Counter()
@@ -354,10 +356,12 @@ def build(
         import shutil
 
         shutil.rmtree(files_dir)
-    train_keys, held_keys, held_pkg_keys = [], [], []
+    train_keys: list[str] = []
+    held_keys: list[str] = []
+    held_pkg_keys: list[str] = []
     heldout_pkgs = {_norm(p.name) for p in pins if p.heldout}
-    count = Counter()
-    nbytes = Counter()
+    count: Counter[tuple[str, str]] = Counter()
+    nbytes: Counter[tuple[str, str]] = Counter()
     for i, (key, held, text, pkg) in enumerate(uniq):
         if not held and i not in keep:
             continue
@@ -424,7 +428,7 @@ def _collect_dir(label: str, root: Path) -> list[corpus.SourceFile]:
 # ---------------------------------------------------------------------- CLI
 
 
-def add_corpus_args(p) -> None:
+def add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/corpus", help="folder to build into (wheels are cached in OUT/wheels)")
     p.add_argument("--manifest", default=str(MANIFEST), help="pinned packages, one `name==version [heldout]` a line")
     p.add_argument(
@@ -435,7 +439,7 @@ def add_corpus_args(p) -> None:
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")
 
 
-def run_corpus(args) -> int:
+def run_corpus(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         s = build(

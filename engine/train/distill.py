@@ -32,14 +32,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from engine.model.transformer import Transformer
+    from engine.train.objective import Example
 
 MANIFEST = "targets.json"
 FORMAT = 1
@@ -78,7 +85,7 @@ def _offsets(tok: TextTokenizer, text: str) -> tuple[list[int], list[int]]:
 
 @torch.no_grad()
 def window_targets(
-    teacher,
+    teacher: Transformer,
     teacher_tok: TextTokenizer,
     proj: torch.Tensor,
     student_vocab: int,
@@ -98,7 +105,7 @@ def window_targets(
     has = torch.zeros(L, dtype=torch.bool)
     t_ids, t_starts = _offsets(teacher_tok, text)
     t_ids, t_starts = t_ids[:max_teacher], t_starts[:max_teacher]
-    at = {}  # start character -> the teacher position that predicts the token starting there
+    at: dict[int, int] = {}  # start character -> the teacher position that predicts the token starting there
     for j in range(1, len(t_ids)):
         at.setdefault(t_starts[j], j - 1)
     rows = [(i, at[c]) for i, c in enumerate(student_starts) if i > 0 and c in at]
@@ -135,7 +142,7 @@ class Targets:
         return self.ids.shape[0]
 
 
-def load_targets(folder, student_tok: TextTokenizer | None = None) -> Targets:
+def load_targets(folder: str | os.PathLike, student_tok: TextTokenizer | None = None) -> Targets:
     """The shards of a targets folder (safetensors only). With `student_tok`, refuses targets built
     for another student tokenizer."""
     from safetensors.torch import load_file
@@ -160,7 +167,7 @@ def load_targets(folder, student_tok: TextTokenizer | None = None) -> Targets:
     return Targets(cat("ids"), cat("lens"), cat("top_ids"), cat("top_p"), cat("has"), man)
 
 
-def kd_example(t: Targets, ids_mask: int, rng: random.Random):
+def kd_example(t: Targets, ids_mask: int, rng: random.Random) -> Example:
     """A masked-diffusion example (engine/train/objective.py mdlm_example's masking: rate t ~ U(0.02, 1),
     weight 1 / (t * length)) over one teacher window, its masked rows carrying the soft targets."""
     from engine.train.objective import Example
@@ -203,7 +210,9 @@ def kd_loss(
 # ---------------------------------------------------------------- building targets
 
 
-def _windows(texts: list[str], tok: TextTokenizer, seq_len: int, rng: random.Random):
+def _windows(
+    texts: list[str], tok: TextTokenizer, seq_len: int, rng: random.Random
+) -> Iterator[tuple[str, list[int], list[int]]]:
     """Endless (window text, its student ids, their start characters in it): a file drawn by size, a
     random run of at most seq_len of its student tokens, the text from its first token's start to its
     last token's end."""
@@ -222,11 +231,11 @@ def _windows(texts: list[str], tok: TextTokenizer, seq_len: int, rng: random.Ran
 
 
 def build_targets(
-    teacher,
+    teacher: Transformer,
     teacher_tok: TextTokenizer,
     student_tok: TextTokenizer,
     texts: list[str],
-    out,
+    out: str | os.PathLike,
     windows: int | None = None,
     minutes: float | None = None,
     k: int = 8,
@@ -235,7 +244,7 @@ def build_targets(
     shard_windows: int = 64,
     seed: int = 0,
     teacher_id: dict | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> dict:
     """Appends shards of soft targets to `out` until `windows` more windows or `minutes` of wall time
     (whichever first); returns the manifest. The first shard fixes k, seq_len, the temperature and the
@@ -254,7 +263,7 @@ def build_targets(
         "student_tokenizer": digest,
         "teacher": teacher_id or {},
     }
-    man = (
+    man: dict[str, Any] = (
         json.loads(mpath.read_text())
         if mpath.exists()
         else {**want, "shards": [], "windows": 0, "rows": 0, "rows_with_target": 0, "teacher_seconds": 0.0}
@@ -271,7 +280,7 @@ def build_targets(
     done = 0
     buf: list[tuple] = []
 
-    def flush():
+    def flush() -> None:
         nonlocal buf
         if not buf:
             return

@@ -93,6 +93,6 @@ def grow_checkpoint(src: Path, dst: Path, after: list[int]) -> ModelConfig:
                 grow_state({k: v for k, v in tensors.items() if k.startswith(moment)}, plan, moment, new_blocks=False)
             )
         steps = {k: torch.tensor(v) for k, v in json.loads(meta.get("steps", "{}")).items()}
-        steps = {k: float(v) for k, v in grow_state(steps, plan, new_blocks=False).items()}
-        save_file(grown, str(dst / "optimizer.safetensors"), metadata={**meta, "steps": json.dumps(steps)})
+        grown_steps = {k: float(v) for k, v in grow_state(steps, plan, new_blocks=False).items()}
+        save_file(grown, str(dst / "optimizer.safetensors"), metadata={**meta, "steps": json.dumps(grown_steps)})
     return cfg

@@ -22,8 +22,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +36,14 @@ from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.tokenizer import BOS, EOS, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, PAD, TextTokenizer, train_bpe
 from engine.train import corpus, reorder
-from engine.train.objective import SpecialIds, collate, infill_example, mdlm_example, multi_infill_example
+from engine.train.objective import Example, SpecialIds, collate, infill_example, mdlm_example, multi_infill_example
 from engine.weights.checkpoint import save_checkpoint
 from engine.weights.load import load_checkpoint
+
+if TYPE_CHECKING:
+    from engine.train.distill import Targets
+
+Batch = dict[str, torch.Tensor]  # objective.collate's tensors
 
 
 @dataclass
@@ -102,14 +111,19 @@ class TrainArgs:
 
 
 def _special_ids(tok: TextTokenizer) -> SpecialIds:
-    return SpecialIds(mask=tok.token_id(MASK), pad=tok.token_id(PAD), eos=tok.token_id(EOS))
+    # this project's tokenizers (train_bpe) carry every SPECIALS token
+    return SpecialIds(
+        mask=cast(int, tok.token_id(MASK)), pad=cast(int, tok.token_id(PAD)), eos=cast(int, tok.token_id(EOS))
+    )
 
 
-def fim_example(text, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, loss: str = "middle"):
+def fim_example(
+    text: str, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: random.Random, loss: str = "middle"
+) -> Example | None:
     """Autoregressive twin: <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle <eos> (PSM),
     the same holes as the diffusion infill objective; loss on the middle and its end only, or (`all`,
     as AR FIM models are normally trained) on every token of the transformed document."""
-    from engine.train.objective import Example, cut_hole
+    from engine.train.objective import cut_hole
 
     if len(text) < 20:
         return None
@@ -118,7 +132,8 @@ def fim_example(text, tok: TextTokenizer, seq_len: int, ids: SpecialIds, rng: ra
         return None
     p_ids, m_ids, s_ids = tok.encode_batch([text[max(0, a - 3000) : a], text[a:b], text[b : b + 2000]])
     m_ids = m_ids[:64] + [ids.eos]
-    fp, fs, fm = tok.token_id(FIM_PREFIX), tok.token_id(FIM_SUFFIX), tok.token_id(FIM_MIDDLE)
+    # the FIM markers are SPECIALS: every tokenizer train_bpe builds has them
+    fp, fs, fm = (cast(int, tok.token_id(t)) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE))
     room = seq_len - len(m_ids) - 3
     s_keep = min(len(s_ids), rng.randint(0, room // 2))
     p_keep = min(len(p_ids), room - s_keep)
@@ -146,7 +161,7 @@ class Batches:
                     self.stream.append(self.ids.eos)
         # sample files by size so big files are not under-represented
         self.cum_weights = list(itertools.accumulate(len(t) for t in texts))
-        self.targets = None
+        self.targets: Targets | None = None
         if args.distill:
             from engine.train.distill import load_targets
 
@@ -154,7 +169,7 @@ class Batches:
                 raise SystemExit(f"--distill trains a diffusion student; --objective {args.objective} is not one")
             self.targets = load_targets(args.distill, tok)
 
-    def example(self):
+    def example(self) -> Example:
         a = self.args
         while True:
             if a.objective == "ar":
@@ -197,19 +212,20 @@ class Batches:
             if ex is not None:
                 return ex
 
-    def batch(self, n: int):
-        return (reorder.collate_reorder if self.args.objective == "reorder" else collate)(
-            [self.example() for _ in range(n)], self.ids.pad
-        )
+    def batch(self, n: int) -> Batch:
+        examples = [self.example() for _ in range(n)]
+        if self.args.objective == "reorder":  # reorder.infill_example / window_example only
+            return reorder.collate_reorder(cast(list[reorder.ReorderExample], examples), self.ids.pad)
+        return collate(examples, self.ids.pad)
 
 
-class _BatchSource(torch.utils.data.IterableDataset):
+class _BatchSource(torch.utils.data.IterableDataset[Batch]):
     """Endless batches for DataLoader workers; each worker draws with its own seed."""
 
     def __init__(self, data: Batches, n: int, seed: int):
         self.data, self.n, self.seed = data, n, seed
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
         if info is not None:  # forked copies share the parent's RNG state: give each its own
             self.data.rng = random.Random(self.seed * 1000 + info.id)
@@ -220,7 +236,7 @@ class _BatchSource(torch.utils.data.IterableDataset):
             yield self.data.batch(self.n)
 
 
-def batch_stream(data: Batches, n: int, workers: int, seed: int, pin: bool = False):
+def batch_stream(data: Batches, n: int, workers: int, seed: int, pin: bool = False) -> Iterator[Batch]:
     """Yields training batches, built inline (workers=0) or by `workers` processes."""
     if workers <= 0:
         while True:
@@ -268,9 +284,9 @@ def shift_rows(x: torch.Tensor) -> torch.Tensor:
 
 def loss_on(
     model: Transformer,
-    b: dict[str, torch.Tensor],
-    device,
-    autocast,
+    b: Batch,
+    device: torch.device | str,
+    autocast: Callable[[], AbstractContextManager[object]],
     attn_ratio: float = 1.0,
     certainty: float = 0.0,
     kd_weight: float = 0.0,
@@ -314,6 +330,7 @@ def wsd_lr(args: TrainArgs, step: int, hours: float, warm_from: int = 0) -> floa
     """Warmup-stable-decay over the whole planned run: linear warm-up over `warmup` steps (counted from
     `warm_from`, the step a fresh optimizer started at), the peak LR, then a linear decay to 10% of it
     over the last `decay_share` of `total_hours`."""
+    assert args.total_hours is not None, "wsd_lr plans over --total-hours"
     lr = args.lr * min(1.0, (step - warm_from + 1) / args.warmup)
     start = args.total_hours * (1 - args.decay_share)
     if hours > start:
@@ -495,9 +512,9 @@ def train(args: TrainArgs) -> Path:
             context_len=args.seq_len,
             attention="causal" if args.objective in ("ar", "reorder") else "bidirectional",
             canvas="reorder" if args.objective == "reorder" else None,
-            mask_token_id=tok.token_id(MASK),
-            pad_token_id=tok.token_id(PAD),
-            eos_token_id=tok.token_id(EOS),
+            mask_token_id=cast(int, tok.token_id(MASK)),  # SPECIALS: in every tokenizer train_bpe builds
+            pad_token_id=cast(int, tok.token_id(PAD)),
+            eos_token_id=cast(int, tok.token_id(EOS)),
             bos_token_id=tok.token_id(BOS),
         ).validate()
         model = Transformer(cfg)
@@ -511,7 +528,8 @@ def train(args: TrainArgs) -> Path:
     if opt_state is not None and opt_state.exists():
         raw = load_raw_weights(opt_state)
         model.load_state_dict({k: raw.get(k, v) for k, v in model.state_dict().items()})
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for _, p in model.named_parameters():
         (decay if p.dim() >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW(
@@ -521,7 +539,7 @@ def train(args: TrainArgs) -> Path:
         eps=1e-8,
     )
     resumed_opt = opt_state is not None and opt_state.exists()
-    if resumed_opt:
+    if resumed_opt and opt_state is not None:
         load_optimizer(opt, model, opt_state)
         print(f"optimizer state restored from {opt_state}: no re-warm-up", flush=True)
     data = Batches(texts, tok, args, seed=args.seed + step0)
@@ -552,12 +570,12 @@ def train(args: TrainArgs) -> Path:
         except ImportError:
             bar = None
 
-    def hours_now():
+    def hours_now() -> float:
         if args.clock == "cpu":  # equal compute for jobs that share the cores (bake-offs side by side)
             return prior_hours + (time.process_time() - c0) / 3600
         return prior_hours + (time.time() - t0) / 3600
 
-    def evaluate():
+    def evaluate() -> float:
         model.eval()
         backup = {k: v.detach().clone() for k, v in model.state_dict().items()}
         model.load_state_dict({k: v.to(backup[k].dtype) for k, v in ema.items()})
@@ -567,7 +585,7 @@ def train(args: TrainArgs) -> Path:
         model.train()
         return vl
 
-    def save(final=False):
+    def save(final: bool = False) -> None:
         nonlocal best, last_save
         vl = evaluate()
         rec = {"step": step, "hours": round(hours_now(), 4), "val_loss": round(vl, 4), "tokens": tokens}
@@ -684,14 +702,14 @@ class _StopOnSignal:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.asked: str | None = None
-        self.old = {}
+        self.old: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self.old[sig] = signal.signal(sig, self._ask)
 
-    def _ask(self, signum, frame) -> None:
+    def _ask(self, signum: int, frame: FrameType | None) -> None:
         self.asked = signal.Signals(signum).name
 
     def restore(self) -> None:

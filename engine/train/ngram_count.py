@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,9 @@ def corpus_tokens(corpus: str, model: str, max_files: int | None = None) -> tupl
     from engine.train.corpus import built_files
 
     tok = TextTokenizer.load(model)
-    texts, pkg, labels = [], [], {}
+    texts: list[str] = []
+    pkg: list[int] = []
+    labels: dict[str, int] = {}
     for f in built_files(corpus)["train"][:max_files]:
         t = f.read()
         if t:
@@ -40,7 +44,7 @@ def corpus_tokens(corpus: str, model: str, max_files: int | None = None) -> tupl
 def build_table(
     corpus: str,
     model: str,
-    orders=(4, 5, 6),
+    orders: Sequence[int] = (4, 5, 6),
     min_count: int = 3,
     top: int = 2,
     min_packages: int = 2,
@@ -61,7 +65,7 @@ def build_table(
     return NgramTable(ctx, nxt, prob, tuple(orders))
 
 
-def add_ngram_args(p) -> None:
+def add_ngram_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--corpus", default="runs/corpus", help="a folder built by `dlm-lsp corpus` (its train side is counted)"
     )
@@ -78,7 +82,7 @@ def add_ngram_args(p) -> None:
     p.add_argument("--max-files", type=int, default=None, help="count only the first N training files (smoke runs)")
 
 
-def run_ngram(args) -> int:
+def run_ngram(args: argparse.Namespace) -> int:
     from engine.weights.checkpoint import resolve_model_path
 
     folder = resolve_model_path(args.model)

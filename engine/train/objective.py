@@ -18,6 +18,7 @@ with one hole per window (MODEL-NOTES: 4.6% of the positions with one hole).
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ class SpecialIds:
     eos: int
 
 
-def mdlm_example(stream: list[int], seq_len: int, ids: SpecialIds, rng: random.Random) -> Example:
+def mdlm_example(stream: Sequence[int], seq_len: int, ids: SpecialIds, rng: random.Random) -> Example:
     start = rng.randrange(0, max(1, len(stream) - seq_len))
     window = stream[start : start + seq_len]
     t = rng.uniform(0.02, 1.0)
@@ -138,7 +139,9 @@ def infill_example(
     return Example(inp, tgt, 1.0 / (t * n))
 
 
-def server_canvas(m_ids: list[int], ids: SpecialIds, rng: random.Random, ordered: float, max_slots: int):
+def server_canvas(
+    m_ids: list[int], ids: SpecialIds, rng: random.Random, ordered: float, max_slots: int
+) -> tuple[list[int], list[int], float]:
     """(inputs, targets, weight) of one canvas for a middle: slots, end padding and masks as above."""
     m = len(m_ids)
     if rng.random() < 0.6:
@@ -220,7 +223,7 @@ def multi_infill_example(
     return Example(inp, tgt, wts)
 
 
-def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pads a batch; key_valid is False at batch padding so no real token attends to it."""
     L = max(len(e.ids) for e in examples)
     B = len(examples)

@@ -25,6 +25,7 @@ import json
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from engine.train import corpus
 
@@ -70,7 +71,7 @@ def pack(
     train, held = corpus.split(files)
     if max_files:  # the same cut as `dlm-lsp train --max-files`
         train, held = train[:max_files], held[: max(2, max_files // 10)]
-    manifest = {
+    manifest: dict[str, Any] = {  # written as MANIFEST.json
         "heldout_rule": f"sha256(key)[:8] % 100 < {corpus.HELDOUT_PERCENT}",
         "python": sys.version.split()[0],
         "train": [],
@@ -108,7 +109,7 @@ def pack_built(out: Path, folder: Path, max_files: int | None = None, limit_mb: 
         if k not in ("train", "heldout", "heldout_packages")
     }
     summary["packed_from"] = str(folder)
-    manifest = {"bytes": 0}
+    manifest: dict[str, float] = {"bytes": 0}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with tarfile.open(tmp, "w:xz", preset=9) as tar:

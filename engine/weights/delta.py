@@ -195,7 +195,7 @@ def read_delta_meta(folder: Path) -> dict:
     return meta
 
 
-def materialize(delta_folder, base_dir) -> dict[str, torch.Tensor]:
+def materialize(delta_folder: str | os.PathLike, base_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Returns the tuned model's fp32 state dict: the base's weights plus the delta, after checking that
     the base's model.safetensors is the one the delta was extracted against."""
     folder, base_dir = Path(delta_folder), Path(base_dir)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,11 +76,11 @@ def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x.double() * y.double()).sum())
 
 
-def _factor(d: torch.Tensor, w: torch.Tensor, rank: int):
+def _factor(d: torch.Tensor, w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor]:
     """(a, b, s, residual) minimising ||d - s*w - a@b||: s = 0 or s fitted first, then s refitted to the
     factors (which can only lower the error), the better of the two kept."""
     ww = _dot(w, w)
-    best = None
+    best: tuple[float, torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None
     for s0 in (0.0, _dot(d, w) / ww if ww > 0 else 0.0):
         u, sv, vh = torch.linalg.svd(d - s0 * w if s0 else d, full_matrices=False)
         a, b = (
@@ -91,6 +93,7 @@ def _factor(d: torch.Tensor, w: torch.Tensor, rank: int):
         err = float(rest.norm())
         if best is None or err < best[0]:
             best = (err, a, b, s, rest)
+    assert best is not None  # the loop tries two scales and keeps one
     return best[1:]
 
 
@@ -113,12 +116,12 @@ def _special_rows(base_dir: Path, cfg: dict) -> list[int]:
 
 
 def extract_delta(
-    base_dir,
-    tuned_dir,
-    out_dir,
+    base_dir: str | os.PathLike,
+    tuned_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
     rank: int,
     dtype: torch.dtype = torch.float16,
-    log=print,
+    log: Callable[[str], object] = print,
     full_rows: int = FULL_ROWS,
     base_id: str | None = None,
 ) -> dict:
@@ -203,9 +206,9 @@ def extract_delta(
                     stored[rows] = q.float()
                     rows_meta[name] = rows
             counts["low_rank"] += 1
-        e, n = float((d - stored).norm()), float(d.norm())
-        errors.setdefault(_kind(name), []).append(e / n)
-        sq_err, sq_delta = sq_err + e * e, sq_delta + n * n
+        err, n = float((d - stored).norm()), float(d.norm())
+        errors.setdefault(_kind(name), []).append(err / n)
+        sq_err, sq_delta = sq_err + err * err, sq_delta + n * n
         if (i + 1) % 30 == 0:
             log(f"delta: {i + 1}/{len(base_sd)} tensors ({time.perf_counter() - t0:.0f} s)")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ causal LM, anything else as load_checkpoint does.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -40,7 +41,9 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"no model.safetensors in {folder}")
 
 
-def load_checkpoint(name=None, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+def load_checkpoint(
+    name: str | os.PathLike | None = None, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, TextTokenizer, ModelConfig]:
     """Returns (model in eval mode, tokenizer, config) for a model name: a family checkpoint, or a
     checkpoint folder of this project's format (whole, sharded or a delta)."""
     folder = resolve_model_path(name)
@@ -72,7 +75,9 @@ def load_checkpoint(name=None, device: str | torch.device = "cpu", dtype: torch.
     return model, tok, cfg
 
 
-def load_ar_model(name, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+def load_ar_model(
+    name: str | os.PathLike | None, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, TextTokenizer, ModelConfig]:
     """Returns (model in eval mode, tokenizer, config) for an autoregressive model: a plain Llama folder
     (LlamaForCausalLM) as the engine's causal LM (base_models.load_causal_lm), else as load_checkpoint."""
     folder = resolve_model_path(name)
