@@ -116,7 +116,7 @@ class DecodeOptions:
     # A full recompute once `reuse_budget` changed tokens have accumulated since the last full forward,
     # on a cursor jump, or when the model or these options change. On by default since session 8: on
     # 1,000 held-out line holes, each with its last 8 characters typed first, the fills scored the
-    # same as recomputed ones (exact 0.068 vs 0.067, accepted 0.372 vs 0.371; docs/ARCHITECTURE.md).
+    # same as recomputed ones (exact 0.068 vs 0.067, accepted 0.372 vs 0.371; docs/research/38-architecture-figures.md).
     # False: exact full recomputes (the causal reorder layout reuses exactly whatever this says:
     # engine/decode/reorder.py). Jobs without a session key never reuse.
     reuse: bool = True

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default-model v2 bake-off (docs/MODEL.md, "v2"): every candidate gets the same CPU-hours
+# The default-model v2 bake-off (docs/research/08-v2-overview.md): every candidate gets the same CPU-hours
 # (--clock cpu counts this process's CPU time, so jobs that share the cores stay comparable), one
 # thread each, side by side, on the corpus of `dlm-lsp corpus`. Each call starts the candidates that
 # have no checkpoint yet and resumes the others from runs/<name>/last (or, on a fresh clone, from the
@@ -46,7 +46,7 @@ if [ ! -f $AR_START/optimizer.safetensors ]; then
 fi
 declare -A START=([v2b]=$AR_START [v2f]=$AR_START)
 # v2b and v2f have reached their 3.5 hours; v2a and v2c were retired in session 9 and v2f in session
-# 11, behind at equal compute (docs/MODEL.md, "Session 9", "Session 11"); they stay here to be
+# 11, behind at equal compute (docs/research/17-s09-bakeoff-equal-compute-candidate-f.md, docs/research/20-s11-names-on-long-training-started.md); they stay here to be
 # reproduced by name. The winner's long training is scripts/long_train.sh.
 LIVE=()
 names=("$@")

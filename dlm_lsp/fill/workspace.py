@@ -18,7 +18,7 @@ first (then the most recent of those folders first, then walk order). A fill in 
 such walk did not favour wakes the walker, which then drops the farthest files (from the snippets
 and from the memory) for the nearest.
 
-Measured on held-out code (docs/MODEL.md, "Session 20"): snippets retrieved from the project's other
+Measured on held-out code (docs/research/29-s20-workspace-snippets.md): snippets retrieved from the project's other
 files against the start of 3 neighbouring files, +0.4 to +0.6 points of rest-of-line exact match and
 more characters kept on every hole set; retrieval from the open neighbours alone was no better than
 their starts, so without indexed workspace files the server keeps the starts

@@ -2,7 +2,7 @@
 few committed tokens, added to a masked slot's logits.
 
 The default model is capacity-bound: more training and a bigger model stopped buying line holes
-(docs/MODEL.md, sessions 14-17). A table of the corpus's own continuations holds what 4 M parameters
+(docs/research/23-s14-second-cooldown-default-d-deltas.md to 26-s17-size-experiment.md). A table of the corpus's own continuations holds what 4 M parameters
 cannot. For every context of 4-6 tokens of the model's tokenizer (no context crosses a file) that
 occurs at least `min_count` times in the train side of the corpus, the table keeps its `top` most
 frequent next tokens among those seen in at least `min_packages` different packages (the stdlib
@@ -184,7 +184,7 @@ class LocalNgram:
 
     `parts`: id arrays, -1 where no context may cross (special ids, the hole); none crosses parts.
     Each order's context hash is kept per position, so a lookup is one comparison over the texts'
-    ids (a few thousand), not a table built per keystroke (docs/MODEL.md, "Session 21")."""
+    ids (a few thousand), not a table built per keystroke (docs/research/30-s21-local-ngram.md)."""
 
     def __init__(
         self,
@@ -246,10 +246,10 @@ class WorkspaceNgram:
     snapshot holds for it: the filled document never counts (in an editor the line being typed is
     not on disk yet; in the eval the hole's own file holds its answer). Memory, measured on 1 M tokens
     of held-out code: 2.7 M pairs (43 MB) plus the ids (4 MB); the process's RSS grew by 134 MB, the
-    rest being what the allocator kept of the count's temporaries (docs/MODEL.md, "Session 22").
+    rest being what the allocator kept of the count's temporaries (docs/research/31-s22-workspace-ngram.md).
 
     Used only where the fill's own n-gram has no context (Canvas.add_local): on the held-out line
-    holes it is a fallback, not a second vote (docs/MODEL.md, "Session 22")."""
+    holes it is a fallback, not a second vote (docs/research/31-s22-workspace-ngram.md)."""
 
     def __init__(
         self,

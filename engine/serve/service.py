@@ -22,7 +22,7 @@ thread itself, because OpenMP's count is per thread.
 Warm-up: on a GPU the worker first runs fills of its own, of WARM_UP_SLOTS (16, 5 and 1) slots,
 before it takes a job: the first fills of a process pay CUDA's start and a kernel compilation per
 new shape (seconds), which a user's first keystrokes should not pay. On the CPU the first fill costs
-only some tens of ms more than the next (scripts/first_fill.py), so it is off there unless
+only some tens of ms more than the next (docs/research/scripts/first_fill.py), so it is off there unless
 `warm_up=True`. It counts in the stats' `warmup_fills` / `warmup_ms`, not in the job counters; a
 warm-up that fails is logged and the worker serves on.
 
@@ -149,7 +149,7 @@ class EngineService:
         self.model_name, self.device_name = model, device
         # before its first job the worker runs WARM_UP_SLOTS fills of its own (None: on a GPU only, where
         # the first fills compile the Triton kernel's variants and start cuBLAS: seconds; on the CPU the
-        # first fill costs some tens of ms more than the next, scripts/first_fill.py: not worth a warm-up)
+        # first fill costs some tens of ms more than the next, docs/research/scripts/first_fill.py: not worth a warm-up)
         self.warm_up = warm_up
         self._warmed = False
         self.on_state = on_state

@@ -5,7 +5,7 @@ The teacher (SmolLM2-135M, a plain causal Llama: engine/weights/base_models.py `
 windows of the corpus's train side and its next-token distributions become soft targets for the
 student, this project's own 4 M diffusion model. The two do not share a tokenizer (49,152 ids vs
 8,192), so a teacher distribution is carried over where both tokenizations have a token boundary at
-the same character (92% of the student's boundaries on held-out code, docs/MODEL.md "Session 15"):
+the same character (92% of the student's boundaries on held-out code, docs/research/24-s15-candidate-e-distillation.md):
 
     teacher position j predicts its token j+1, which starts at character c;
     the student's token i starts at the same c  ->  target of student row i:
