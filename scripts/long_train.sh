@@ -8,6 +8,8 @@
 #     bash scripts/long_train.sh                  # start, or resume runs/v2b-long/last (or the committed copy)
 #     MINUTES=150 bash scripts/long_train.sh      # a segment of at most 150 wall-clock minutes
 #     .venv/bin/python scripts/bakeoff_snapshot.py v2b-long   # runs/v2b-long/last -> models/bakeoff/v2b-long
+# The run's committed state left the tree: `git checkout 27c1395 -- models/bakeoff/v2b-long` brings it
+# back to resume it (without it a fresh clone starts the run over from v2b's checkpoint below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOURS=${HOURS:-24}

@@ -84,8 +84,7 @@ def test_peaked_models_compute_what_they_did(causal):
 
 def _shipped(name: str) -> Path:
     """The committed folder holding the weights the fixture was captured from: models/<name>, or,
-    once that was retrained, the bake-off folder that keeps those weights (models/bakeoff/v2b holds
-    the session-8 default's)."""
+    once that was retrained, a bake-off folder that keeps those weights."""
     for folder in [MODELS / name, *sorted((MODELS / "bakeoff").iterdir())]:
         weights = folder / "model.safetensors"
         if weights.is_file() and hashlib.sha256(weights.read_bytes()).hexdigest() == META[f"{name}_sha256"]:
