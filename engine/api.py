@@ -15,6 +15,10 @@ class EngineError(RuntimeError):
     """A job the engine could not run (bad input, model failure); fails that job only."""
 
 
+# the seeds torch's generators take (Generator.manual_seed): wider ones overflow inside torch
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
 @dataclass
 class DecodeOptions:
     """How the canvas is denoised. Defaults are what the server uses."""
@@ -121,7 +125,7 @@ class DecodeOptions:
     # engine/decode/reorder.py). Jobs without a session key never reuse.
     reuse: bool = True
     reuse_budget: int = 32
-    seed: int = 0
+    seed: int = 0  # the sampling generator's seed, within SEED_RANGE
 
 
 @dataclass

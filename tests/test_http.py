@@ -113,6 +113,9 @@ def test_parse_body_reads_both_shapes_and_refuses_bad_fields():
         ({"prompt": "a", "deadline_ms": 5}, "deadline_ms"),
         ({"prompt": "a", "stream": "yes"}, "stream"),
         ({"prompt": "a", "suffix": 1}, "suffix"),
+        ({"prompt": "a", "seed": 2**64, "temperature": 0.5}, "seed"),  # torch's generator would overflow
+        ({"prompt": "a", "seed": -(2**63) - 1}, "seed"),
+        ({"prompt": "a", "seed": 1.5}, "seed"),
     ]
     for body, param in bad:
         with pytest.raises(ApiError) as e:

@@ -938,3 +938,15 @@ def test_copy_far_fast_loop_matches_oracle_and_changes_fills(window, cache):
         assert got.ids == reference_fill(model, prefix, suffix, 7, o, lookup=lookup), f"seed {seed}"
         changed += got.ids != fill(model, build_canvas(prefix, suffix, 7, model.cfg, o)).ids
     assert changed  # the far side is not a no-op on these inputs
+
+
+def test_a_seed_torch_cannot_take_is_refused_when_the_job_is_admitted():
+    """torch's generators take seeds in SEED_RANGE; a wider one is a bad job, not an overflow mid-fill."""
+    from engine.api import SEED_RANGE
+    from engine.decode.canvas import check_options
+
+    for ok in SEED_RANGE:
+        check_options(DecodeOptions(temperature=0.5, seed=ok))
+    for bad in (SEED_RANGE[0] - 1, SEED_RANGE[1] + 1):
+        with pytest.raises(ValueError, match="seed"):
+            check_options(DecodeOptions(temperature=0.5, seed=bad))

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.documents import Document, join_pairs, make_parser
+from engine.api import SEED_RANGE
 
 if TYPE_CHECKING:
     from tree_sitter import Parser
@@ -210,8 +211,8 @@ def parse_body(
         p.min_confidence = float(v)
     v = body.get("seed")
     if v is not None:
-        if not _is_int(v):
-            bad("seed", "an integer")
+        if not _is_int(v) or not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
+            bad("seed", f"an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
         p.seed = v
     v = body.get("slots")
     if v is not None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Self
 import numpy as np
 import torch
 
-from engine.api import DecodeOptions
+from engine.api import SEED_RANGE, DecodeOptions
 from engine.bias.copy import CopyTables, Run, chain_copy_bias, copy_bias, copy_tables, far_ids, left_runs, ngram_skip
 from engine.bias.ngram import Hit, LocalNgram, add_hit
 from engine.families import dreamon
@@ -88,6 +88,8 @@ def check_options(o: DecodeOptions) -> None:
     """Raises ValueError for options no loop can run (checked when a job is admitted, not mid-batch)."""
     if o.selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {o.selection!r}")
+    if not SEED_RANGE[0] <= o.seed <= SEED_RANGE[1]:
+        raise ValueError(f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {o.seed}")
     if o.confidence not in CONFIDENCES:
         raise ValueError(f"confidence must be one of {CONFIDENCES}, got {o.confidence!r}")
     if o.steps is not None and o.steps < 1:
