@@ -54,7 +54,7 @@ STATUS=0
     --vocab 8192 --dim 256 --n-layers 6 --n-heads 4 --ffn-dim 768 \
     --save-every-min 2 --no-progress "$@" <<PYEOF
 import argparse, sys
-from dlm_lsp.cli import add_train_args, run_train
+from engine.train.command import add_train_args, run_train
 p = argparse.ArgumentParser(prog="dlm-lsp train")
 add_train_args(p)
 args = p.parse_args(sys.argv[1:])
