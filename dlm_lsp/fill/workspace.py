@@ -5,10 +5,12 @@ the repository, for the copy boost's far side and the identifier-aware decoding.
 `WorkspaceIndex` walks the editor's workspace folders (InitializeParams rootUri / workspaceFolders)
 in a background thread: files of the served languages only (by extension), at most MAX_FILES of
 them, MAX_FILE_BYTES each and MAX_TOTAL_BYTES in all, MAX_ENTRIES directory entries looked at, no
-symbolic links followed, no hidden, dependency, build or cache
-folders, nothing that is not UTF-8 text. It walks again every RESCAN_S seconds and re-reads only
-files whose size or mtime changed (deleted ones leave the index). Open documents are indexed from
-the editor's text instead of the disk's, when a fill asks and their version changed.
+symbolic links followed, no hidden, dependency, build or cache folders, nothing that is not UTF-8
+text; and only regular files inside the folders, even while another process swaps names for links,
+FIFOs or devices as it walks (`walk_folders`, `read_regular`). It walks again every RESCAN_S
+seconds and re-reads only files whose size or mtime changed (deleted ones leave the index). Open
+documents are indexed from the editor's text instead of the disk's, when a fill asks and their
+version changed.
 
 When a limit binds (a big repository: more files than MAX_FILES, more text than MAX_TOTAL_BYTES,
 more than the engine's workspace memory holds), the files taken are the nearest to where the user
@@ -32,7 +34,8 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -58,6 +61,7 @@ MEMORY_CHARS = 4_000_000
 RESCAN_S = 60.0
 MAX_FOCUS = 8  # folders of recently filled and open documents the walk orders files by
 YIELD_S = 0.001  # the walker sleeps this long after each file read, so fills keep the interpreter
+MAX_DEPTH = 64  # folders below a root the walk enters (each holds a descriptor while its subfolders are walked)
 SKIP_DIRS = frozenset(
     {
         "node_modules",
@@ -75,6 +79,159 @@ SKIP_DIRS = frozenset(
         "htmlcov",
     }
 )
+
+
+# Another process may swap a name for a link, a FIFO or a device between the walk's check and its
+# open (issue 39): folders and files are opened relative to the folder that listed them, never
+# through a link, and a file is read only if its descriptor is the regular file the check saw.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_ROOT_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)  # as named: the user's choice
+_FOLDER_FLAGS = _ROOT_FLAGS | _NOFOLLOW
+# O_NONBLOCK: a FIFO swapped in opens at once (and fstat refuses it) rather than wait for a writer
+_FILE_FLAGS = (
+    os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+)
+# POSIX walks by descriptor; elsewhere (Windows) by path, every file still checked by fstat
+BY_DESCRIPTOR = bool(_NOFOLLOW) and {os.open, os.stat} <= os.supports_dir_fd and os.scandir in os.supports_fd
+
+
+def read_regular(
+    name: str | Path, cap: int, dir_fd: int | None = None, expect: os.stat_result | None = None
+) -> bytes | None:
+    """The regular file `name` (in the folder `dir_fd`), its first cap + 1 bytes at most (one more
+    than `cap` says it is over the cap, unread past it); None for a link, a FIFO, a device, a file
+    other than the one `expect` (its lstat) saw, or one that cannot be read."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (expect is not None and not os.path.samestat(st, expect)):
+            return None
+        parts, left = [], cap + 1
+        while left > 0:
+            part = os.read(fd, left)
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _walked(name: str) -> bool:
+    return not name.startswith(".") and name not in SKIP_DIRS
+
+
+def walk_folders(root: Path) -> Generator[tuple[Path, int, list[str]], None, None]:
+    """(folder, entries looked at, its files' names sorted) for `root` and the folders below it,
+    top-down, subfolders in sorted order, hidden and SKIP_DIRS folders pruned, no link followed. By
+    descriptor, a folder is opened relative to its parent's with O_NOFOLLOW (so one swapped for a
+    link after it was listed is not entered) and its files are regular files by their directory
+    entry; by path (os.walk) links are still listed, and the read refuses them."""
+    if not BY_DESCRIPTOR:
+        for top, dirs, names in os.walk(root, followlinks=False):
+            dirs[:] = sorted(filter(_walked, dirs))
+            yield Path(top), len(dirs) + len(names), sorted(names)
+        return
+    try:
+        fd = os.open(root, _ROOT_FLAGS)
+    except OSError:
+        return
+    try:
+        yield from _walk_below(root, fd, 0)
+    finally:
+        os.close(fd)
+
+
+def _walk_below(folder: Path, fd: int, depth: int) -> Generator[tuple[Path, int, list[str]], None, None]:
+    try:
+        with os.scandir(fd) as listing:
+            entries = list(listing)
+    except OSError:
+        return
+    dirs, names, others = [], [], 0
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if _walked(entry.name):
+                    dirs.append(entry.name)
+            elif entry.is_file(follow_symlinks=False):
+                names.append(entry.name)
+            else:
+                others += 1
+        except OSError:
+            others += 1
+    yield folder, len(dirs) + len(names) + others, sorted(names)
+    if depth >= MAX_DEPTH:
+        return
+    for name in sorted(dirs):
+        try:
+            sub = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+        except OSError:  # gone, or swapped for a link since it was listed
+            continue
+        try:
+            yield from _walk_below(folder / name, sub, depth + 1)
+        finally:
+            os.close(sub)
+
+
+class _Folders:
+    """Stats and reads files below the walked roots, each from its folder's descriptor, opened from
+    the root folder by folder with O_NOFOLLOW: a folder swapped for a link is not read through. A
+    walk's files come folder by folder, so one descriptor is kept, for the latest folder."""
+
+    def __init__(self, roots: list[Path]):
+        self.roots = roots
+        self._at: Path | None = None
+        self._fd: int | None = None
+
+    def _open(self, folder: Path) -> int | None:
+        if folder == self._at:
+            return self._fd
+        self.close()
+        self._at = folder
+        root = next((r for r in self.roots if folder.is_relative_to(r)), None)
+        if root is None:
+            return None
+        try:
+            fd = os.open(root, _ROOT_FLAGS)
+        except OSError:
+            return None
+        for name in folder.relative_to(root).parts:
+            try:
+                sub = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+            except OSError:
+                os.close(fd)
+                return None
+            os.close(fd)
+            fd = sub
+        self._fd = fd
+        return fd
+
+    def lstat(self, path: Path) -> os.stat_result | None:
+        try:
+            if not BY_DESCRIPTOR:
+                return os.lstat(path)
+            fd = self._open(path.parent)
+            return None if fd is None else os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+
+    def read(self, path: Path, cap: int, expect: os.stat_result) -> bytes | None:
+        if not BY_DESCRIPTOR:
+            return read_regular(path, cap, expect=expect)
+        fd = self._open(path.parent)
+        return None if fd is None else read_regular(path.name, cap, fd, expect)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._at = self._fd = None
 
 
 def uri_path(uri: object) -> Path | None:
@@ -143,6 +300,8 @@ class WorkspaceIndex:
         self._wake = threading.Event()  # set_roots: walk now, not at the next RESCAN_S
         self._thread: threading.Thread | None = None
         self.scans = 0
+        self.bytes_read = 0  # read from disk by the walks: at most max_file_bytes + 1 a file
+        self._walked_roots: list[Path] = []  # the roots the latest files() walked
         # the engine's workspace memory (set_sink): fn({source: text, or None when it left}) after a
         # walk that changed files, on this thread; what was sent, by size
         self.on_files: FilesSink | None = None
@@ -217,7 +376,7 @@ class WorkspaceIndex:
             self._wake.set()
 
     def files(self) -> list[tuple[Path, str]]:
-        """(path, languageId) of the files to index: served languages, regular files (no links),
+        """(path, languageId) of the files to index (walk_folders): served languages, regular files,
         hidden and dependency folders pruned, sorted within each folder; at most max_files of them,
         the nearest to the focus's folders first (ties in walk order)."""
         out: list[tuple[Path, str]] = []
@@ -226,22 +385,23 @@ class WorkspaceIndex:
             focus = list(self._focus)
         self._walked_focus = focus
         self._cut = False
-        for root in list(self.roots):
-            for top, dirs, names in os.walk(root, followlinks=False):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
-                seen += len(dirs) + len(names)
-                if seen > self.max_entries:
-                    log.info("workspace walk stopped after %d entries (%d files found)", seen, len(out))
-                    self._cut = True
-                    return self._nearest(out, focus)
-                for name in sorted(names):
-                    lang = language_id_for_path(name)
-                    if lang == "plaintext" or name.startswith(".") or not self.serves(lang):
-                        continue
-                    out.append((Path(top) / name, lang))
-                    if len(out) > self.max_files and not focus:
+        self._walked_roots = roots = list(self.roots)
+        for root in roots:
+            with closing(walk_folders(root)) as folders:  # closing: the walk's folder descriptors
+                for top, looked, names in folders:
+                    seen += looked
+                    if seen > self.max_entries:
+                        log.info("workspace walk stopped after %d entries (%d files found)", seen, len(out))
                         self._cut = True
-                        return out[: self.max_files]
+                        return self._nearest(out, focus)
+                    for name in names:
+                        lang = language_id_for_path(name)
+                        if lang == "plaintext" or name.startswith(".") or not self.serves(lang):
+                            continue
+                        out.append((top / name, lang))
+                        if len(out) > self.max_files and not focus:
+                            self._cut = True
+                            return out[: self.max_files]
         return self._nearest(out, focus)
 
     def _nearest(self, found: list[tuple[Path, str]], focus: list[Path]) -> list[tuple[Path, str]]:
@@ -268,50 +428,54 @@ class WorkspaceIndex:
         cut = (
             self._cut
         )  # a limit left files out (set by the end of the walk: a focus() meanwhile reads the last walk's)
-        for path, lang in files:
-            if self._stop.is_set():
-                return read
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_file_bytes:
-                continue
-            total += st.st_size
-            if total > self.max_total_bytes:
-                cut = True
-                break
-            source = uri_key(path.as_uri())
-            present.add(source)
-            unchanged = self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns)
-            want = sink is not None and memory + st.st_size <= MEMORY_CHARS
-            if want:
-                memory += st.st_size
-                wanted.add(source)
-            elif sink is not None:
-                cut = True
-            unsent = want and source not in self._sent
-            if source in self._open or (unchanged and not unsent):
-                continue
-            try:
-                data = path.read_bytes()[: self.max_file_bytes]
-                text = data.decode("utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if "\0" in text:
-                continue
-            with self._lock:
-                if source in self._open:  # opened while it was read: the editor's text wins
+        folders = _Folders(self._walked_roots)
+        try:
+            for path, lang in files:
+                if self._stop.is_set():
+                    return read
+                st = folders.lstat(path)
+                if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > self.max_file_bytes:
                     continue
-                if not unchanged:
-                    self._index(lang).add(source, text)
-                    self._mark(source, (lang, st.st_size, st.st_mtime_ns))
-            if want:
-                self._sent[source] = len(text)
-                changed[source] = text
-            read += 1
-            if self.yield_s:
-                time.sleep(self.yield_s)
+                total += st.st_size
+                if total > self.max_total_bytes:
+                    cut = True
+                    break
+                source = uri_key(path.as_uri())
+                present.add(source)
+                unchanged = self._seen.get(source) == (lang, st.st_size, st.st_mtime_ns)
+                want = sink is not None and memory + st.st_size <= MEMORY_CHARS
+                if want:
+                    memory += st.st_size
+                    wanted.add(source)
+                elif sink is not None:
+                    cut = True
+                unsent = want and source not in self._sent
+                if source in self._open or (unchanged and not unsent):
+                    continue
+                data = folders.read(path, self.max_file_bytes, st)
+                self.bytes_read += len(data or b"")
+                if data is None or len(data) > self.max_file_bytes:  # swapped, or grown past the cap
+                    continue
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if "\0" in text:
+                    continue
+                with self._lock:
+                    if source in self._open:  # opened while it was read: the editor's text wins
+                        continue
+                    if not unchanged:
+                        self._index(lang).add(source, text)
+                        self._mark(source, (lang, st.st_size, st.st_mtime_ns))
+                if want:
+                    self._sent[source] = len(text)
+                    changed[source] = text
+                read += 1
+                if self.yield_s:
+                    time.sleep(self.yield_s)
+        finally:
+            folders.close()
         with self._lock:
             for source in [s for s in self._seen if s not in present]:
                 lang = self._seen[source][0]
