@@ -9,6 +9,16 @@ Dispatch: CUDA visible and Triton importable -> the kernel; otherwise the refere
 or =triton overrides at import, `set_backend()` at run time (tests). With TRITON_INTERPRET=1 set
 before Triton is first imported (Triton decorates its own language library at import), the kernel
 runs on CPU tensors in Triton's interpreter: that is how the tests check it without a GPU.
+
+Precision: fp32 inputs are multiplied in fp32 (an "ieee" dot, like the reference). bf16/fp16 inputs
+run the LM head on tensor cores: the normed row is rounded to the head's dtype and the dot accumulates
+in fp32, so logits carry that dtype's input rounding (tolerances: tests/test_kernels.py).
+
+Restriction (token healing): `allow` (A, V) bool holds A allowed sets of token ids and `allow_row`
+(M,) int64 names each row's set, or -1 for none. A restricted row's statistics are those of its
+logits with every id outside its set at -inf, i.e. of the distribution renormalised over the set;
+`ban` still applies. Fixed shapes and no host sync, so a step can be captured; every set must hold
+an id other than `ban` (an empty set gives unspecified statistics) and `allow_row` must lie in [-1, A).
 """
 
 from __future__ import annotations
@@ -29,17 +39,42 @@ except ImportError:  # pragma: no cover - depends on the platform
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (max_prob, argmax, top2_prob, entropy)
 
 
+def _check_allow(allow: torch.Tensor | None, allow_row: torch.Tensor | None, M: int, V: int) -> bool:
+    """Whether a restriction is given; ValueError for a malformed one (shapes and dtypes only: no sync)."""
+    if allow is None and allow_row is None:
+        return False
+    if allow is None or allow_row is None:
+        raise ValueError("allow and allow_row go together: pass both or neither")
+    if allow.dtype != torch.bool or allow.dim() != 2 or allow.shape[1] != V:
+        raise ValueError(f"allow must be a (A, {V}) bool tensor, got {tuple(allow.shape)} {allow.dtype}")
+    if allow_row.dtype != torch.int64 or tuple(allow_row.shape) != (M,):
+        raise ValueError(f"allow_row must be a ({M},) int64 tensor, got {tuple(allow_row.shape)} {allow_row.dtype}")
+    return True
+
+
 def slot_stats_reference(
-    h: torch.Tensor, norm_w: torch.Tensor, eps: float, head_w: torch.Tensor, ban: int = -1
+    h: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    head_w: torch.Tensor,
+    ban: int = -1,
+    *,
+    allow: torch.Tensor | None = None,
+    allow_row: torch.Tensor | None = None,
 ) -> Stats:
-    """h: (M, D) pre-norm hidden states of masked slots; head_w: (V, D); `ban` is a token id that may
-    never be predicted (the mask token), or -1.
-    Returns (max_prob (M,), argmax (M,) long, top2_prob (M,), entropy (M,)), all fp32."""
+    """(max_prob (M,), argmax (M,) long, top2_prob (M,), entropy (M,)), all fp32, of h (M, D): pre-norm
+    hidden states of masked slots; head_w: (V, D); `ban` is a token id that may never be predicted (the
+    mask token), or -1; `allow` (A, V) bool and `allow_row` (M,) int64: each row's allowed set or -1
+    (module docstring)."""
     x = h.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_w.float()
     logits = F.linear(x, head_w.float())  # (M, V)
     if ban >= 0:
         logits[:, ban] = float("-inf")
+    if _check_allow(allow, allow_row, *logits.shape):
+        assert allow is not None and allow_row is not None
+        keep = allow[allow_row.clamp_min(0)] | (allow_row < 0)[:, None]  # (M, V); unrestricted rows keep all
+        logits = logits.masked_fill(~keep, float("-inf"))
     logp = logits.log_softmax(-1)
     top = logp.topk(2, dim=-1)
     p = logp.exp()
@@ -60,10 +95,17 @@ def slot_stats_reference(
 #   max prob = exp(top1 - m) / s,   2nd prob = exp(top2 - m) / s,
 #   entropy  = -sum_v p_v log p_v = -sum_v p_v (z_v - m - log s) = log s - u / s.
 # u is kept relative to the running max (not sum z e^z) so it never loses precision to large logits.
-# Masked entries (past V, the banned id) get the finite NEG rather than -inf: (NEG - m) * exp(NEG - m)
-# is 0, where -inf * 0 would be nan.
+# The dot: fp32 "ieee" for fp32 heads; for bf16/fp16 heads x r g is rounded to the head's dtype and
+# multiplied on tensor cores with fp32 accumulation (products of two bf16/fp16 values are exact in fp32,
+# so only that rounding separates it from the reference).
+# Restricted rows (HAS_ALLOW): a row whose allow_row is a >= 0 reads byte allow[a, v] for each chunk
+# (unrestricted rows' loads are masked off, no traffic) and treats v outside its set like the banned id.
+# Masked entries (past V, the banned id, outside the allowed set) get the finite NEG rather than -inf:
+# (NEG - m) * exp(NEG - m) is 0, where -inf * 0 would be nan.
 # Top-2: each chunk's best and second best (the best position masked out) merge into the running
-# pair; a strict > keeps the earliest index on ties, as argmax does.
+# pair; a strict > keeps the earliest index on ties, as argmax does. A chunk (or a split) with no
+# allowed entry leaves m at NEG with s counting its NEG entries: the first real maximum rescales that
+# junk by exp(NEG - m') = 0, as `_combine_splits` does across splits.
 # The vocabulary may also be split across programs (grid axis 1) for parallelism at few slots; each
 # split writes its (m, s, u, top1, top1 index, top2) and `_combine_splits` merges them in torch with
 # the same rescaling rule.
@@ -77,6 +119,8 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
     h_ptr,
     g_ptr,
     w_ptr,  # (M, D), (D,), (V, D)
+    allow_ptr,
+    allow_row_ptr,  # (A, V) uint8 (the bool mask's bytes), (M,) int64; unread unless HAS_ALLOW
     m_ptr,
     s_ptr,
     u_ptr,
@@ -88,12 +132,15 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
     V,
     stride_hm,
     stride_wv,
+    stride_av,
     eps,
     ban,
     v_per_split,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    HAS_ALLOW: tl.constexpr,
+    INTERPRET: tl.constexpr,  # Triton's CPU interpreter: see the bf16 dot below
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -117,6 +164,10 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
     t1 = tl.full([BLOCK_M], NEG_K, dtype=tl.float32)
     t2 = tl.full([BLOCK_M], NEG_K, dtype=tl.float32)
     t1i = tl.zeros([BLOCK_M], dtype=tl.int32)
+    if HAS_ALLOW:
+        set_id = tl.load(allow_row_ptr + rows, mask=row_ok, other=-1)  # (BLOCK_M,) int64
+        restricted = set_id >= 0
+        allow_rows = allow_ptr + tl.maximum(set_id, 0) * stride_av  # (BLOCK_M,) row pointers
     v_lo = pid_s * v_per_split
     v_hi = tl.minimum(v_lo + v_per_split, V)
     local = tl.arange(0, BLOCK_V)
@@ -138,8 +189,25 @@ def _slot_stats_kernel(  # wrapped by triton.jit below when Triton is importable
                 mask=d_ok[:, None] & v_ok[None, :],
                 other=0.0,
             )
-            z += tl.dot(xn, w.to(tl.float32), input_precision="ieee")  # fp32 like the reference
-        z = tl.where(v_ok[None, :] & (vcols[None, :] != ban), z, NEG_K)
+            if w.dtype.is_bf16() or w.dtype.is_fp16():
+                if INTERPRET and w.dtype.is_bf16():
+                    # Triton 3.9's interpreter multiplies bf16 operands' raw bits (its dot sees uint16
+                    # arrays) and truncates fp32 -> bf16: round to nearest even by hand as the GPU does,
+                    # and multiply the rounded operands in fp32, which is exact for bf16 products
+                    xb = xn.to(tl.uint32, bitcast=True)
+                    xb = (xb + 0x7FFF + ((xb >> 16) & 1)) & 0xFFFF0000
+                    z += tl.dot(xb.to(tl.float32, bitcast=True), w.to(tl.float32), input_precision="ieee")
+                else:  # tensor cores: operands in the head's dtype (rounded to nearest even), fp32 accumulation
+                    z = tl.dot(xn.to(w.dtype), w, acc=z)
+            else:
+                z += tl.dot(xn, w.to(tl.float32), input_precision="ieee")  # fp32 like the reference
+        keep = v_ok[None, :] & (vcols[None, :] != ban)  # (BLOCK_M, BLOCK_V)
+        if HAS_ALLOW:
+            bits = tl.load(
+                allow_rows[:, None] + vcols[None, :], mask=restricted[:, None] & v_ok[None, :], other=1
+            )  # (BLOCK_M, BLOCK_V) uint8
+            keep = keep & (bits != 0)
+        z = tl.where(keep, z, NEG_K)
 
         b1 = tl.max(z, axis=1)
         b1i = tl.argmax(z, axis=1)
@@ -213,15 +281,23 @@ def slot_stats_triton(
     block_v: int | None = None,
     block_d: int | None = None,
     split: int | None = None,
+    allow: torch.Tensor | None = None,
+    allow_row: torch.Tensor | None = None,
 ) -> Stats:
-    """The kernel's answer to slot_stats_reference (same signature and outputs); the keyword
-    arguments override launch settings (tests cover odd blockings with them)."""
+    """The kernel's answer to slot_stats_reference (same signature and outputs); block_v, block_d and
+    split override launch settings (tests cover odd blockings with them)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     M, D = h.shape
     V = head_w.shape[0]
     h = h.contiguous()
     head_w = head_w.contiguous()
+    has_allow = _check_allow(allow, allow_row, M, V)
+    if has_allow:
+        assert allow is not None and allow_row is not None
+        allow_u8, rows_set = allow.contiguous().view(torch.uint8), allow_row.contiguous()
+    else:  # never read (HAS_ALLOW is a constexpr): any tensor stands in
+        allow_u8, rows_set = h, h
     st = launch_settings(M, D, V, h.device)
     bv = block_v or st["BLOCK_V"]
     bd = block_d or st["BLOCK_D"]
@@ -237,6 +313,8 @@ def slot_stats_triton(
         h,
         norm_w,
         head_w,
+        allow_u8,
+        rows_set,
         m,
         s,
         u,
@@ -248,12 +326,15 @@ def slot_stats_triton(
         V,
         h.stride(0),
         head_w.stride(0),
+        allow_u8.stride(0),
         float(eps),
         int(ban),
         per,
         BLOCK_M=st["BLOCK_M"],
         BLOCK_D=bd,
         BLOCK_V=bv,
+        HAS_ALLOW=has_allow,
+        INTERPRET=_interpreted(),
     )
     if sp == 1:
         S, U, mx = s[0], u[0], m[0]
@@ -289,8 +370,22 @@ def backend() -> str:
     return _backend
 
 
-def slot_stats(h: torch.Tensor, norm_w: torch.Tensor, eps: float, head_w: torch.Tensor, ban: int = -1) -> Stats:
-    """(max_prob, argmax, top2_prob, entropy) per slot row of h; see slot_stats_reference."""
-    if _backend == "triton" and (h.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
-        return slot_stats_triton(h, norm_w, eps, head_w, ban)
-    return slot_stats_reference(h, norm_w, eps, head_w, ban)
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def slot_stats(
+    h: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    head_w: torch.Tensor,
+    ban: int = -1,
+    *,
+    allow: torch.Tensor | None = None,
+    allow_row: torch.Tensor | None = None,
+) -> Stats:
+    """(max_prob, argmax, top2_prob, entropy) per slot row of h, each row over its allowed set when
+    `allow`/`allow_row` restrict it; see slot_stats_reference."""
+    if _backend == "triton" and (h.is_cuda or _interpreted()):
+        return slot_stats_triton(h, norm_w, eps, head_w, ban, allow=allow, allow_row=allow_row)
+    return slot_stats_reference(h, norm_w, eps, head_w, ban, allow=allow, allow_row=allow_row)

@@ -1,5 +1,6 @@
 """kernels.slot_stats: the Triton kernel (run by Triton's CPU interpreter) against the torch
-reference, the reference against plain fp64 maths, and the dispatch switch.
+reference, with and without a restriction to allowed token sets, the reference against plain fp64
+maths, the dispatch switch, and the kernel compiled for sm_90 (fp32, and bf16/fp16 on tensor cores).
 
 TRITON_INTERPRET=1 only works when it is set before Triton is first imported (Triton decorates its
 own language library at import), and this test process may have imported Triton already. So every
@@ -27,17 +28,20 @@ pytest.importorskip("triton")
 ks = importlib.import_module("kernels.slot_stats")
 
 REPO = Path(__file__).resolve().parent.parent
-DTYPES = {  # name -> (dtype, atol, rtol): inputs in dtype, maths in fp32 on both sides
-    "fp32": (torch.float32, 2e-6, 1e-5),
-    "bf16": (torch.bfloat16, 2e-6, 1e-5),
-    "fp16": (torch.float16, 2e-6, 1e-5),
+DTYPES = {  # name -> (dtype, atol, rtol): inputs in dtype; the reference's maths is fp32
+    "fp32": (torch.float32, 2e-6, 1e-5),  # the kernel's dot is fp32 too: only the summation order differs
+    # bf16/fp16 heads run on tensor cores: the normed row is rounded to the dtype (2^-9, 2^-12 relative),
+    # so logits of std ~3 over D <= 48 move by up to ~0.02 / ~0.003. Worst over these cases (abs, rel):
+    # bf16 max prob 2.3e-3, 4.9e-3; entropy 9e-3, 3.9e-3; fp16 entropy 1.5e-3, 4e-4
+    "bf16": (torch.bfloat16, 5e-3, 5e-3),
+    "fp16": (torch.float16, 1e-3, 1e-3),
 }
 NAMES = ("max_prob", "argmax", "top2_prob", "entropy")
 
 # (M, D, V, dtype name, ban, launch overrides); BLOCK_V=256 never divides V: the last block is partial
 SHAPES = [
     (M, D, V, dt, 7, {"block_v": 256}) for M, D, V, dt in itertools.product((1, 3, 7), (32, 48), (300, 1000), DTYPES)
-]
+] + [(5, 37, 999, dt, 998, {"block_v": 256}) for dt in DTYPES]  # the odd shape: D, V odd, the last id banned
 LAUNCH = [  # several programs per row over the vocabulary (merged in torch), D loops of several trips
     (5, 48, 1000, "fp32", -1, {"split": 2, "block_v": 128}),
     (5, 48, 1000, "fp32", -1, {"split": 3, "block_v": 128, "block_d": 16}),
@@ -49,6 +53,14 @@ VOCAB_150K = [  # Qwen2's 151,936 and Dream's 152,064 entries: ~150 vocabulary b
     (2, 32, 152064, "bf16", 151666, {"split": 3}),
 ]
 CASES = SHAPES + LAUNCH + VOCAB_150K
+# rows restricted to allowed sets (`_allow_inputs`), as token healing restricts its slot to candidates
+RESTRICTED = [
+    (6, 48, 1000, "fp32", 7, {"block_v": 256}),
+    (6, 48, 1000, "fp16", -1, {"block_v": 256}),
+    (6, 37, 999, "bf16", 998, {"block_v": 128, "split": 3}),  # splits where a restricted row allows nothing
+    (20, 48, 1000, "fp32", 999, {"split": 4, "block_v": 64, "block_d": 32}),  # two row blocks
+    (3, 32, 152064, "bf16", 151666, {"split": 3}),  # Dream's vocabulary: a few candidates of 152k
+]
 
 
 def _case_id(case) -> str:
@@ -64,13 +76,30 @@ def _inputs(M, D, V, dtype, seed=0):
     return h, norm_w, head_w
 
 
+def _allow_inputs(M, V, ban):
+    """(allow (3, V) bool, allow_row (M,) int64): a random ~5% of the vocabulary, the last id not banned
+    alone, and ids 1 and 2 with the banned id (still banned inside a set); rows cycle through sets 0, 1,
+    2, none."""
+    g = torch.Generator().manual_seed(V)
+    allow = torch.zeros(3, V, dtype=torch.bool)
+    allow[0] = torch.rand(V, generator=g) < 0.05
+    allow[1, V - 1 if ban != V - 1 else V - 2] = True
+    allow[2, [1, 2, max(ban, 0)]] = True
+    allow_row = (torch.arange(M) + 1) % 4 - 1
+    return allow, allow_row
+
+
 def _compare(got, want, atol, rtol):
-    """Liger-style: assert close, and say which rows differ and how."""
+    """Liger-style: assert close, and say which rows differ and how. Argmax must be equal where the
+    reference's best probability beats its second by more than the tolerance; closer rows may swap
+    within the dtype's rounding (their probabilities are still compared)."""
     for name, a, b in zip(NAMES, got, want):
         a, b = torch.as_tensor(a), torch.as_tensor(b)
         assert a.shape == b.shape, f"{name}: shape {tuple(a.shape)} != {tuple(b.shape)}"
         if name == "argmax":
-            bad = (a != b).nonzero().flatten().tolist()
+            p1, p2 = torch.as_tensor(want[0]).double(), torch.as_tensor(want[2]).double()
+            decided = p1 - p2 > atol + rtol * p1  # (M,) the top-2 margin exceeds the tolerance
+            bad = ((a != b) & decided).nonzero().flatten().tolist()
             assert not bad, f"argmax differs at rows {bad}: kernel {a[bad].tolist()} reference {b[bad].tolist()}"
             continue
         close = torch.isclose(a.double(), b.double(), atol=atol, rtol=rtol)
@@ -92,7 +121,7 @@ def _child() -> None:
     from engine.decode.sampler import fill
     from tests.engine_models import peaked_model
 
-    out = {"cases": {}}
+    out: dict = {"cases": {}, "restricted": {}}
     for i, case in enumerate(CASES):
         M, D, V, dt, ban, kw = case
         h, nw, hw = _inputs(M, D, V, DTYPES[dt][0], seed=i)
@@ -101,6 +130,19 @@ def _child() -> None:
             out["cases"][_case_id(case)] = {"kernel": [t.tolist() for t in got]}
         except Exception as e:  # noqa: BLE001 - reported per case by the parent
             out["cases"][_case_id(case)] = {"error": repr(e)}
+    for i, case in enumerate(RESTRICTED):
+        M, D, V, dt, ban, kw = case
+        h, nw, hw = _inputs(M, D, V, DTYPES[dt][0], seed=i)
+        allow, allow_row = _allow_inputs(M, V, ban)
+        try:
+            got = ks.slot_stats_triton(h, nw, 1e-5, hw, ban=ban, allow=allow, allow_row=allow_row, **kw)
+            plain = ks.slot_stats_triton(h, nw, 1e-5, hw, ban=ban, **kw)
+            out["restricted"][_case_id(case)] = {
+                "kernel": [t.tolist() for t in got],
+                "plain": [t.tolist() for t in plain],
+            }
+        except Exception as e:  # noqa: BLE001 - reported per case by the parent
+            out["restricted"][_case_id(case)] = {"error": repr(e)}
 
     # the sampler's fast path with the kernel switched in; the parent compares with the oracle
     model = peaked_model(pad=249)
@@ -149,6 +191,25 @@ def test_kernel_matches_reference(interpreted, case):
         assert ban not in res["kernel"][1]
 
 
+@pytest.mark.parametrize("case", RESTRICTED, ids=[_case_id(c) for c in RESTRICTED])
+def test_restricted_kernel_matches_reference(interpreted, case):
+    """Rows over their allowed sets match the reference; unrestricted rows are bit for bit what the
+    kernel gives without `allow`."""
+    M, D, V, dt, ban, _ = case
+    res = interpreted["restricted"][_case_id(case)]
+    assert "error" not in res, res.get("error")
+    dtype, atol, rtol = DTYPES[dt]
+    h, nw, hw = _inputs(M, D, V, dtype, seed=RESTRICTED.index(case))
+    allow, allow_row = _allow_inputs(M, V, ban)
+    want = ks.slot_stats_reference(h, nw, 1e-5, hw, ban=ban, allow=allow, allow_row=allow_row)
+    _compare(res["kernel"], want, atol, rtol)
+    pred = torch.tensor(res["kernel"][1])
+    assert bool(allow[allow_row.clamp_min(0), pred][allow_row >= 0].all()), "a restricted row left its set"
+    free = (allow_row < 0).nonzero().flatten().tolist()
+    for name, a, b in zip(NAMES, res["kernel"], res["plain"]):
+        assert [a[r] for r in free] == [b[r] for r in free], f"{name}: unrestricted rows changed"
+
+
 def test_sampler_through_the_kernel_matches_the_oracle(interpreted):
     """The fast loop takes its argmax and confidences from kernels.slot_stats: with the kernel
     switched in, a fill still equals the fp64 oracle token for token."""
@@ -177,6 +238,58 @@ def test_reference_matches_fp64_softmax():
     ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
     want = (top.values[:, 0], top.indices[:, 0], top.values[:, 1], ent)
     _compare(ks.slot_stats_reference(h, nw, 1e-5, hw, ban=11), want, 1e-6, 1e-5)
+
+
+def test_reference_restriction_matches_fp64_softmax():
+    """A restricted row is the softmax renormalised over its set (the banned id excluded); an
+    unrestricted row is bit for bit today's answer (fp32 on the CPU: the torch fallback)."""
+    M, V, ban = 8, 500, 11
+    h, nw, hw = _inputs(M, 40, V, torch.float32, seed=5)
+    allow, allow_row = _allow_inputs(M, V, ban)
+    allow[2, 0] = True  # set 2: ids 0, 1, 2 and the banned 11
+    x = h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double()
+    z = x @ hw.double().T  # (M, V)
+    z[:, ban] = float("-inf")
+    z[(allow_row >= 0)[:, None] & ~allow[allow_row.clamp_min(0)]] = float("-inf")
+    p = z.softmax(-1)
+    top = p.topk(2, dim=-1)
+    ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
+    want = (top.values[:, 0], top.indices[:, 0], top.values[:, 1], ent)
+    got = ks.slot_stats_reference(h, nw, 1e-5, hw, ban=ban, allow=allow, allow_row=allow_row)
+    _compare(got, want, 1e-6, 1e-5)
+    one = (allow_row == 1).nonzero().flatten()  # set 1 holds the last id alone: certain, second 0, no entropy
+    assert got[1][one].tolist() == [V - 1] * len(one) and got[0][one].eq(1).all() and got[2][one].eq(0).all()
+    assert got[3][one].abs().max() < 1e-6
+    plain = ks.slot_stats_reference(h, nw, 1e-5, hw, ban=ban)
+    free = allow_row < 0
+    assert free.any() and all(torch.equal(a[free], b[free]) for a, b in zip(got, plain))
+
+
+def test_restriction_through_the_public_function(monkeypatch):
+    """slot_stats takes allow/allow_row as keywords after the old positional arguments and passes
+    them to the torch fallback on the CPU; a malformed restriction is a ValueError, checked without a sync."""
+    import inspect
+
+    params = inspect.signature(ks.slot_stats).parameters
+    assert list(params)[:5] == ["h", "norm_w", "eps", "head_w", "ban"]
+    for name in ("allow", "allow_row"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default is None
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    h, nw, hw = _inputs(5, 32, 300, torch.float32)
+    allow, allow_row = _allow_inputs(5, 300, 7)
+    got = ks.slot_stats(h, nw, 1e-5, hw, 7, allow=allow, allow_row=allow_row)
+    want = ks.slot_stats_reference(h, nw, 1e-5, hw, 7, allow=allow, allow_row=allow_row)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for bad in (
+        {"allow": allow},
+        {"allow_row": allow_row},
+        {"allow": allow[:, :-1], "allow_row": allow_row},
+        {"allow": allow.int(), "allow_row": allow_row},
+        {"allow": allow, "allow_row": allow_row[:-1]},
+        {"allow": allow, "allow_row": allow_row.int()},
+    ):
+        with pytest.raises(ValueError):
+            ks.slot_stats(h, nw, 1e-5, hw, 7, **bad)
 
 
 def test_combine_splits_equals_one_pass():
@@ -237,20 +350,25 @@ def test_cpu_tensors_without_interpreter_use_the_reference(monkeypatch):
 # ---------------------------------------------------------------- compiled for a GPU, without one
 
 _COMPILE_CHILD = r"""
-import importlib, json, sys
+import importlib, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 ks = importlib.import_module("kernels.slot_stats")
 out = {}
-for dt, bd in (("fp32", 128), ("bf16", 64), ("fp16", 16)):
+for dt, bd, has_allow in (("fp32", 128, False), ("fp32", 128, True), ("bf16", 64, False), ("bf16", 64, True),
+                          ("fp16", 16, True)):
     p = "*" + dt
-    sig = {"h_ptr": p, "g_ptr": p, "w_ptr": p, "m_ptr": "*fp32", "s_ptr": "*fp32", "u_ptr": "*fp32",
+    sig = {"h_ptr": p, "g_ptr": p, "w_ptr": p, "allow_ptr": "*u8", "allow_row_ptr": "*i64",
+           "m_ptr": "*fp32", "s_ptr": "*fp32", "u_ptr": "*fp32",
            "t1_ptr": "*fp32", "t1i_ptr": "*i32", "t2_ptr": "*fp32", "M": "i32", "D": "i32", "V": "i32",
-           "stride_hm": "i32", "stride_wv": "i32", "eps": "fp32", "ban": "i32", "v_per_split": "i32",
-           "BLOCK_M": "constexpr", "BLOCK_D": "constexpr", "BLOCK_V": "constexpr"}
-    src = ASTSource(ks._slot_stats_kernel, sig, constexprs={"BLOCK_M": 16, "BLOCK_D": bd, "BLOCK_V": 128})
-    out[dt] = sorted(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm)
+           "stride_hm": "i32", "stride_wv": "i32", "stride_av": "i32", "eps": "fp32", "ban": "i32",
+           "v_per_split": "i32", "BLOCK_M": "constexpr", "BLOCK_D": "constexpr", "BLOCK_V": "constexpr",
+           "HAS_ALLOW": "constexpr", "INTERPRET": "constexpr"}
+    src = ASTSource(ks._slot_stats_kernel, sig, constexprs={"BLOCK_M": 16, "BLOCK_D": bd, "BLOCK_V": 128,
+                                                             "HAS_ALLOW": has_allow, "INTERPRET": False})
+    asm = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm
+    out[f"{dt}-allow{has_allow}"] = {"stages": sorted(asm), "mma": bool(re.search(r"\bw?mma", asm["ptx"]))}
 print("RESULT " + json.dumps(out))
 """
 
@@ -258,7 +376,9 @@ print("RESULT " + json.dumps(out))
 def test_kernel_compiles_for_hopper_without_a_gpu():
     """Triton's compiler for an H200 (sm_90) runs on the CPU: the interpreter forgives what the compiler
     rejects (a plain float global read in the kernel passed every interpreted case and broke every GPU
-    fill, found on the first H200 lease), so the kernel is compiled down to a cubin here too."""
+    fill, found on the first H200 lease), so the kernel is compiled down to a cubin here too, with and
+    without the allowed-set restriction. bf16/fp16 heads must reach tensor cores (mma in the PTX);
+    fp32 keeps the exact fp32 dot (no mma)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
@@ -266,5 +386,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    for dt, stages in json.loads(line[len("RESULT ") :]).items():
-        assert {"ttir", "ptx", "cubin"} <= set(stages), dt
+    variants = json.loads(line[len("RESULT ") :])
+    assert len(variants) == 5
+    for name, res in variants.items():
+        assert {"ttir", "ptx", "cubin"} <= set(res["stages"]), name
+        assert res["mma"] == (not name.startswith("fp32")), f"{name}: tensor-core mma in the PTX is {res['mma']}"
