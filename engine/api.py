@@ -126,6 +126,12 @@ class DecodeOptions:
     reuse: bool = True
     reuse_budget: int = 32
     seed: int = 0  # the sampling generator's seed, within SEED_RANGE
+    # the confidence over each slot's k best tokens: the logits are cut to the top k before the
+    # softmax, so the probability a slot is ranked (and sampled) by is renormalised over them. Dream's
+    # `diffusion_generate` called as its README shows does this with k = 50 (transformers puts
+    # top_k=50 in its generation config): top_k=50 is Dream's loop. Runs the full-row path (not the
+    # fused slot statistics). None: off.
+    top_k: int | None = None
 
 
 @dataclass

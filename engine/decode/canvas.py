@@ -58,6 +58,21 @@ def schedule(n_masked: int, steps: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
+def block_schedule(n_masked: int, steps: int, block: int) -> list[int]:
+    """Tokens to commit at each step with semi-AR blocks of `block` slots (DecodeOptions.block), as
+    LLaDA's generate.py plans them: every block gets steps // blocks steps, over which its own masks
+    are split as `schedule` splits them (larger first), blocks left to right. 16 slots, blocks of 8,
+    6 steps: [3, 3, 2, 3, 3, 2]. LLaDA asserts that the slots are a multiple of the block and the
+    steps a multiple of the blocks; here a shorter last block (slots not a multiple of the block) is
+    planned like the others, its fewer masks over the same steps per block, and a block gets at
+    least one step: steps left over by the division are not run. block <= 0: one block, `schedule`."""
+    if block <= 0:
+        return schedule(n_masked, steps)
+    n_blocks = -(-n_masked // block)
+    per_block = max(1, steps // n_blocks)
+    return [k for b in range(n_blocks) for k in schedule(min(block, n_masked - b * block), per_block)]
+
+
 def timestep_schedule(n_masked: int, steps: int, eps: float = TIMESTEP_EPS) -> list[int]:
     """Tokens to commit at each step, Dream-style (maskgit_plus / entropy): with timesteps
     t_i = linspace(1, eps, steps + 1), step i commits int(m * (1 - t_{i+1} / t_i)) of the m slots
@@ -73,11 +88,13 @@ def timestep_schedule(n_masked: int, steps: int, eps: float = TIMESTEP_EPS) -> l
     return out
 
 
-def trim_fill(ids: list[int], pad_id: int, eos_id: int) -> list[int]:
-    """Fill tokens without padding, cut at the first end-of-text."""
+def trim_fill(ids: list[int], pad_id: int, eos_id: int | tuple[int, ...]) -> list[int]:
+    """Fill tokens without padding, cut at the first end: end-of-text, or any of several ids
+    (ModelConfig.end_ids)."""
+    ends = (eos_id,) if isinstance(eos_id, int) else eos_id
     out = []
     for t in ids:
-        if t == eos_id:
+        if t in ends:
             break
         if t != pad_id:
             out.append(t)
@@ -118,6 +135,8 @@ def check_options(o: DecodeOptions) -> None:
         raise ValueError("stop_below ends a fill as pad_left does: it needs pad_left")
     if o.reuse_budget < 0:
         raise ValueError(f"reuse_budget must be >= 0, got {o.reuse_budget}")
+    if o.top_k is not None and (isinstance(o.top_k, bool) or not isinstance(o.top_k, int) or o.top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {o.top_k!r}")
 
 
 # ---------------------------------------------------------------- one job's state
@@ -134,7 +153,7 @@ class Canvas:
     opts: DecodeOptions
     cfg: ModelConfig
     active_pos: torch.Tensor  # (A,) absolute positions of the active span
-    plan: list[int] = field(default_factory=list)  # top-k schedule still to run
+    plan: list[int] = field(default_factory=list)  # commits of the steps still to run (topk: block_schedule)
     n_masked: int = 0  # slots still masked (kept on the host: no device sync to know it)
     steps: int = 0
     tokens_per_step: list[int] = field(default_factory=list)
@@ -260,8 +279,8 @@ class Canvas:
                 (cfg.mask_token_id, cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id),
                 max(1, opts.copy_order or 1),
             )
-        if opts.selection == "topk":
-            c.plan = schedule(n, opts.steps or max(1, n // 2))
+        if opts.selection == "topk":  # per semi-AR block when there are blocks (LLaDA's plan)
+            c.plan = block_schedule(n, opts.steps or max(1, n // 2), opts.block)
         elif opts.selection == "timesteps":
             c.plan = timestep_schedule(n, opts.steps or n)
         if opts.temperature > 0:
@@ -287,18 +306,19 @@ class Canvas:
         """Committed fill tokens so far: padding dropped, cut at end-of-text, masks left out."""
         slots = self.slot_ids()
         return trim_fill(
-            [t for t, m in zip(slots, self.masked.tolist()) if not m], self.cfg.pad_token_id, self.cfg.eos_token_id
+            [t for t, m in zip(slots, self.masked.tolist()) if not m], self.cfg.pad_token_id, self.cfg.end_ids
         )
 
     def fill_confidence(self) -> float:
         """Geometric mean of the probabilities the fill's tokens had when committed (1.0 for an
         empty fill): how sure the model was of the text it wrote, for gating what is shown."""
         slots, masked, probs = self.slot_ids(), self.masked.tolist(), self.slot_prob
+        ends = self.cfg.end_ids
         logs = []
         for t, m, p in zip(slots, masked, probs):
             if m or t == self.cfg.pad_token_id:
                 continue
-            if t == self.cfg.eos_token_id:
+            if t in ends:
                 break
             logs.append(math.log(max(p, 1e-12)))
         return math.exp(sum(logs) / len(logs)) if logs else 1.0

@@ -120,7 +120,7 @@ def attach_biases(canvas: Canvas, job: FillJob, opts: DecodeOptions, p_ids: list
             tok.decode(p_ids[-48:]),
             tok.decode,
             brackets=opts.brackets or 0.0,
-            ends=(cfg.pad_token_id, cfg.eos_token_id) + tuple(canvas.stop_ids or ()),
+            ends=(cfg.pad_token_id, *cfg.end_ids) + tuple(canvas.stop_ids or ()),
         )
 
 

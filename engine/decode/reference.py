@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from engine.api import DecodeOptions
 from engine.bias.copy import Run, copy_bias, ngram_skip
-from engine.decode.canvas import schedule, timestep_schedule, trim_fill
+from engine.decode.canvas import block_schedule, timestep_schedule, trim_fill
 from engine.decode.forward import build_canvas
 from engine.decode.reorder import reference_logits
 
@@ -50,21 +50,21 @@ def reference_fill(
     c_prefix, c_suffix = c.ids[: c.start].tolist(), c.ids[c.start + c.n :].tolist()
     lookup = (lookup or [])[-16384:]  # far_ids keeps as much
     c.stop_ids = tuple(stop_ids or ())
-    ends = (cfg.pad_token_id, cfg.eos_token_id) + c.stop_ids
+    ends = (cfg.pad_token_id, *cfg.end_ids) + c.stop_ids
     assert c.middle is None, "DreamOn's growing middle has its own oracle (tests/test_families_decode.py)"
     then = dict(heal_then or {})
     h_slot, h_ids = (0, set(heal)) if heal else (None, set())
     seq, s = c.ids.tolist(), c.start
     masked = list(range(n))
     plan = {
-        "topk": lambda: schedule(n, opts.steps or max(1, n // 2)),
+        "topk": lambda: block_schedule(n, opts.steps or max(1, n // 2), opts.block),
         "timesteps": lambda: timestep_schedule(n, opts.steps or n),
     }.get(opts.selection, list)()
     shift = 1 if cfg.logits_shift else 0
     steps = 0
     groups: list[list[int]] = []  # slots committed at each step (the reorder layout's cache order)
     while masked:
-        ends_now = ends if h_slot is None else (cfg.pad_token_id, cfg.eos_token_id)  # no stop while healing
+        ends_now = ends if h_slot is None else (cfg.pad_token_id, *cfg.end_ids)  # no stop while healing
         if cfg.canvas == "reorder":  # the whole reordered row, recomputed, its logits in logical order
             logits = reference_logits(model, seq, s, n, groups).double()
         else:
@@ -150,7 +150,7 @@ def reference_fill(
         if names is not None:  # identifier-aware decoding: the leftmost masked slot, all left of it committed
             j0 = masked[0]
             done = seq[s : s + j0]
-            if not any(t in (cfg.pad_token_id, cfg.eos_token_id) for t in done):
+            if not any(t in (cfg.pad_token_id, *cfg.end_ids) for t in done):
                 cands = None
                 if h_slot is not None and j0 == h_slot:
                     cands = sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)
@@ -162,6 +162,9 @@ def reference_fill(
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
             keep[sorted(h_ids - set(then) if budget_out and h_slot == 0 else h_ids)] = True
             logits[s + h_slot - shift, ~keep] = float("-inf")
+        if opts.top_k is not None:  # every row cut to its k best tokens (ties with the k-th kept)
+            kth = torch.topk(logits, min(opts.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits[logits < kth] = float("-inf")
         probs = F.softmax(logits, dim=-1)
         cand: list[Candidate] = []
         max_p: dict[int, float] = {}
@@ -245,4 +248,4 @@ def reference_fill(
                     h_slot = None
         groups.append(sorted(x[0] for x in chosen))
         steps += 1
-    return trim_fill(seq[s : s + n], cfg.pad_token_id, cfg.eos_token_id)
+    return trim_fill(seq[s : s + n], cfg.pad_token_id, cfg.end_ids)

@@ -11,8 +11,8 @@ step) so the service can put several jobs into one pass, then each canvas commit
 engine/decode/reference.py holds the naive oracle the loop is tested against, token for token.
 
 The biases on a slot's logits (engine/bias/) need its whole row, so with any of them on (or with
-sampling) `commit` computes the predicted slots' full logit rows (`biased_logits`) instead of the
-fused slot statistics, and applies, in this order:
+sampling, or a `top_k`) `commit` computes the predicted slots' full logit rows (`biased_logits`)
+instead of the fused slot statistics, and applies, in this order:
   1. identifier-aware decoding and the bracket rule (engine/bias/names.py), at the leftmost masked
      slot only: its left side is all committed text, so the identifier or bracket under way is
      known; none once a committed slot before it ended the fill, none on DreamOn's resizing canvas
@@ -24,6 +24,9 @@ fused slot statistics, and applies, in this order:
   4. temperature, then the restrictions: never a mask, no DreamOn expand at its longest middle, the
      healed slot only among its candidates (engine/decode/canvas.py, token healing). Restricting
      last makes the healed slot's distribution the biased one renormalised over its candidates.
+  5. DecodeOptions.top_k: each row cut to its k best tokens (among those it may take), so the
+     confidence (and a sample) is renormalised over them, as Dream's `diffusion_generate` does
+     with the `top_k=50` its generation config carries.
 
 Stop when unsure (DecodeOptions.stop_below): in a threshold step in which no eligible slot reaches
 the threshold, the leftmost masked slot is eligible and its best token's probability is below
@@ -139,7 +142,7 @@ def commit(model: Transformer, c: Canvas, rows: Rows, final: bool) -> int:
     conf_l, maxp_l, pred_l = torch.stack([conf.double(), max_p.double(), pred.double()]).tolist()
     slot_l = slot_idx.tolist()
     # a line break the healed slots re-type lies before the cursor: no stop while the heal is open
-    ends = (c.cfg.pad_token_id, c.cfg.eos_token_id) + (() if c.heal_open else c.stop_ids)
+    ends = (c.cfg.pad_token_id, *c.cfg.end_ids) + (() if c.heal_open else c.stop_ids)
     pick, stop = select_slots(c, conf_l, maxp_l, pred_l, slot_l, ends, final)
     if stop:  # unsure at the leftmost masked slot: the fill ends there
         pred_l[0] = c.cfg.eos_token_id
@@ -172,6 +175,7 @@ def slot_predictions(
     cfg, o = c.cfg, c.opts
     if (
         o.temperature > 0
+        or o.top_k is not None
         or c.copy is not None
         or c.names is not None
         or c.ngram is not None
@@ -222,7 +226,17 @@ def biased_logits(model: Transformer, c: Canvas, slot_idx: torch.Tensor, h: torc
         logits[:, cfg.expand_token_id] = float("-inf")
     if c.heal_open:  # the healed slot (the first row) only among its candidates
         logits[0] = heal_logits(logits[0], c.heal_ids(final or c.last_step_due()))
+    if o.top_k is not None:  # the confidence (and a sample) over the k best tokens the slot may take
+        logits = top_k_logits(logits, o.top_k)
     return logits
+
+
+def top_k_logits(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """(M, V) logits with every token below each row's k-th best set to -inf (ties with it kept), as
+    Dream's generation_utils `top_k_logits` filters before its softmax: the probabilities are then
+    renormalised over the top k. A row with fewer than k finite logits is left as it is."""
+    kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]  # (M, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def row_predictions(c: Canvas, logits: torch.Tensor) -> Predictions:
@@ -356,7 +370,7 @@ def name_row(c: Canvas, names: NameBias, j: int, final: bool) -> torch.Tensor | 
     """The identifier penalty (engine/bias/names.py, the canvas's `names`) of slot j, the leftmost
     masked one: None when a committed slot before it ends the fill."""
     done = c.ids[c.start : c.start + j].tolist()
-    if any(t in (c.cfg.pad_token_id, c.cfg.eos_token_id) for t in done):
+    if any(t == c.cfg.pad_token_id or t in c.cfg.end_ids for t in done):
         return None
     heal = c.heal_ids(final or c.last_step_due()).tolist() if c.heal_open and j == c.heal_slot else None
     return names.slot_row(done, heal)

@@ -3,7 +3,8 @@
 A family is: which config.json it recognises (`architectures` / `model_type`), its layout (config
 keys and tensor names: engine/families/layouts.py), its attention topology, whether its logits are
 shifted, where its block size lives, the names its mask (and expand) token goes by when config.json
-does not give the id, and the `transformers` class it is proven equal to (tests/test_families.py).
+does not give the id, the end-of-turn tokens that end a fill besides end-of-text (`end_names`), and
+the `transformers` class it is proven equal to (tests/test_families.py).
 Facts and their sources: ../shared/FAMILIES.md and docs/MODELS.md.
 """
 
@@ -37,6 +38,9 @@ class Family:
     block_default: int = 0
     mask_names: tuple[str, ...] = ()
     expand_names: tuple[str, ...] = ()
+    # tokens that end a fill as end-of-text does, where the checkpoint's tokenizer files know them
+    # (ModelConfig.eot_token_ids / end_ids): an instruct model's end-of-turn
+    end_names: tuple[str, ...] = ()
     needs_mask_token: bool = False  # a generic model type (qwen2) is a diffusion model only with a mask token
     needs_expand_token: bool = False  # DreamOn shares Dream's config: it is told apart by its expand token
     sub_block: int = 0  # Fast-dLLM v2: sub-blocks decoded left to right inside a block (its generate()'s default)
@@ -49,7 +53,7 @@ class Family:
         """ModelConfig for a config.json of this family, special ids from the checkpoint's files."""
         fields = shape_fields(self.layout, cfg)
         try:
-            ids = special_ids(files, self.mask_names, self.expand_names, self.mask_fallback)
+            ids = special_ids(files, self.mask_names, self.expand_names, self.mask_fallback, self.end_names)
         except ValueError as e:
             raise FamilyError(f"{self.title}: {e}") from None
         ids.pop("_found")
@@ -114,6 +118,9 @@ FAMILIES: tuple[Family, ...] = (
         "MIT",
         "GSAI-ML/LLaDA-8B-Instruct",
         mask_names=("<|mdm_mask|>",),
+        # the instruct model ends its answer with <|eot_id|> (126348), then <|endoftext|> padding;
+        # its authors' chat.py drops both from the answer (skip_special_tokens)
+        end_names=("<|eot_id|>",),
     ),
     Family(
         "coda",

@@ -1,4 +1,4 @@
-"""Special ids (mask, pad, eos, bos, expand) found in a checkpoint's own files, never in code.
+"""Special ids (mask, pad, eos, bos, expand, end-of-turn) found in a checkpoint's own files, never in code.
 
 Where each family keeps them differs (LLaDA's mask is only an added token, Dream's is in
 config.json, Open-dCoder's is the tokenizer's mask token), and the ids collide across families, so
@@ -6,6 +6,11 @@ every id is looked up in this order: config.json `<kind>_token_id`, tokenizer_co
 `<kind>_token`, special_tokens_map.json `<kind>_token`, then the family's token names (data in
 the registry) among tokenizer.json's added tokens. A name is turned into an id by tokenizer.json
 itself (or tokenizer_config.json's `added_tokens_decoder`).
+
+The ids that end a fill besides end-of-text (ModelConfig.eot_token_ids, read through
+ModelConfig.end_ids) are config.json's further `eos_token_id`s (a list: chat models) and the family's
+end-of-turn names (registry data: LLaDA's `<|eot_id|>`, which its instruct model writes after an
+answer and its authors' decoding drops with the other special tokens) that the tokenizer files know.
 """
 
 from __future__ import annotations
@@ -78,11 +83,16 @@ class TokenFiles:
 
 
 def special_ids(
-    files: TokenFiles, mask_names: tuple[str, ...], expand_names: tuple[str, ...] = (), mask_fallback: int | None = None
+    files: TokenFiles,
+    mask_names: tuple[str, ...],
+    expand_names: tuple[str, ...] = (),
+    mask_fallback: int | None = None,
+    end_names: tuple[str, ...] = (),
 ) -> dict:
-    """{mask,pad,eos,bos,expand}_token_id for ModelConfig, plus `_found` (kind -> where) for messages.
-    `mask_fallback`: a family whose authors' code reads the mask id from config.json only and
-    otherwise uses this id (WeDLM) - the tokenizer files are then not asked for the mask.
+    """{mask,pad,eos,bos,expand}_token_id and eot_token_ids for ModelConfig, plus `_found` (kind ->
+    where) for messages. `mask_fallback`: a family whose authors' code reads the mask id from
+    config.json only and otherwise uses this id (WeDLM) - the tokenizer files are then not asked for
+    the mask. `end_names`: the family's end-of-turn tokens, ending a fill where the files know them.
     Raises ValueError naming the files when a mask or end-of-text id is nowhere."""
     out, where = {}, {}
     for kind, names in (("mask", mask_names), ("eos", ()), ("pad", ()), ("bos", ()), ("expand", expand_names)):
@@ -107,5 +117,24 @@ def special_ids(
         raise ValueError("no end-of-text token in config.json eos_token_id or the tokenizer files")
     if out["pad_token_id"] is None:  # Dream, LLaDA: padding is end-of-text
         out["pad_token_id"], where["pad"] = out["eos_token_id"], "end-of-text (no pad token in the files)"
+    out["eot_token_ids"], where["eot"] = end_of_turn_ids(files, end_names, out["eos_token_id"])
     out["_found"] = where
     return out
+
+
+def end_of_turn_ids(files: TokenFiles, end_names: tuple[str, ...], eos: int) -> tuple[tuple[int, ...], str]:
+    """(ids besides `eos` that end a fill, where they were found): config.json's further
+    `eos_token_id`s (a list), then the `end_names` the tokenizer files know, in that order, once each."""
+    ids: list[int] = []
+    where = []
+    listed = files.config.get("eos_token_id")
+    if isinstance(listed, list):
+        more = [t for t in listed[1:] if isinstance(t, int) and not isinstance(t, bool)]
+        ids += more
+        where += ["config.json eos_token_id"] * bool(more)
+    for name in end_names:
+        tid = files.id_of(name)
+        if tid is not None:
+            ids.append(tid)
+            where.append(f"added token {name!r}")
+    return tuple(dict.fromkeys(t for t in ids if t != eos)), ", ".join(where)

@@ -16,7 +16,8 @@ so that no family's choice is a constant in code:
   context_len   the longest sequence the model was trained on; fills are cut to it
   special ids   mask, pad, end-of-text, beginning-of-text and DreamOn's expand (a predicted expand
                 becomes two masks), each from the checkpoint's files: the same id means different
-                tokens in different families.
+                tokens in different families; `end_ids`, every id that ends a fill (end-of-text and
+                the end-of-turn ids of chat checkpoints, `eot_token_ids`).
 `validate()` refuses, naming the value, what the decoder cannot run (a topology without its block
 size, a reordered canvas on a non-causal or shifted model, an id outside the vocabulary).
 """
@@ -76,6 +77,14 @@ class ModelConfig:
     family: str = "dlm-lsp"  # engine/families name of the adapter that read the checkpoint
     expand_token_id: int | None = None  # DreamOn: a predicted expand becomes two masks (engine/families/dreamon.py)
     sub_block_size: int = 0  # Fast-dLLM v2: a block's sub-blocks are decoded left to right (engine/families/blocks.py)
+    # ids besides end-of-text that end a fill as it does (`end_ids`): an instruct LLaDA's <|eot_id|>,
+    # config.json's further eos ids; from the checkpoint's files (engine/families/specials.py)
+    eot_token_ids: tuple[int, ...] = ()
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """Every id that ends a fill: end-of-text first, then `eot_token_ids`."""
+        return (self.eos_token_id, *(t for t in self.eot_token_ids if t != self.eos_token_id))
 
     @property
     def head_dim(self) -> int:
@@ -104,6 +113,11 @@ class ModelConfig:
             tid = getattr(self, name)
             if not 0 <= tid < self.vocab_size:
                 raise ConfigError(f"{name}={tid} outside vocab of {self.vocab_size}")
+        self.eot_token_ids = tuple(self.eot_token_ids)  # config.json holds a list
+        if any(not 0 <= t < self.vocab_size or t == self.mask_token_id for t in self.eot_token_ids):
+            raise ConfigError(
+                f"eot_token_ids {list(self.eot_token_ids)}: outside vocab of {self.vocab_size} or the mask"
+            )
         return self
 
     @classmethod
