@@ -50,6 +50,7 @@ from engine.decode import forward as fwd
 from engine.decode.cache import BatchContext, Rows
 from engine.decode.canvas import Canvas
 from engine.decode.reorder import ReorderCanvas
+from engine.decode.static import StaticStep, takes
 from engine.families import dreamon, wedlm
 from engine.families.blocks import block_eligible
 from kernels import slot_stats
@@ -387,16 +388,25 @@ def record_step(c: Canvas, was_full: bool, ms: float) -> None:
 
 @torch.inference_mode()
 def step(
-    model: Transformer, canvases: list[Canvas], final: list[bool] | None = None, batch_ctx: BatchContext | None = None
+    model: Transformer,
+    canvases: list[Canvas],
+    final: list[bool] | None = None,
+    batch_ctx: BatchContext | None = None,
+    static: StaticStep | None = None,
 ) -> None:
-    """One denoising step for a batch of canvases: forward, then each commits its own slots."""
+    """One denoising step for a batch of canvases: forward, then each commits its own slots. With
+    `static`, the canvases it takes run its fixed-shape cached step instead (engine/decode/static.py)."""
     final = final or [False] * len(canvases)
     for c, f in zip(canvases, final):
         c.final_step = f
     t0 = time.perf_counter()
     was_full = [c.needs_full() for c in canvases]
-    hs = fwd.forward(model, canvases, batch_ctx)
-    for c, h, f in zip(canvases, hs, final):
+    taken = [static is not None and takes(c) for c in canvases]
+    if static is not None and any(taken):
+        static.step([c for c, t in zip(canvases, taken) if t], [f for f, t in zip(final, taken) if t])
+    rest = [(c, f) for c, f, t in zip(canvases, final, taken) if not t]
+    hs = fwd.forward(model, [c for c, _ in rest], batch_ctx) if rest else []
+    for (c, f), h in zip(rest, hs):
         commit(model, c, h, f)
     ms = (time.perf_counter() - t0) * 1000  # every job in the batch waited the whole step
     for c, wf in zip(canvases, was_full):
@@ -422,7 +432,11 @@ def deadline_due(c: Canvas, deadline: float | None, now: float | None = None) ->
 
 
 def fill(
-    model: Transformer, canvas: Canvas, deadline: float | None = None, cancelled: Callable[[], bool] = lambda: False
+    model: Transformer,
+    canvas: Canvas,
+    deadline: float | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    static: StaticStep | None = None,
 ) -> DecodeResult:
     """Denoises one canvas to the end. Between steps: a cancelled job stops at once; when the next
     step would pass the deadline it becomes the last one and commits every remaining mask."""
@@ -432,7 +446,9 @@ def fill(
             break
         final = deadline_due(canvas, deadline)
         canvas.deadline_hit |= final
-        step(model, [canvas], [final])
+        step(model, [canvas], [final], static=static)
+    if static is not None:
+        static.leave(canvas)
     return DecodeResult(
         canvas.fill_ids(),
         canvas.steps,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Literal, cast, overload
 
 import torch
 import torch.nn as nn
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from engine.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (B, Hkv, L, Dh) each, RoPE already applied to K
+KV3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q (B, H, L, Dh), k, v (B, Hkv, L, Dh)
 BufKV = tuple[torch.Tensor, torch.Tensor, int]  # (k_buf, v_buf, n): see below
 CtxKV = KV | BufKV  # one layer's context
 # A context may also be given as (k_buf, v_buf, n): buffers whose first n rows are the context, with
@@ -88,11 +89,7 @@ class Attention(nn.Module):
         is_causal: bool,
     ) -> tuple[torch.Tensor, KV]:
         B, L, _ = x.shape
-        q = self.wq(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-        k = self.wk(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dh)
-        v = self.wv(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self._qkv(x, cos, sin)
         new_kv = (k, v)
         if ctx is not None and len(ctx) == 3:  # in place: write after the context's n rows
             kb, vb, n = ctx
@@ -105,12 +102,55 @@ class Attention(nn.Module):
         # with cached context the causal mask is built explicitly (SDPA's is_causal aligns top-left)
         # (an empty context leaves keys == queries, where SDPA's top-left alignment is right)
         causal = is_causal and mask is None and (ctx is None or k.shape[2] == L)
+        return self._attend(q, k, v, mask, causal), new_kv
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV3:
+        """q (B, H, L, Dh), k and v (B, Hkv, L, Dh) of these rows, RoPE applied."""
+        B, L, _ = x.shape
+        q = self.wq(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        k = self.wk(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dh)
+        v = self.wv(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool
+    ) -> torch.Tensor:
+        """The output projection of attention from q (B, H, L, Dh) over k, v (B, Hkv, N, Dh): (B, L, D)."""
+        B, _, L, _ = q.shape
         if self.n_kv != self.n_heads:  # each K/V head serves n_heads / n_kv query heads; the cache keeps Hkv
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-        out = out.transpose(1, 2).reshape(B, L, -1)
-        return self.wo(out), new_kv
+        return self.wo(out.transpose(1, 2).reshape(B, L, -1))
+
+    def forward_rows(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        at: torch.Tensor,
+    ) -> torch.Tensor:
+        """The fixed-shape step's attention (engine/decode/static.py): writes these rows' K/V into rows
+        `at` (B, L) of the buffers (B, Hkv, N, Dh) in place, then attends to all N rows under `mask`
+        (B, 1, L, N). One scatter per buffer, no host sync, no shape that depends on data."""
+        q, k, v = self._qkv(x, cos, sin)
+        idx = at[:, None, :, None].expand(-1, self.n_kv, -1, self.head_dim)  # (B, Hkv, L, Dh)
+        k_buf.scatter_(2, idx, k)
+        v_buf.scatter_(2, idx, v)
+        if self.n_kv == self.n_heads:
+            return self._attend(q, k_buf, v_buf, mask, False)
+        # grouped queries folded into the query length: each K/V head attends for its G query heads
+        # as one (G * L)-row query, so a masked step needs no kernel that supports GQA (with a mask
+        # SDPA's GQA falls to the math backend, which repeats K/V G times) and K/V are never repeated
+        B, H, L, Dh = q.shape
+        G = H // self.n_kv
+        qf = q.reshape(B, self.n_kv, G * L, Dh)  # query head h = kv * G + g: row g * L + r
+        out = F.scaled_dot_product_attention(qf, k_buf, v_buf, attn_mask=mask.repeat(1, 1, G, 1))
+        return self.wo(out.reshape(B, H, L, Dh).transpose(1, 2).reshape(B, L, -1))
 
 
 class MLP(nn.Module):
@@ -145,6 +185,20 @@ class Block(nn.Module):
         x = x + a
         x = x + self.mlp(self.ffn_norm(x))
         return x, kv
+
+    def forward_rows(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        at: torch.Tensor,
+    ) -> torch.Tensor:
+        """Attention.forward_rows, then the MLP: the fixed-shape step's layer."""
+        x = x + self.attn.forward_rows(self.attn_norm(x), cos, sin, mask, k_buf, v_buf, at)
+        return x + self.mlp(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
@@ -312,6 +366,26 @@ class Transformer(nn.Module):
             if return_kv:
                 kvs.append(kv)
         return (x, kvs) if return_kv else x
+
+    def hidden_rows(
+        self,
+        ids: torch.Tensor,  # (B, R) the rows a fixed-shape step runs
+        pos: torch.Tensor,  # (B, R) their absolute positions, < max_seq_len (the caller checks on the host)
+        mask: torch.Tensor,  # (B, 1, R, N) True = attend
+        k_buf: torch.Tensor,  # (n_layers, B, Hkv, N, Dh): one buffer for every layer's keys
+        v_buf: torch.Tensor,  # (n_layers, B, Hkv, N, Dh)
+        at: torch.Tensor,  # (B, R) the buffer row each run row's K/V is written to
+    ) -> torch.Tensor:
+        """Pre-norm hidden states (B, R, D) of a fixed-shape step (engine/decode/static.py): every shape
+        is the caller's bucket, the attention topology is the caller's `mask`, each layer writes its
+        K/V into the shared buffers at `at` and attends to all of them. Unlike `hidden` it reads nothing
+        back to the host (no position check), so it compiles to one graph and can be captured."""
+        cos = self.rope_cos[pos].unsqueeze(1).to(self.tok_embeddings.weight.dtype)  # (B, 1, R, Dh)
+        sin = self.rope_sin[pos].unsqueeze(1).to(self.tok_embeddings.weight.dtype)
+        x = self.tok_embeddings(ids)
+        for i, layer in enumerate(self.layers):
+            x = cast(Block, layer).forward_rows(x, cos, sin, mask, k_buf[i], v_buf[i], at)
+        return x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: (..., D) -> (..., V)."""

@@ -51,7 +51,7 @@ import torch
 from engine.api import DecodeOptions, EngineError, Fill, FillJob
 from engine.bias import names, ngram
 from engine.decode import forward as fwd
-from engine.decode import levers, reuse, sampler
+from engine.decode import levers, reuse, sampler, static
 from engine.decode.cache import BatchContext, Rows
 from engine.decode.canvas import Canvas
 from engine.decode.forward import build_canvas
@@ -145,8 +145,16 @@ class EngineService:
         stall_s: float = 60.0,
         max_stalls: int = 3,
         warm_up: bool | None = None,
+        step_mode: str | None = None,
     ):
         self.model_name, self.device_name = model, device
+        # the cached step (engine/decode/static.py): "graph" (CUDA graphs), "compile", "eager" (the
+        # fixed-shape step run as it is) or "off" (the eager loop); None: DLM_STEP_MODE, else "auto":
+        # graphs on a GPU, off on a CPU (there the eager loop is as fast and runs every lever)
+        self.step_mode = step_mode or os.environ.get("DLM_STEP_MODE", "auto")
+        if self.step_mode not in ("auto", *static.MODES):
+            raise ValueError(f"step_mode must be auto or one of {static.MODES}, got {self.step_mode!r}")
+        self._static: static.StaticStep | None = None
         # before its first job the worker runs WARM_UP_SLOTS fills of its own (None: on a GPU only, where
         # the first fills compile the Triton kernel's variants and start cuBLAS: seconds; on the CPU the
         # first fill costs some tens of ms more than the next, docs/research/scripts/first_fill.py: not worth a warm-up)
@@ -264,6 +272,8 @@ class EngineService:
             self.device = pick_device(self.device_name)
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             self.model, self.tok, self.cfg = load_checkpoint(self.model_name, self.device, dtype)
+            mode = self.step_mode if self.step_mode != "auto" else ("graph" if self.device.type == "cuda" else "off")
+            self._static = None if mode == "off" else static.StaticStep(self.model, mode, self.device)
             self.serving = serving_defaults(resolve_model_path(self.model_name))
             self.corpus_names = names.NameSet(names.load_names(resolve_model_path(self.model_name)))
             try:
@@ -306,7 +316,8 @@ class EngineService:
             prefix = tok.encode("import os\n\n\ndef warm_up(path):\n    with open(path) as f:\n        return ")
             suffix = tok.encode("\n\n\nprint(warm_up(os.devnull))\n")
             for n in WARM_UP_SLOTS:  # slot counts of different shapes: each may compile its own kernel variant
-                sampler.fill(model, build_canvas(prefix, suffix, n, cfg, DecodeOptions(), 512, device))
+                canvas = build_canvas(prefix, suffix, n, cfg, DecodeOptions(), 512, device)
+                sampler.fill(model, canvas, static=self._static)  # captures the step's graphs
                 with self._stats_lock:
                     self.stats["warmup_fills"] += 1
         except Exception:  # noqa: BLE001 - a warm-up must not keep the engine from serving
@@ -571,6 +582,8 @@ class EngineService:
     def _release_memory(self, ctx: BatchContext) -> None:
         """After an out-of-memory failure: drop the batch's buffers and the allocator's cache."""
         ctx.clear()
+        if self._static is not None:
+            self._static.clear()
         self._sessions.clear()
         self._reuse.clear()
         self._texts.clear()
@@ -618,9 +631,11 @@ class EngineService:
             finals.append(final)
         t0 = time.perf_counter()
         was_full = [a.canvas.needs_full() for a in live]
-        hs = self._forward(model, live, ctx)
-        ok, oom = [], False
-        for a, h, f in zip(live, hs, finals):
+        ok, failed, oom = self._static_step(live, finals)
+        done = {id(a) for a in ok + failed}
+        eager = [(a, f) for a, f in zip(live, finals) if id(a) not in done]  # the eager loop's jobs
+        hs = self._forward(model, [a for a, _ in eager], ctx) if eager else []
+        for (a, f), h in zip(eager, hs):
             if isinstance(h, BaseException):
                 self._fail(a, h)
                 oom |= is_out_of_memory(h)
@@ -652,6 +667,22 @@ class EngineService:
             else:
                 rest.append(a)
         return rest
+
+    def _static_step(self, live: list[_Active], finals: list[bool]) -> tuple[list[_Active], list[_Active], bool]:
+        """Runs the fixed-shape cached step (engine/decode/static.py) for the jobs it takes; returns
+        them, those that failed with it (a failed step fails its jobs only) and whether it ran out of memory."""
+        st = self._static
+        taken = [(a, f) for a, f in zip(live, finals) if st is not None and static.takes(a.canvas)]
+        if st is None or not taken:
+            return [], [], False
+        try:
+            st.step([a.canvas for a, _ in taken], [f for _, f in taken])
+        except Exception as e:  # noqa: BLE001 - the jobs of this step fail, the engine serves on
+            st.clear()
+            for a, _ in taken:
+                self._fail(a, e)
+            return [], [a for a, _ in taken], is_out_of_memory(e)
+        return [a for a, _ in taken], [], False
 
     def _expired(self, job: FillJob, fut: Future) -> bool:
         """Answers a job whose deadline passed while it was queued with an empty Fill; True if so."""
