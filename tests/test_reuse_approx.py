@@ -412,3 +412,36 @@ def test_deleting_more_than_the_jump_before_the_cursor_is_a_jump(model):
 def test_reuse_is_on_by_default():
     """Default since session 8: the 1,000-hole eval (dlm-lsp eval --reuse-typing 8) held."""
     assert DecodeOptions().reuse is True and DecodeOptions().reuse_budget == 32
+
+
+def test_several_sessions_reuse_in_one_forward_as_each_alone(model):
+    """Keystrokes in three documents at once (two reuse, one misses): the reusing first forwards run
+    in one forward, each attending only to its own rows, and give what each gives alone: the same
+    hidden states and context K/V to rounding, the same entries, and the same fills."""
+    docs = [(_ids(30 + d, 50 + 7 * d), _ids(40 + d, 12 + d)) for d in range(3)]
+    typed = [(p + [7], s) for p, s in docs]  # one more token at each cursor
+
+    def keystroke(batched: bool):
+        store = ReuseCache()
+        for d, (p, s) in enumerate(docs[:2]):  # the third document has no entry: a miss
+            fwd.forward(model, [_keyed(model, p, s, ON, store, key=f"doc{d}")])
+        cs = [_keyed(model, p, s, ON, store, key=f"doc{d}", n=6 + 2 * d) for d, (p, s) in enumerate(typed)]
+        rows = reuse.forward_first_batch(model, cs) if batched else [reuse.forward_first(model, c) for c in cs]
+        return store, cs, rows
+
+    (s1, alone, r1), (s2, together, r2) = keystroke(False), keystroke(True)
+    assert [c.reused > 0 for c in together] == [True, True, False]
+    for a, b, (ha, pa), (hb, pb) in zip(alone, together, r1, r2):
+        assert (a.reused, a.ctx_len, a.rows_forwarded) == (b.reused, b.ctx_len, b.rows_forwarded)
+        assert torch.equal(pa, pb)
+        torch.testing.assert_close(ha, hb, atol=1e-5, rtol=1e-5)
+        for (ka, va), (kb, vb) in zip(a.kv, b.kv):
+            torch.testing.assert_close(ka[..., : a.ctx_len, :], kb[..., : a.ctx_len, :], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(va[..., : a.ctx_len, :], vb[..., : a.ctx_len, :], atol=1e-5, rtol=1e-5)
+    for key in ("doc0", "doc1", "doc2"):
+        ea, eb = s1.get(key), s2.get(key)
+        assert ea is not None and eb is not None
+        assert torch.equal(ea.ids, eb.ids) and torch.equal(ea.kpos, eb.kpos) and ea.stale == eb.stale
+        torch.testing.assert_close(ea.kv, eb.kv, atol=1e-5, rtol=1e-5)
+    for a, b in zip(alone, together):  # and the fills from there
+        assert sampler.fill(model, a).ids == sampler.fill(model, b).ids

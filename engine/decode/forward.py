@@ -47,9 +47,12 @@ def forward(model: Transformer, canvases: list[Canvas], batch_ctx: BatchContext 
     cached = [c for c in canvases if not c.needs_full()]
     hs: dict[int, Rows] = {}
     keyed = [c for c in full if c.reuse is not None and c.kv is None]  # a first forward with a session
-    if keyed:
-        for c in keyed:  # each against its own session's K/V
-            hs[id(c)] = reuse.forward_first(model, c)
+    if keyed:  # each against its own session's K/V: on a GPU the reusing ones in one forward
+        if keyed[0].ids.is_cuda:
+            hs.update(zip(map(id, keyed), reuse.forward_first_batch(model, keyed)))
+        else:  # compute-bound on a CPU, as full forwards below
+            for c in keyed:
+                hs[id(c)] = reuse.forward_first(model, c)
         full = [c for c in full if id(c) not in hs]
     if full and full[0].ids.is_cuda:
         hs.update(zip(map(id, full), forward_full(model, full)))

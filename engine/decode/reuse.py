@@ -278,45 +278,147 @@ def forward_first(model: Transformer, c: Canvas) -> Rows:
     Every layer's K and V live in one (n_layers, 2, Hkv, L, Dh) buffer whose per-layer views are the
     canvas's `kv`: a contiguous piece of rows is one copy for all layers, not one per layer and
     tensor (this path runs at every keystroke; its copies are what reuse costs beyond the model)."""
-    if c.reuse is None:  # engine/decode/forward.py sends only canvases with a session here
-        raise ValueError("forward_first needs a canvas with a session (Canvas.reuse)")
-    store, key = c.reuse
-    pos, split = context_rows(c)
-    ids = c.ids[pos]
-    fp = fingerprint(model, c)
-    p, _ = store.plan(key, fp, ids, split, c.n, c.opts.reuse_budget)
-    if p is None:
-        rows = forward_full(model, [c])[0]
-        Lc = c.ctx_len  # forward_full's context: every row but the active span, in position order
-        if c.kv is None:  # forward_full fills it: reuse applies only to canvases that cache (`applies`)
-            raise RuntimeError("forward_full left no context K/V to keep")
-        stacked = torch.stack([torch.stack([k[0, :, :Lc], v[0, :, :Lc]]) for k, v in c.kv])
-        store.put(key, Entry(ids.clone(), pos.clone(), pos.clone(), stacked, split, c.n, 0, fp))
-        return rows
-    e = p.entry
-    R, C = p.new_rows.numel(), p.run_rows.numel()
-    act = c.active_pos
-    run = torch.cat([pos[p.run_rows], act])  # (C + A,) positions run: changed context rows, the active span
-    new_pos, old_kpos = pos[p.new_rows], e.kpos[p.old_rows]
+    return forward_first_batch(model, [c])[0]
+
+
+@dataclass
+class _Hit:
+    """A first forward that reuses: its canvas, session, context rows and plan."""
+
+    c: Canvas
+    store: ReuseCache
+    key: str
+    ids: torch.Tensor  # (Lc,) the context's ids
+    pos: torch.Tensor  # (Lc,) their positions
+    split: int
+    p: Plan
+
+    @property
+    def run(self) -> torch.Tensor:
+        """(C + A,) positions run: the changed context rows, then the active span."""
+        return torch.cat([self.pos[self.p.run_rows], self.c.active_pos])
+
+
+def forward_first_batch(model: Transformer, canvases: list[Canvas]) -> list[Rows]:
+    """forward_first for several canvases with sessions: the misses each run their full forward, the
+    hits run in one forward together (each canvas's reused rows and its recomputed ones in its row of
+    one batch buffer, attending under a mask to its own rows only). One hit alone runs unmasked, as
+    forward_first always has. Returns per canvas what forward_first returns, in order."""
+    out: dict[int, Rows] = {}
+    hits: list[_Hit] = []
+    for c in canvases:
+        if c.reuse is None:  # engine/decode/forward.py sends only canvases with a session here
+            raise ValueError("forward_first needs a canvas with a session (Canvas.reuse)")
+        store, key = c.reuse
+        pos, split = context_rows(c)
+        ids = c.ids[pos]
+        fp = fingerprint(model, c)
+        p, _ = store.plan(key, fp, ids, split, c.n, c.opts.reuse_budget)
+        if p is None:
+            out[id(c)] = _forward_miss(model, c, store, key, ids, pos, split, fp)
+        else:
+            hits.append(_Hit(c, store, key, ids, pos, split, p))
+    if len(hits) == 1:
+        out[id(hits[0].c)] = _forward_hit(model, hits[0])
+    elif hits:
+        out.update(zip((id(x.c) for x in hits), _forward_hits(model, hits)))
+    return [out[id(c)] for c in canvases]
+
+
+def _forward_miss(
+    model: Transformer,
+    c: Canvas,
+    store: ReuseCache,
+    key: str,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    split: int,
+    fp: tuple,
+) -> Rows:
+    """No plan: the full forward, whose context becomes the session's entry."""
+    rows = forward_full(model, [c])[0]
+    Lc = c.ctx_len  # forward_full's context: every row but the active span, in position order
+    if c.kv is None:  # forward_full fills it: reuse applies only to canvases that cache (`applies`)
+        raise RuntimeError("forward_full left no context K/V to keep")
+    stacked = torch.stack([torch.stack([k[0, :, :Lc], v[0, :, :Lc]]) for k, v in c.kv])
+    store.put(key, Entry(ids.clone(), pos.clone(), pos.clone(), stacked, split, c.n, 0, fp))
+    return rows
+
+
+def _reused_rows(model: Transformer, x: _Hit, buf: torch.Tensor) -> None:
+    """Writes the entry's reused rows into rows 0..R of `buf` (n_layers, 2, Hkv, >= R, Dh), moved keys
+    re-rotated by the difference of positions."""
+    p, e = x.p, x.p.entry
+    R = p.new_rows.numel()
+    new_pos, old_kpos = x.pos[p.new_rows], e.kpos[p.old_rows]
     moved = torch.nonzero(new_pos != old_kpos).flatten()
-    L = c.ids.shape[0]
-    nl, _, hkv, _, dh = e.kv.shape
-    buf = torch.empty((nl, 2, hkv, L, dh), dtype=e.kv.dtype, device=e.kv.device)  # room for the context and the span
     # the rows as contiguous pieces (slices): reused rows <- the entry's, moved keys re-rotated by the difference
     for r0, o0, ln in segments(torch.arange(R, device=moved.device), p.old_rows):
         buf[:, :, :, r0 : r0 + ln] = e.kv[:, :, :, o0 : o0 + ln]
     for m0, ln in segments(moved):
         cd, sd = rotation(model.rope_cos, model.rope_sin, old_kpos[m0 : m0 + ln], new_pos[m0 : m0 + ln])
         buf[:, 0, :, m0 : m0 + ln] = rotate(buf[:, 0, :, m0 : m0 + ln], cd, sd)
+
+
+def _forward_hit(model: Transformer, x: _Hit) -> Rows:
+    """One hit alone: its reused rows and then the run rows in its own buffer, no mask."""
+    e = x.p.entry
+    L = x.c.ids.shape[0]
+    nl, _, hkv, _, dh = e.kv.shape
+    buf = torch.empty((nl, 2, hkv, L, dh), dtype=e.kv.dtype, device=e.kv.device)  # room for the context and the span
+    _reused_rows(model, x, buf)
+    R, run = x.p.new_rows.numel(), x.run
     kv = [(buf[i, 0][None], buf[i, 1][None]) for i in range(nl)]
     # the run rows' K/V land in place after the reused ones: [reused][recomputed context][active span]
-    h = model.hidden(c.ids[run][None], pos=run[None], ctx=[(kb, vb, R) for kb, vb in kv])  # (1, C+A, D)
+    h = model.hidden(x.c.ids[run][None], pos=run[None], ctx=[(kb, vb, R) for kb, vb in kv])  # (1, C+A, D)
+    return _adopt(x, buf, kv, h[0])
+
+
+def _forward_hits(model: Transformer, hits: list[_Hit]) -> list[Rows]:
+    """Several hits in one forward (Transformer.hidden_rows): row b of one (n_layers, 2, B, Hkv, N, Dh)
+    buffer holds hit b's reused rows, then its run rows' K/V, scattered there by the forward; each
+    attends only to its own rows. Each canvas's `kv` is a view of its row: nothing is copied after."""
+    e0 = hits[0].p.entry
+    nl, _, hkv, _, dh = e0.kv.shape
+    B = len(hits)
+    dev = e0.kv.device
+    runs = [x.run for x in hits]
+    N = max(x.c.ids.shape[0] for x in hits) + 1  # every canvas's rows, and a trash row for the padding
+    buf = torch.empty((nl, 2, B, hkv, N, dh), dtype=e0.kv.dtype, device=dev)
+    Q = max(r.numel() for r in runs)
+    ids = torch.full((B, Q), hits[0].c.cfg.pad_token_id, dtype=torch.long, device=dev)
+    pos = torch.zeros((B, Q), dtype=torch.long, device=dev)
+    at = torch.full((B, Q), N - 1, dtype=torch.long, device=dev)  # padded query rows write to the trash row
+    key_ok = torch.zeros((B, N), dtype=torch.bool, device=dev)
+    for b, (x, run) in enumerate(zip(hits, runs)):
+        _reused_rows(model, x, buf[:, :, b])
+        R, q = x.p.new_rows.numel(), run.numel()
+        ids[b, :q], pos[b, :q] = x.c.ids[run], run
+        at[b, :q] = torch.arange(R, R + q, device=dev)
+        key_ok[b, : R + q] = True
+    mask = key_ok[:, None, None, :].expand(B, 1, Q, N)
+    h = model.hidden_rows(ids, pos, mask, buf[:, 0], buf[:, 1], at)  # (B, Q, D)
+    out = []
+    for b, (x, run) in enumerate(zip(hits, runs)):
+        row = buf[:, :, b]  # (n_layers, 2, Hkv, N, Dh)
+        kv = [(row[i, 0][None], row[i, 1][None]) for i in range(nl)]
+        out.append(_adopt(x, row, kv, h[b, : run.numel()]))
+    return out
+
+
+def _adopt(x: _Hit, buf: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], h: torch.Tensor) -> Rows:
+    """The canvas as forward_full leaves it, from a hit's buffer (n_layers, 2, Hkv, >= R + C + A, Dh)
+    holding [reused][recomputed context][active span] and the run rows' hidden states (C + A, D); the
+    session's new entry. Returns the active span's hidden states and positions."""
+    c, p, e = x.c, x.p, x.p.entry
+    R, C = p.new_rows.numel(), p.run_rows.numel()
+    nl = buf.shape[0]
     # the new entry, in position order: reused rows as the entry had them (original keys and kpos), the
     # recomputed rows as computed now (in the buffer after the reused ones)
-    Lc = pos.shape[0]
-    kpos = pos.clone()
-    kpos[p.new_rows] = old_kpos
-    entry_kv = torch.empty((nl, 2, hkv, Lc, dh), dtype=e.kv.dtype, device=e.kv.device)
+    Lc = x.pos.shape[0]
+    kpos = x.pos.clone()
+    kpos[p.new_rows] = e.kpos[p.old_rows]
+    entry_kv = torch.empty((nl, 2, buf.shape[2], Lc, buf.shape[4]), dtype=e.kv.dtype, device=e.kv.device)
     for n0, o0, ln in segments(p.new_rows, p.old_rows):
         entry_kv[:, :, :, n0 : n0 + ln] = e.kv[:, :, :, o0 : o0 + ln]
     done = R
@@ -330,14 +432,16 @@ def forward_first(model: Transformer, c: Canvas) -> Rows:
     c.n_frozen = 0
     c.ctx_version += 1
     c.since_refresh = 1
-    c.rows_forwarded += run.shape[0]
+    c.rows_forwarded += C + c.active_pos.shape[0]
     c.reused = R
     if c.opts.window > 0:  # the slots' K/V as of now (masked slots right of later windows read them)
         s0 = R + C + c.start - c.active[0]  # slot 0's row in the buffer
         slots = buf[:, :, :, s0 : s0 + c.n].clone()
         c.slot_kv = [(slots[i, 0][None], slots[i, 1][None]) for i in range(nl)]
-    store.put(key, Entry(ids.clone(), pos.clone(), kpos, entry_kv, split, c.n, e.stale + p.changed, e.fingerprint))
-    return h[0, C:], act
+    x.store.put(
+        x.key, Entry(x.ids.clone(), x.pos.clone(), kpos, entry_kv, x.split, c.n, e.stale + p.changed, e.fingerprint)
+    )
+    return h[C:], c.active_pos
 
 
 __all__ = [
@@ -351,6 +455,7 @@ __all__ = [
     "context_rows",
     "fingerprint",
     "forward_first",
+    "forward_first_batch",
     "rerotate",
     "rotate",
     "rotation",
