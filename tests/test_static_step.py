@@ -198,3 +198,16 @@ def test_the_service_fills_through_the_step_as_through_the_eager_loop(family_fol
         finally:
             svc.close()
     assert answers["eager"] == answers["off"]
+
+
+def test_reserve_allocates_once_for_the_jobs_to_come(default):
+    """The service's warm-up reserves the buffers a full batch needs: jobs within them allocate nothing."""
+    model, tok, cfg = default
+    st = static.StaticStep(model, "eager")
+    st.reserve(4, 65, 512 + 65)
+    assert st.counters.allocs == 1 and st.state is not None
+    assert (st.state.shape.B, st.state.shape.S, st.state.shape.C) == (4, 128, 1024)
+    canvases = [_canvas(tok, cfg, cursor, 64, CASES["strict threshold"]) for cursor in CURSORS]
+    while any(not c.done for c in canvases):
+        sampler.step(model, [c for c in canvases if not c.done], static=st)
+    assert st.counters.allocs == 1 and st.counters.steps > 0

@@ -310,11 +310,10 @@ def cached_step(model: Transformer, s: State, R: int, block_unit: tuple[int, int
     max_p, pred, top2_p, ent = slot_stats(
         h.reshape(B * R, -1), model.norm.weight, model.norm.eps, model.head_weight, model.cfg.mask_token_id
     )
-    by_row = (
-        lambda x, fill: torch.full((B, S + 1), fill, dtype=x.dtype, device=x.device).scatter(  # noqa: E731
-            1, order, x.view(B, R)
-        )[:, :S]
-    )
+    def by_row(x: torch.Tensor, fill: float) -> torch.Tensor:  # (B * R,) run rows -> (B, S) slots
+        out = torch.full((B, S + 1), fill, dtype=x.dtype, device=x.device)
+        return out.scatter(1, order, x.view(B, R))[:, :S]
+
     max_p, pred, top2_p, ent = by_row(max_p, 0.0), by_row(pred, 0), by_row(top2_p, 0.0), by_row(ent, 0.0)
     kind = s.conf_kind[:, None]
     conf = torch.where(kind == 0, max_p, torch.where(kind == 1, max_p - top2_p, -ent))
@@ -405,6 +404,16 @@ class StaticStep:
                     dst[:ob] = t
         self.state = new
         self.counters.allocs += 1
+
+    @torch.inference_mode()
+    def reserve(self, batch: int, slots: int, context: int) -> None:
+        """Allocates (and in graph mode captures) the state for this many jobs, slots and context
+        tokens now, so no user fill waits for an allocation or a capture (the service's warm-up)."""
+        want = Shape(bucket(batch, BATCH, 16), bucket(slots, SLOTS, 64), bucket(context, CONTEXT, 1024))
+        have = self.state.shape if self.state is not None else Shape(0, 0, 0)
+        shape = Shape(max(want.B, have.B), max(want.S, have.S), max(want.C, have.C))
+        if shape != have:
+            self._grow(shape)
 
     def _free_slot(self) -> int:
         used = {m.slot for m in self.members.values()}
