@@ -310,6 +310,7 @@ def cached_step(model: Transformer, s: State, R: int, block_unit: tuple[int, int
     max_p, pred, top2_p, ent = slot_stats(
         h.reshape(B * R, -1), model.norm.weight, model.norm.eps, model.head_weight, model.cfg.mask_token_id
     )
+
     def by_row(x: torch.Tensor, fill: float) -> torch.Tensor:  # (B * R,) run rows -> (B, S) slots
         out = torch.full((B, S + 1), fill, dtype=x.dtype, device=x.device)
         return out.scatter(1, order, x.view(B, R))[:, :S]

@@ -117,11 +117,20 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool
     ) -> torch.Tensor:
         """The output projection of attention from q (B, H, L, Dh) over k, v (B, Hkv, N, Dh): (B, L, D)."""
-        B, _, L, _ = q.shape
-        if self.n_kv != self.n_heads:  # each K/V head serves n_heads / n_kv query heads; the cache keeps Hkv
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-        else:
+        B, H, L, Dh = q.shape
+        if self.n_kv == self.n_heads:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        elif mask is None:  # each K/V head serves n_heads / n_kv query heads (flash attention takes GQA as is)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        else:
+            # with a mask no fused kernel takes GQA (SDPA falls to the math backend, which repeats K/V
+            # H / Hkv times): the grouped query heads fold into the query length instead, one
+            # (G * L)-row query per K/V head (query head h = kv * G + g reads row g * L + r), so the
+            # memory-efficient or cuDNN kernel runs it and K/V are never repeated
+            G = H // self.n_kv
+            qf = q.reshape(B, self.n_kv, G * L, Dh)
+            mf = mask.repeat(1, 1, G, 1) if mask.shape[1] == 1 else mask.reshape(B, self.n_kv, G * L, -1)
+            out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf).reshape(B, H, L, Dh)
         return self.wo(out.transpose(1, 2).reshape(B, L, -1))
 
     def forward_rows(
@@ -141,16 +150,7 @@ class Attention(nn.Module):
         idx = at[:, None, :, None].expand(-1, self.n_kv, -1, self.head_dim)  # (B, Hkv, L, Dh)
         k_buf.scatter_(2, idx, k)
         v_buf.scatter_(2, idx, v)
-        if self.n_kv == self.n_heads:
-            return self._attend(q, k_buf, v_buf, mask, False)
-        # grouped queries folded into the query length: each K/V head attends for its G query heads
-        # as one (G * L)-row query, so a masked step needs no kernel that supports GQA (with a mask
-        # SDPA's GQA falls to the math backend, which repeats K/V G times) and K/V are never repeated
-        B, H, L, Dh = q.shape
-        G = H // self.n_kv
-        qf = q.reshape(B, self.n_kv, G * L, Dh)  # query head h = kv * G + g: row g * L + r
-        out = F.scaled_dot_product_attention(qf, k_buf, v_buf, attn_mask=mask.repeat(1, 1, G, 1))
-        return self.wo(out.reshape(B, H, L, Dh).transpose(1, 2).reshape(B, L, -1))
+        return self._attend(q, k_buf, v_buf, mask, False)
 
 
 class MLP(nn.Module):
