@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # subcommand -> (module, add-arguments function, run function, help)
 COMMANDS = {
@@ -34,10 +35,10 @@ COMMANDS = {
         "time didChange + context + post-processing per keystroke on a big file",
     ),
     "bench": (
-        "dlm_lsp.measure.bench",
+        "dlm_lsp.measure.gpu_bench",  # --gpu / --dry-run there, every other bench in dlm_lsp/measure/bench.py
         "add_bench_args",
         "run_bench",
-        "benchmark the engine (diffusion vs autoregressive)",
+        "benchmark the engine (diffusion vs autoregressive; --gpu: real shapes on one GPU)",
     ),
     "fuzz": (
         "dlm_lsp.measure.fuzz",
@@ -117,15 +118,25 @@ COMMANDS = {
         "dlm_lsp.measure.loadtest",
         "add_loadtest_args",
         "run_loadtest",
-        "load a FIM HTTP API on this machine: N clients for S seconds; throughput, p50/p95",
+        "load a FIM HTTP API on this machine: N clients for S seconds; throughput, p50/p95 (--hostile: beside attacks)",
     ),
 }
+
+
+ONE_SHOT = ("complete", "demo", "models")  # print a result for a person or a script: no log lines unless -v
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (what was wrong, where the help is), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, the other subcommands' arguments are not added (their modules are
     not imported: `train`'s pulls in torch, which a thin `serve` must not load)."""
-    parser = argparse.ArgumentParser(prog="dlm-lsp", description="Diffusion-LM code completion language server")
+    parser = Parser(prog="dlm-lsp", description="Diffusion-LM code completion language server")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (mod, add, _, help_) in COMMANDS.items():
@@ -148,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import logging
 
+    quiet = args.command in ONE_SHOT and not args.verbose  # their errors come back as one line (below)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.CRITICAL if quiet else logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
@@ -158,6 +170,28 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(mod), run)(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        if not is_ours(e):
+            raise  # a bug: its traceback is what a report needs
+        print(f"dlm-lsp {args.command}: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def is_ours(e: BaseException) -> bool:
+    """True for an error that says what the user gave wrong: one the project raises (a model not
+    found, a bad checkpoint, option or position) or the system's about a file (missing, unreadable,
+    not UTF-8). Anything else is a bug and keeps its traceback."""
+    mod = type(e).__module__
+    return isinstance(e, (OSError, UnicodeDecodeError)) or mod.split(".")[0] in ("engine", "dlm_lsp", "kernels")
+
+
+def one_line(e: BaseException) -> str:
+    """The error's message on one line (a file error names the file)."""
+    if isinstance(e, OSError) and e.filename is not None:
+        text = f"{e.strerror or e}: {e.filename}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

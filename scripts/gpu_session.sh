@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# One lease of the device machine (an H200 for at most 15 minutes, all tries together), as one command:
+# One lease of the device machine (an H100 or H200 for at most 15 minutes, all tries together), as one command:
+#   0. `dlm-lsp bench --gpu` first, alone on the GPU (its timings need it whole): random Dream-7B, LLaDA-8B
+#      and SDAR-8B shapes in bf16, at most BENCH_S (300) s -> $OUT/gpu_bench.json, travelling in logs.tar
+#      with its log (dlm_lsp/measure/gpu_bench.py; BENCH_S=0 skips it, for a lease that only trains);
 #   1. the GPU checks in the background (scripts/gpu_check.py --skip-bench: every family's bf16 logits
 #      on the GPU against fp32 on the CPU, and the slot-statistics kernel compiled for the GPU against
 #      its torch reference);
@@ -19,12 +22,15 @@
 # There (device run, carry ["runs/gpu_pack"]):   OUT=$OUT bash scripts/gpu_session.sh
 # A rehearsal on the CPU (the plumbing, not the numbers): PACK=<a small pack> OUT=/tmp/x EXTRA="--device cpu
 #   --max-steps 2 --max-files 100 --batch 4 --threads 1" WORKERS=0 bash scripts/gpu_session.sh
-# Env: MINUTES (5.5, each run's training loop)  LIMIT_S (500, each run's hard stop)  WORKERS (6 per run)
+# Env: MINUTES (5.5, each run's training loop; 3 after the bench)  LIMIT_S (500, each run's hard stop; 300
+#   after the bench: bench 5 + smoke 2 + training 5 minutes fit the lease)  WORKERS (6 per run)  BENCH_S (300)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:?set OUT to the folder that comes back}
 PACK=${PACK:-runs/gpu_pack}
+BENCH_S=${BENCH_S:-300}
+if [ "$BENCH_S" != 0 ]; then MINUTES=${MINUTES:-3}; LIMIT_S=${LIMIT_S:-300}; fi
 MINUTES=${MINUTES:-5.5}
 LIMIT_S=${LIMIT_S:-500}
 WORKERS=${WORKERS:-6}
@@ -32,6 +38,16 @@ export PYTHONUNBUFFERED=1 PY
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c "import sys, torch, triton, tokenizers, safetensors; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
+
+# 0. the bench, alone (it stops starting sections 60 s before its timeout; its JSON is written after each)
+touch "$OUT/bench.log"
+if [ "$BENCH_S" != 0 ]; then
+    BENCH_ARGS=(bench --gpu --budget-s $((BENCH_S - 60)) --json "$OUT/gpu_bench.json")
+    "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || BENCH_ARGS+=(--dry-run --threads 1)
+    timeout "$BENCH_S" "$PY" -m dlm_lsp "${BENCH_ARGS[@]}" > "$OUT/bench.log" 2>&1
+    echo "bench exit $?"
+    grep -v "^USDT" "$OUT/bench.log" | tail -60
+fi
 
 # 1. the checks, beside everything else (small shapes: they barely touch the GPU)
 (timeout 400 "$PY" scripts/gpu_check.py --skip-bench --json "$OUT/gpu_check.json" > "$OUT/check.log" 2>&1; echo "check exit $?" >> "$OUT/check.log") &
@@ -62,6 +78,8 @@ for r in a b; do
     tail -3 "runs/gpu-$r/train_log.jsonl" 2>/dev/null
 done
 # logs travel in one file (at most 8 files come back)
-tar -cf "$OUT/logs.tar" -C "$OUT" smoke.log a.log b.log check.log -C "$PWD/runs" gpu-a/train_log.jsonl gpu-b/train_log.jsonl 2>/dev/null
-rm -f "$OUT"/smoke.log "$OUT"/a.log "$OUT"/b.log "$OUT"/check.log
+# (the bench's JSON too: a/ and b/ and gpu_check.json take the other seven)
+[ -f "$OUT/gpu_bench.json" ] || echo '{}' > "$OUT/gpu_bench.json"
+tar -cf "$OUT/logs.tar" -C "$OUT" smoke.log a.log b.log check.log bench.log gpu_bench.json -C "$PWD/runs" gpu-a/train_log.jsonl gpu-b/train_log.jsonl 2>/dev/null
+rm -f "$OUT"/smoke.log "$OUT"/a.log "$OUT"/b.log "$OUT"/check.log "$OUT"/bench.log "$OUT"/gpu_bench.json
 find "$OUT" -type f | xargs ls -la
