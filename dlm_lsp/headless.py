@@ -19,6 +19,7 @@ from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.documents import Document, language_id_for_path
 from dlm_lsp.fill.gate import Calibrator
 from dlm_lsp.options import InitializationOptions
+from engine.api import DEFAULT_CONTEXT_TOKENS
 from engine.paths import EXAMPLES_DIR
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 class FillEngine(Protocol):
     """What a one-shot fill runs on: EngineService (load_engine), or a test's stand-in. An engine with
-    `serving` (the model's serving defaults) and `workspace_files` (a workspace memory) gets them used."""
+    `serving` (the model's serving defaults), `workspace_files` (a workspace memory) and
+    `context_budget()` (its context for the model and device; else 512) gets them used."""
 
     def run_now(self, job: FillJob) -> Fill: ...
 
@@ -111,8 +113,10 @@ def fill_document(
     cross-file far text, context.build_request's; `workspace`: the engine's workspace memory the
     job names, the document left out, as the server's jobs do)."""
     arrival = time.monotonic()
-    req = context.build_request(doc, offset, max_fill_tokens, neighbours=neighbours)
-    job = context.to_fill_job(req, arrival + budget_ms / 1000.0)
+    # the server's context: the engine's budget for its model and device (EngineService.context_budget)
+    tokens = getattr(engine, "context_budget", lambda: None)() or DEFAULT_CONTEXT_TOKENS
+    req = context.build_request(doc, offset, max_fill_tokens, tokens, neighbours=neighbours)
+    job = context.to_fill_job(req, arrival + budget_ms / 1000.0, tokens)
     if workspace is not None:
         from dlm_lsp.fill.documents import uri_key
 
@@ -145,6 +149,10 @@ def fill_document(
         fill.deadline_hit,
         fill.confidence,
     )
+
+
+class PositionError(ValueError):
+    """A cursor position outside the file (`dlm-lsp complete` says so in one line, exit code 2)."""
 
 
 WORKSPACE_SPACE = "workspace"  # the name of the workspace memory complete() gives the engine
@@ -183,8 +191,15 @@ def complete(
     text = Path(path).read_text(encoding="utf-8")
     doc = Document(Path(path).resolve().as_uri(), language_id_for_path(path), 1, text)
     idx = doc.index()
-    row = max(0, min(line - 1, len(idx.starts) - 1))
-    offset = idx.starts[row] + min(max(0, col - 1), len(idx.line_text(row)))
+    lines = len(idx.starts)
+    if not 1 <= line <= lines:
+        raise PositionError(f"line {line} is outside {path} (lines 1 to {lines}); give PATH:LINE:COL, 1-based")
+    width = len(idx.line_text(line - 1))
+    if not 1 <= col <= width + 1:
+        raise PositionError(
+            f"column {col} is outside line {line} of {path} (columns 1 to {width + 1}); give PATH:LINE:COL, 1-based"
+        )
+    offset = idx.starts[line - 1] + col - 1
     engine = engine or load_engine(model, device)
     near = workspace_snippets(workspace, doc, offset, engine) if workspace else ""
     budget = budget_ms if budget_ms is not None else InitializationOptions().budget_ms

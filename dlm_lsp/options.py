@@ -3,12 +3,14 @@
 Keys are camelCase in JSON. A bad value never fails the server: the default is kept and a warning
 naming the key goes back to the editor (window/showMessage).
 
-`model` and `engine` are machine-scoped: they are read from initializationOptions only (`engine` can
-name an HTTP endpoint the code is sent to). A repository can ship
+`model`, `engine`, `device` and `threads` are machine-scoped (MACHINE_KEYS): they are read from
+initializationOptions only (`engine` can name an HTTP endpoint the code is sent to; `device` and
+`threads` choose the GPU or how many CPU cores the engine takes). A repository can ship
 workspace settings (VS Code's .vscode/settings.json), and the editor forwards those through
-workspace/didChangeConfiguration, so a `model` arriving there that differs from the one the server
-started with is refused with a warning: opening a folder never makes the server load weights from a
-path the folder chose. Changing the model is a user setting and a server restart.
+workspace/didChangeConfiguration, so a machine-scoped value arriving there that differs from the one
+the server started with is refused with a warning: opening a folder never makes the server load
+weights from a path the folder chose, nor move the model to another device. Changing them is a user
+setting and a server restart.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 # handled by indentation alone.
 GRAMMAR_LANGUAGES = ("python", "javascript", "javascriptreact", "typescript", "typescriptreact", "go", "rust")
 DEFAULT_LANGUAGES = [*GRAMMAR_LANGUAGES, "*"]
+CONTEXT_TOKENS_RANGE = (64, 32768)  # contextTokens: room for a 64-slot block hole, up to the longest windows
 
 
 @dataclass
@@ -32,6 +35,11 @@ class InitializationOptions:
     budget_ms: int = 300  # keystroke-to-fill budget; the engine's deadline is arrival + budget
     debounce_ms: int = 0  # wait this long for a newer request before starting a job
     max_fill_tokens: int = 64  # upper bound on mask slots for any hole
+    # tokens of context (prefix + slots + suffix) a fill is given; None: the engine's budget for its
+    # model and device (engine.api.context_budget: the model's trained window, at most 512 tokens on
+    # the CPU and 4096 on CUDA), 512 where the engine reports none. The engine cuts any value to
+    # the model's window.
+    context_tokens: int | None = None
     languages: list[str] = field(default_factory=lambda: list(DEFAULT_LANGUAGES))
     # show a fill only when the engine's confidence in it (geometric mean of its tokens' probabilities
     # when committed) is at least this; 0 shows every fill that passes post-processing; None: the
@@ -70,6 +78,8 @@ _CHECKS = {
     "budget_ms": lambda v: isinstance(v, int) and not isinstance(v, bool) and 10 <= v <= 60_000,
     "debounce_ms": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 5_000,
     "max_fill_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 512,
+    "context_tokens": lambda v: v is None
+    or (isinstance(v, int) and not isinstance(v, bool) and CONTEXT_TOKENS_RANGE[0] <= v <= CONTEXT_TOKENS_RANGE[1]),
     "languages": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "postprocess": lambda v: isinstance(v, bool),
     "workspace_context": lambda v: isinstance(v, bool),
@@ -81,8 +91,10 @@ _CHECKS = {
 _KEYS = {_camel(f.name): f.name for f in dataclasses.fields(InitializationOptions)}
 
 
-# set only by initializationOptions (see the module docstring)
-MACHINE_KEYS = ("model", "engine")  # `engine` can name a URL the code is sent to, and an environment variable
+# set only by initializationOptions (see the module docstring): what picks the weights loaded, where
+# the code is sent (`engine` can name a URL and an environment variable), and the hardware the engine
+# takes (`device`: a GPU or the CPU; `threads`: how many of the machine's cores)
+MACHINE_KEYS = ("model", "engine", "device", "threads")
 
 ENGINE_APIS = ("openai-fim", "mercury")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

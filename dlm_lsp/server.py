@@ -48,6 +48,7 @@ from dlm_lsp.fill.workspace import FilesSink, WorkspaceIndex, root_paths
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
 from dlm_lsp.protocol import DlmProtocol, content_changes, require_sync_types, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, Ticket, TypingThrough
+from engine.api import reported_context_tokens
 
 if TYPE_CHECKING:
     from tree_sitter import Tree
@@ -456,8 +457,9 @@ class DlmServer(LanguageServer):
         its FillJob under the ticket's deadline, the syntax tree as of now, the time it took."""
         t0 = time.perf_counter()
         near = self.cross_file(uri, doc, offset)
-        req = context.build_request(doc, offset, self.options.max_fill_tokens, neighbours=near)
-        job = context.to_fill_job(req, ticket.deadline)
+        budget = self.context_tokens()
+        req = context.build_request(doc, offset, self.options.max_fill_tokens, budget, neighbours=near)
+        job = context.to_fill_job(req, ticket.deadline, budget)
         job.session = key  # the engine reuses this document's last context K/V where that is exact
         if self.workspace_index is not None and self.workspace_index.on_files is not None:
             job.workspace, job.document = WORKSPACE_SPACE, uri_key(uri)  # its memory, less this file
@@ -550,6 +552,11 @@ class DlmServer(LanguageServer):
         with self.stats._lock:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 
+    def context_tokens(self) -> int:
+        """The context a fill is given: the user's contextTokens, else the engine's budget for its model
+        and device (reported with its state: engine.api.context_budget), else 512."""
+        return self.options.context_tokens or reported_context_tokens(self.engine_info)
+
     def fill_calibrator(self) -> gate.Calibrator | None:
         """The model's calibrated gate (serving.json "calibrator", reported by the engine), or None:
         the gate then compares the engine's raw confidence."""
@@ -577,7 +584,8 @@ class DlmServer(LanguageServer):
     # ------------------------------------------------------------------ configuration
 
     def apply_options(self, raw: object, initial: bool = False) -> None:
-        """Applies raw option values; restarts the engine when model or device changed."""
+        """Applies raw option values: initializationOptions (`initial`) or workspace settings, which
+        cannot change what the engine was started with (options.MACHINE_KEYS), so never restart it."""
         old = self.options
         self.options, warnings = parse_options(raw, old, from_settings=not initial)
         self.typing.clear()  # a kept fill was made under the old options
@@ -588,9 +596,6 @@ class DlmServer(LanguageServer):
         else:
             for w in warnings:
                 self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=w))
-            if (self.options.model, self.options.device) != (old.model, old.device) and self.loop is not None:
-                log.info("model/device changed: restarting the engine")
-                self.start_engine()
             if self.loop is not None:
                 self.start_workspace()
 
@@ -786,6 +791,7 @@ def _register_dlm_requests(server: DlmServer) -> None:
                 "device": str(ls.engine_info.get("device")),
                 "threads": ls.engine_info.get("threads"),
                 "message": ls.engine_info.get("message"),
+                "contextTokens": ls.context_tokens(),
             }
         )
         return out

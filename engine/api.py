@@ -18,6 +18,30 @@ class EngineError(RuntimeError):
 # the seeds torch's generators take (Generator.manual_seed): wider ones overflow inside torch
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
+# The context a fill is given unless a client asks for another (FillJob.context_tokens): on the CPU a
+# fill's first forward grows with its context, so it stays at the 512 tokens every model was served
+# with before; on a CUDA device a forward is memory-bound, and 4096 tokens cost little more than 512.
+CPU_CONTEXT_TOKENS = 512
+CUDA_CONTEXT_TOKENS = 4096
+# what a client assumes of an engine that reports no budget (an older daemon, another FIM API)
+DEFAULT_CONTEXT_TOKENS = CPU_CONTEXT_TOKENS
+
+
+def context_budget(device: str, max_seq_len: int, context_len: int | None = None) -> int:
+    """The context tokens a fill gets by default on `device` ("cpu", "cuda", "cuda:N"): the model's
+    trained window (`context_len`, else `max_seq_len`, never past `max_seq_len`), at most
+    CUDA_CONTEXT_TOKENS on a CUDA device and CPU_CONTEXT_TOKENS on any other."""
+    window = min(context_len or max_seq_len, max_seq_len)
+    cap = CUDA_CONTEXT_TOKENS if str(device).startswith("cuda") else CPU_CONTEXT_TOKENS
+    return max(1, min(window, cap))
+
+
+def reported_context_tokens(info: dict | None) -> int:
+    """The context budget an engine reports with its state (info["context_tokens"]), else
+    DEFAULT_CONTEXT_TOKENS: an engine that reports none (an older daemon, a FIM API not dlm-lsp's)."""
+    value = (info or {}).get("context_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_CONTEXT_TOKENS
+
 
 @dataclass
 class DecodeOptions:
@@ -143,7 +167,7 @@ class FillJob:
     max_tokens: int = 32
     deadline: float | None = None
     options: DecodeOptions = field(default_factory=DecodeOptions)
-    context_tokens: int = 512  # prefix + slots + suffix are cut to fit this many tokens
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS  # prefix + slots + suffix are cut to fit this many tokens
     # a document's key: where the model's layout makes it exact (canvas "reorder"), the engine reuses
     # the K/V of the last request of this session up to the first changed context token; for a
     # full-attention model it reuses them approximately when DecodeOptions.reuse says so

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm_lsp.options import InitializationOptions, parse_options
+from dlm_lsp.options import _KEYS, MACHINE_KEYS, InitializationOptions, parse_options
 from tests.lsp_helpers import FAKE_SERVER, REPO, inline, lsp_server, open_doc, scripted
 
 AUDITED = [sys.executable, str(REPO / "tests" / "lsp_audited.py")]
@@ -248,3 +248,7 @@ def test_the_vscode_setting_is_machine_scoped():
     manifest = json.loads((REPO / "editors" / "vscode" / "package.json").read_text())
     props = manifest["contributes"]["configuration"]["properties"]
     assert props["dlm.model"]["scope"] == "machine"
+    # ...and every option the server takes from initializationOptions only that VS Code has a setting for
+    machine = [f"dlm.{camel}" for camel, name in _KEYS.items() if name in MACHINE_KEYS and f"dlm.{camel}" in props]
+    assert {"dlm.model", "dlm.device", "dlm.engine"} <= set(machine)
+    assert all(props[k]["scope"] == "machine" for k in machine), machine

@@ -346,21 +346,54 @@ async def test_bad_options_warn_and_fall_back():
         assert len(await inline(c, URI, LINE, COL)) == 1
 
 
-async def test_configuration_change_restarts_engine():
-    async with lsp_server(FAKE_SERVER, {"model": scripted(text="first"), "device": "cpu"}) as c:
+async def test_configuration_change_applies_without_restarting_the_engine():
+    """Settings a workspace may change apply to the next fill; none restarts the engine (what does,
+    model, device, engine, threads, comes from initializationOptions only: the test below)."""
+    opts = {"model": scripted(tell="max_tokens"), "device": "cpu", "postprocess": False}
+    async with lsp_server(FAKE_SERVER, opts) as c:
         open_doc(c, URI, SRC)
-        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "first"
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "64"  # a block hole's slots
         n = len(c.notifications)
-        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"device": "auto"}}})
-        await c.wait_notification("dlm/status", lambda p: p["state"] == "loading", since=n, timeout=10)
-        await c.wait_notification("dlm/status", lambda p: p["state"] == "ready", since=n, timeout=10)
-        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "first"
-        # a settings change without model/device does not restart
-        n = len(c.notifications)
-        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"budgetMs": 200}}})
-        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "first"
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"maxFillTokens": 20, "device": "cpu"}}})
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "20"
         assert not any(m == "dlm/status" and p["state"] == "loading" for _, m, p in c.notifications[n:])
+        assert not any(m == "window/showMessage" for _, m, _p in c.notifications[n:])  # `device` unchanged: no warning
         # `model` from workspace settings is refused (tests/test_security.py)
+
+
+async def test_a_workspace_cannot_change_the_device():
+    async with lsp_server(FAKE_SERVER, {"model": scripted(tell="max_tokens"), "device": "cpu"}) as c:
+        open_doc(c, URI, SRC)
+        n = len(c.notifications)
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"device": "cuda", "maxFillTokens": 20}}})
+        warn = await c.wait_notification(
+            "window/showMessage", lambda p: "'device'" in p["message"], since=n, timeout=10
+        )
+        assert warn["type"] == 2 and "cannot be changed through workspace settings" in warn["message"]
+        assert "keeping 'cpu'" in warn["message"]
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "20"  # the rest of the settings applied
+        assert not any(m == "dlm/status" and p["state"] == "loading" for _, m, p in c.notifications[n:])
+
+
+@pytest.mark.parametrize(
+    "script,options,budget",
+    [
+        ({}, {}, 512),  # an engine that reports no budget (an older daemon, another FIM API)
+        ({"context": 2048}, {}, 2048),  # the model's budget for its device, as the engine reports it
+        ({"context": 2048}, {"contextTokens": 1000}, 1000),  # the option overrides it
+    ],
+)
+async def test_fills_get_the_context_the_engine_reports_or_the_option(script, options, budget):
+    opts = {"model": scripted(tell="context_tokens", **script), "postprocess": False, **options}
+    async with lsp_server(FAKE_SERVER, opts) as c:
+        open_doc(c, URI, SRC)
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == str(budget)
+        assert (await stats(c))["contextTokens"] == budget
+        # a workspace may change it (it picks no hardware; the engine cuts it to the model's window)
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"contextTokens": 4096}}})
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == "4096"
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"contextTokens": None}}})
+        assert (await inline(c, URI, LINE, COL))[0]["insertText"] == str(script.get("context", 512))
 
 
 async def test_progress_while_loading():

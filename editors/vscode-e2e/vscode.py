@@ -103,7 +103,6 @@ class VSCode:
             # hides from User settings in a remote window (code-server's always is).
             "dlm.server.path": str(HERE / "lsp_tee.py"),
             "dlm.server.args": [str(self.lsp_log), "--", *server],
-            "dlm.device": "cpu",
             "dlm.budgetMs": 1500,  # a busy 2-core machine; the tiny model needs far less
             "workbench.startupEditor": "none",
             "workbench.tips.enabled": False,
@@ -123,16 +122,18 @@ class VSCode:
         # The tiny random-weight model of the editor suites (Makefile: .cache/editor-test-model): fast,
         # and its fills are never empty, so no check hinges on what a real model fills at one spot.
         model = os.environ.get("DLM_LSP_MODEL") or str(REPO / ".cache/editor-test-model")
+        # dlm.model and dlm.device are machine-scoped (a workspace must not choose the weights or the
+        # device), and VS Code reads a machine-scoped setting in a remote window, which code-server's
+        # always is, from the Remote ("Machine") settings: in User settings it was honoured in some
+        # runs, not others.
+        machine: dict[str, str] = {"dlm.device": "cpu"}
         if model == "default":  # the bundled model: for the docs' screenshot; its fill may be empty
             self.model = None
         elif not (Path(model) / "config.json").exists():
             raise RuntimeError(f"no test model at {model}: `make test-editors` writes it (or set DLM_LSP_MODEL)")
         else:
-            # dlm.model is machine-scoped (a workspace must not choose the weights), and VS Code reads
-            # a machine-scoped setting in a remote window, which code-server's always is, from the
-            # Remote ("Machine") settings: in User settings it was honoured in some runs, not others.
-            self.model = model
-            (self.user_data / "Machine" / "settings.json").write_text(json.dumps({"dlm.model": model}, indent=2))
+            self.model = machine["dlm.model"] = model
+        (self.user_data / "Machine" / "settings.json").write_text(json.dumps(machine, indent=2))
         self.write_settings()
         self.proc: subprocess.Popen | None = None
         self.pw = self.browser = self.page = None

@@ -9,10 +9,11 @@ state) over a FIM HTTP endpoint, so the language server's scheduler runs unchang
 - The API key is read from the environment variable `api_key_env` names (an editor passes a key
   from its secret storage the same way, in the server's environment); it is never an option value.
 - start() probes {base}/models on the engine's own thread: 200 -> ready (a `dlm` field there says
-  the endpoint is a dlm-lsp server: its confidence gate is reported as the engine's `gate`, and
-  requests then carry the extension fields deadline_ms, slots and postprocess=false, since the
-  language server post-processes itself); 401/403 -> error (the key is refused); no answer ->
-  loading, probed again with back-off. A request that cannot connect puts it back to loading.
+  the endpoint is a dlm-lsp server: its confidence gate is reported as the engine's `gate`, its
+  context budget as `context_tokens`, and requests then carry the extension fields deadline_ms,
+  slots and postprocess=false, since the language server post-processes itself); 401/403 -> error
+  (the key is refused); no answer -> loading, probed again with back-off. A request that cannot
+  connect puts it back to loading.
 - submit() sends the job on an asyncio loop of this class's own thread and returns at once.
   job.cancel() (latest-wins, didChange, the scheduler's deadline) cancels the request's task: httpx
   closes the connection, which is how the server learns that the client went away (dlm-lsp http
@@ -110,6 +111,7 @@ class HttpEngine:
         self.dlm = False  # the endpoint is a dlm-lsp http server (seen in its /v1/models)
         self.gate: float | None = None
         self.calibrator: dict | None = None  # the remote model's calibrated gate (dlm_lsp.fill.gate)
+        self.context_tokens: int | None = None  # the remote server's context budget (engine.api.context_budget)
         self.requests = 0
         self._api_key: str | None = None
         self._client: httpx.AsyncClient | None = None  # made on the engine's thread (_setup)
@@ -141,6 +143,7 @@ class HttpEngine:
                         "threads": None,
                         "gate": self.gate,
                         "calibrator": self.calibrator,
+                        "context_tokens": self.context_tokens,
                         "engine": "http",
                     },
                 )
@@ -286,6 +289,11 @@ class HttpEngine:
         # the remote model's calibrated gate, with its gate
         cal = ext.get("calibrator") if isinstance(ext, dict) else None
         self.calibrator = cal if isinstance(cal, dict) else None
+        # the context it gives its own fills, which the language server then sends it (None: its 512)
+        budget = ext.get("context_tokens") if isinstance(ext, dict) else None
+        self.context_tokens = (
+            budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+        )
 
     # ------------------------------------------------------------ jobs
 

@@ -21,7 +21,9 @@ thread itself, because OpenMP's count is per thread.
 
 Warm-up: on a GPU the worker first runs fills of its own, of WARM_UP_SLOTS (16, 5 and 1) slots,
 before it takes a job: the first fills of a process pay CUDA's start and a kernel compilation per
-new shape (seconds), which a user's first keystrokes should not pay. On the CPU the first fill costs
+new shape (seconds), which a user's first keystrokes should not pay; with the fixed-shape step
+(engine/decode/static.py) it also allocates that step's buffers for `max_batch` jobs of
+RESERVED_SLOTS slots and the model's context, capturing its CUDA graphs, so no user fill does. On the CPU the first fill costs
 only some tens of ms more than the next (docs/research/scripts/first_fill.py), so it is off there unless
 `warm_up=True`. It counts in the stats' `warmup_fills` / `warmup_ms`, not in the job counters; a
 warm-up that fails is logged and the worker serves on.
@@ -31,6 +33,11 @@ the WorkspaceNgram named `space` (engine/bias/ngram.py), tokenized and counted o
 thread, so the worker never waits for a count; files past its token cap are refused and reported.
 A job names the memory (FillJob.workspace) and its document (FillJob.document), which the fill's
 view leaves out.
+
+`on_state(state, info)`: what clients learn of the model, passed on unchanged by the daemon
+(engine/serve/daemon.py) to its windows: its model, device, threads, confidence gate and calibrator,
+and `context_tokens`, the context its fills get unless a client asks for another
+(engine.api.context_budget: the model's window, capped at 512 tokens on the CPU, 4096 on CUDA).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.api import DecodeOptions, EngineError, Fill, FillJob
+from engine.api import DecodeOptions, EngineError, Fill, FillJob, context_budget
 from engine.bias import names, ngram
 from engine.decode import forward as fwd
 from engine.decode import levers, reuse, sampler, static
@@ -130,6 +137,7 @@ class _Active:
 
 
 WARM_UP_SLOTS = (16, 5, 1)  # the warm-up's fills (EngineService.warm_up)
+RESERVED_SLOTS = 65  # the fixed-shape step's slots reserved at warm-up: a 64-token fill and its healed slot
 
 
 class EngineService:
@@ -237,10 +245,18 @@ class EngineService:
                         "threads": self.threads,
                         "gate": self.serving.get("min_confidence"),
                         "calibrator": self.serving.get("calibrator"),
+                        "context_tokens": self.context_budget(),
                     },
                 )
             except Exception:  # a broken callback must not kill the engine
                 log.exception("on_state callback failed")
+
+    def context_budget(self) -> int | None:
+        """The context tokens a client's fills get by default (engine.api.context_budget: the model's
+        window, capped for the device), None before the model has loaded."""
+        if self.cfg is None or self.device is None:
+            return None
+        return context_budget(self.device.type, self.cfg.max_seq_len, self.cfg.context_len)
 
     def start(self) -> EngineService:
         """Starts the worker thread, which loads the model, and its watchdog; returns at once."""
@@ -315,6 +331,9 @@ class EngineService:
         try:
             prefix = tok.encode("import os\n\n\ndef warm_up(path):\n    with open(path) as f:\n        return ")
             suffix = tok.encode("\n\n\nprint(warm_up(os.devnull))\n")
+            if self._static is not None:  # the fixed-shape step's buffers (and graphs) for a full batch
+                budget = self.context_budget() or 512
+                self._static.reserve(self.max_batch, RESERVED_SLOTS, budget + RESERVED_SLOTS)
             for n in WARM_UP_SLOTS:  # slot counts of different shapes: each may compile its own kernel variant
                 canvas = build_canvas(prefix, suffix, n, cfg, DecodeOptions(), 512, device)
                 sampler.fill(model, canvas, static=self._static)  # captures the step's graphs

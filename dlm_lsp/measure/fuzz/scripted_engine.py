@@ -17,6 +17,9 @@ The server passes its `model` option to the engine factory, so a test picks the 
   confidence  the fill's confidence (default 1)
   gate      the model's own confidence gate, reported with the state as a real engine reports
             serving.json's min_confidence (default: none)
+  context   the context budget reported with the state, as a real engine reports its model's and
+            device's (engine.api.context_budget; default: none, an engine that reports none)
+  tell      a FillJob field: the fill is that field's value as text (what the server sent)
   forwarded, reused  rows a job that ran reports: a session's first job forwards forwarded + reused
             rows, every later one of that session forwards `forwarded` and reuses `reused`, as an
             engine with exact context reuse would (Fill.forwarded_tokens, .reused_tokens; default 0, 0)
@@ -50,6 +53,8 @@ def parse_script(model: str | None) -> dict[str, str]:
         "hang": "0",
         "confidence": "1",
         "gate": "",
+        "context": "",
+        "tell": "",
         "forwarded": "0",
         "reused": "0",
         "lookup": "0",
@@ -104,6 +109,7 @@ class ScriptedEngine:
                     "device": "cpu",
                     "message": message,
                     "gate": float(self.p["gate"]) if self.p["gate"] else None,
+                    "context_tokens": int(self.p["context"]) if self.p["context"] and state == "ready" else None,
                 },
             )
 
@@ -154,6 +160,8 @@ class ScriptedEngine:
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
             if int(self.p["lookup"]) > 0:
                 text = job.lookup[: int(self.p["lookup"])].replace("\n", "\u23ce")
+            if self.p["tell"]:
+                text = str(getattr(job, self.p["tell"]))
             if self.p["workspace"] == "1":
                 keys = self.spaces.get(job.workspace) if job.workspace is not None else None
                 text = (

@@ -174,9 +174,9 @@ export function activate(context: vscode.ExtensionContext): void {
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (!e.affectsConfiguration('dlm')) return;
       // The launch command and the document selector are fixed for a client's lifetime; the server
-      // takes the model from initializationOptions only (docs/lsp-extensions.md).
+      // takes the model, device and engine from initializationOptions only (docs/lsp-extensions.md).
       if (e.affectsConfiguration('dlm.server') || e.affectsConfiguration('dlm.languages') || e.affectsConfiguration('dlm.model') ||
-          e.affectsConfiguration('dlm.engine')) {
+          e.affectsConfiguration('dlm.device') || e.affectsConfiguration('dlm.engine')) {
         return restart();
       }
       if (e.affectsConfiguration('dlm.enable')) showStatus();

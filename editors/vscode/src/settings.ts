@@ -7,6 +7,7 @@ export interface ServerOptions {
   budgetMs: number;
   debounceMs: number;
   maxFillTokens: number;
+  contextTokens: number | null; // null: the engine's budget for its model and device
   languages: string[];
   minConfidence: number | null; // null: the model's own gate (serving.json)
   workspaceContext: boolean; // cross-file snippets from the workspace folders' files
@@ -33,7 +34,8 @@ export const DEFAULT_LANGUAGES = ['python', 'javascript', 'javascriptreact', 'ty
 
 /** Settings forwarded to the server, keyed by their name after `dlm.`. */
 export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
-  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'languages', 'minConfidence', 'workspaceContext', 'engine',
+  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'contextTokens', 'languages', 'minConfidence', 'workspaceContext',
+  'engine',
 ];
 
 /** Settings only the extension reads: how to launch the server and the on/off switch. */
@@ -52,6 +54,7 @@ export function serverOptions(get: (key: string) => unknown): ServerOptions {
     budgetMs: (get('budgetMs') as number) ?? 300,
     debounceMs: (get('debounceMs') as number) ?? 0,
     maxFillTokens: (get('maxFillTokens') as number) ?? 64,
+    contextTokens: typeof get('contextTokens') === 'number' ? (get('contextTokens') as number) : null,
     languages: (get('languages') as string[]) ?? DEFAULT_LANGUAGES,
     minConfidence: typeof get('minConfidence') === 'number' ? (get('minConfidence') as number) : null,
     workspaceContext: get('workspaceContext') !== false,

@@ -20,11 +20,14 @@ test('every setting the code reads is contributed, and nothing else', () => {
 test('contributed defaults are the defaults the code falls back to', () => {
   const fromManifest = serverOptions((key) => properties[`dlm.${key}`].default);
   assert.deepEqual(fromManifest, serverOptions(() => undefined));
-  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, languages: DEFAULT_LANGUAGES, minConfidence: null, workspaceContext: true, engine: null });
+  assert.deepEqual(fromManifest, { model: null, device: 'auto', budgetMs: 300, debounceMs: 0, maxFillTokens: 64, contextTokens: null, languages: DEFAULT_LANGUAGES, minConfidence: null, workspaceContext: true, engine: null });
 });
 
 test('the engine endpoint is a user setting; its key goes to the environment, never the options', () => {
   assert.equal(properties['dlm.engine'].scope, 'machine'); // a workspace cannot send the code elsewhere
+  // ...nor choose the weights, nor the device they run on (the server refuses them from settings)
+  assert.equal(properties['dlm.model'].scope, 'machine');
+  assert.equal(properties['dlm.device'].scope, 'machine');
   assert.deepEqual(engineSetting({ url: ' http://box:8765/v1 ', api: 'mercury', apiKey: 'leak' }), { url: 'http://box:8765/v1', api: 'mercury' });
   assert.equal(engineSetting({ api: 'mercury' }), null);
   const none = engineLaunch({ url: 'http://box/v1' }, undefined);
