@@ -11,7 +11,8 @@
 # HOURS=2.5 DECAY_SHARE=0.3 (the decay from 1.75 CPU-hours).
 #
 # runs/smol-d2 was not kept past session 14; session 24 took (d) on from its committed deltas
-# (models/bakeoff/v2d, 2.51 CPU-hours) to the bake-off's 3.5 (SEGMENT=4: a fresh optimizer, as the
+# (models/bakeoff/v2d, 2.51 CPU-hours; out of the tree since: `git checkout 90c939a -- models/bakeoff/v2d`
+# restores it) to the bake-off's 3.5 (SEGMENT=4: a fresh optimizer, as the
 # deltas hold none, LR 1e-4 decaying linearly to 10% over the one CPU-hour, in runs/smol-d3).
 #
 #     SEGMENT=2 bash scripts/candidate_d.sh  # session 13's two segments; the checkpoint: runs/smol-d/last
@@ -45,6 +46,7 @@ fi
 if [ "$SEGMENT" = 4 ]; then
   out=runs/smol-d3
   resume=models/bakeoff/v2d
+  [ -d $resume ] || git checkout 90c939a -- $resume  # out of the tree since session 27: from history
   [ -f $out/last/optimizer.safetensors ] && resume=$out/last
   DLM_LSP_DELTA_BASE=${DLM_LSP_DELTA_BASE:-runs/smol-start} OMP_NUM_THREADS=1 nice -n "${NICE:-10}" $DLM train \
     --corpus runs/corpus --objective reorder --batch 4 --seq-len 256 --lr 1e-4 --warmup 5 --threads 1 --holes 4 \

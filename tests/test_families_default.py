@@ -85,7 +85,8 @@ def test_peaked_models_compute_what_they_did(causal):
 def _shipped(name: str) -> Path:
     """The committed folder holding the weights the fixture was captured from: models/<name>, or,
     once that was retrained, a bake-off folder that keeps those weights."""
-    for folder in [MODELS / name, *sorted((MODELS / "bakeoff").iterdir())]:
+    bakeoff = MODELS / "bakeoff"  # restored candidates (docs/research/39-bakeoff-candidates.md), if any
+    for folder in [MODELS / name, *(sorted(bakeoff.iterdir()) if bakeoff.is_dir() else [])]:
         weights = folder / "model.safetensors"
         if weights.is_file() and hashlib.sha256(weights.read_bytes()).hexdigest() == META[f"{name}_sha256"]:
             return folder
