@@ -257,6 +257,52 @@ def test_bearer_token_is_required_when_set():
         assert httpx.get(s.url + "/health").status_code == 200  # liveness needs no token
 
 
+def read_answer(c: socket.socket, within: float = 20) -> bytes:
+    """Everything the server sends until it closes the connection (at most `within` seconds)."""
+    c.settimeout(within)
+    out = b""
+    while chunk := c.recv(65536):
+        out += chunk
+    return out
+
+
+def test_the_token_is_checked_before_the_body_and_a_refusal_closes():
+    """No body is waited for, no slot taken: a head without the token is answered at once."""
+    with Running(token="s3cret", body_timeout_s=30) as s:
+        c = socket.create_connection(("127.0.0.1", s.port))
+        t0 = time.monotonic()
+        c.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+            b"Content-Length: 100000\r\n\r\n{"
+        )
+        answer = read_answer(c)  # returns at EOF: the connection is closed
+        assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
+        assert time.monotonic() - t0 < 10  # the body would have taken 30 s
+        assert s.server.counters["requests"] == 0 and s.engine.jobs == []  # the handler never ran
+        for path in ("/v1/unknown", "/metrics", "/"):  # every route but /health
+            assert httpx.get(s.url + path).status_code == 401
+
+
+def test_a_slow_body_is_answered_408_and_holds_no_slot():
+    """Bodies still arriving take no in-flight slot: with every slot's worth of slow bodies open, a
+    well-behaved request is answered; each slow body is answered 408 at its deadline, then closed."""
+    with Running(max_inflight=2, body_timeout_s=2) as s:
+        slow = []
+        for _ in range(4):
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+            slow.append(c)
+        time.sleep(0.3)
+        r = post(s.url, {"prompt": PROMPT, "suffix": SUFFIX})
+        assert r.status_code == 200, r.text
+        for c in slow:
+            answer = read_answer(c)
+            assert answer.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in answer
+            c.close()
+        assert s.server.counters["body_timeouts"] == 4 and s.server.counters["refused"] == 0
+        assert s.server.inflight == 0 and len(s.engine.jobs) == 1
+
+
 def test_a_client_that_disconnects_cancels_its_engine_job():
     with Running("scripted:steps=2000,step_ms=5") as s:
         body = json.dumps({"prompt": PROMPT, "deadline_ms": 30000}).encode()

@@ -9,13 +9,19 @@ What the request fields mean and the `dlm` extension field of each answer: dlm_l
 docs/serving.md. Fills go through the language server's own pipeline (context windows, hole kind,
 post-processing) and its engine (`--engine inproc`, the default, or the user's `shared` daemon).
 
-Safety, by construction:
+Safety, by construction (docs/reliability.md lists each threat and the test that shows it):
 - bound to 127.0.0.1 unless --host says otherwise; a bearer token (read from the environment
-  variable --token-env names, never from the command line) is checked on every /v1 request when
-  set, and the server refuses to start on a non-loopback address without one;
+  variable --token-env names, never from the command line) is checked on every request but
+  /health when set, the moment its head is complete (TokenGate: before the body is read or a slot
+  taken; a refusal closes the connection), and the server refuses to start on a non-loopback
+  address without one;
+- connections: a head late by --head-timeout is answered 408 and closed, a connection without a
+  request closed after --idle-timeout, and the connections of one address and of all capped
+  (dlm_lsp/http/guard.py); a body not in by --body-timeout after its head is answered 408 and the
+  connection closed;
 - a body over --max-body-kb is answered 413 (from Content-Length before reading, or while reading
   a chunked body); bad fields 400; an unknown model 404; more than --max-inflight requests at once
-  503 with Retry-After;
+  503 with Retry-After (a slot is taken once the body is in: a slow body holds none);
 - every request is answered: the engine's deadline (arrival + deadline_ms) commits what it has, and
   a request still without a fill DEADLINE_GRACE_S later is answered 504 with its job cancelled;
 - a client that disconnects before its answer cancels its engine job (the engine stops it within a
@@ -42,15 +48,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dlm_lsp.http import fim as fim_api
 from dlm_lsp.http.fim import ApiError, Completed, FimPipeline, Limits, Prepared
+from dlm_lsp.options import CONTEXT_TOKENS_RANGE
+from engine.api import DEFAULT_CONTEXT_TOKENS, reported_context_tokens
 
 if TYPE_CHECKING:
     from dlm_lsp.fill.gate import Calibrator
+    from dlm_lsp.http.guard import ConnectionGuard
     from engine.api import Fill, FillJob
     from engine.tokenizer import TextTokenizer
 
@@ -62,6 +74,15 @@ DEFAULT_TOKEN_ENV = "DLM_HTTP_TOKEN"
 # deadline, so only a stuck or overloaded engine is this late) before it is answered 504.
 DEADLINE_GRACE_S = 0.25
 READY_WAIT_S = 0.05  # poll of the engine state while a request waits for the model to load
+# Connections (docs/reliability.md): seconds a request head may take from its first byte, a body
+# from the end of its head, a connection may sit without a request; connections per address, in all.
+HEAD_TIMEOUT_S = 10
+BODY_TIMEOUT_S = 10
+IDLE_TIMEOUT_S = 15
+MAX_CLIENT_CONNECTIONS = 128
+MAX_CONNECTIONS = 1024
+BACKLOG = 2048  # uvicorn's default: a burst of new connections waits in the kernel's queue, not refused
+CLOSE = {"Connection": "close"}  # on answers given before the body is read: nothing more comes from it
 
 
 class ClientGone(Exception):
@@ -69,6 +90,33 @@ class ClientGone(Exception):
 
 
 OnState = Callable[[str, dict], object]  # an engine's state changes: (state, info)
+
+
+class TokenGate:
+    """ASGI middleware: every request but GET /health must carry the bearer token, checked as soon as
+    the request head is complete (HTTP/1.1 can tell no sooner: the token is a header), before its
+    body is read, a slot taken or a route matched; a refusal is 401 and the connection is closed."""
+
+    def __init__(self, app: ASGIApp, server: FimServer):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = self.server.token
+        if scope["type"] != "http" or token is None or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        scheme, _, value = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+            await self.app(scope, receive, send)
+            return
+        e = ApiError(
+            401,
+            "missing or wrong API key: send Authorization: Bearer <token>",
+            type="authentication_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer", **CLOSE},
+        )
+        await JSONResponse(e.body(), status_code=e.status, headers=e.headers)(scope, receive, send)
 
 
 class FimEngine(Protocol):
@@ -107,17 +155,31 @@ class FimServer:
         budget_ms: int = 1000,
         max_inflight: int = 64,
         tokenizer: TextTokenizer | None = None,
-        context_tokens: int = 512,
+        context_tokens: int | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ):
         self.model_id, self.token = model_id, token or None
         self.limits = limits or Limits()
         self.language, self.budget_ms, self.max_inflight = language, budget_ms, max_inflight
+        self.body_timeout_s = body_timeout_s
+        self.guard: ConnectionGuard | None = None  # run_http's, whose counts /health shows
         self.tokenizer = tokenizer
-        self.pipeline = FimPipeline(self.limits.max_tokens_cap, context_tokens)
+        # the context a fill is given: --context-tokens, else the budget the engine reports for its
+        # model and device (engine.api.context_budget), 512 until it has
+        self.context_tokens = context_tokens
+        self.pipeline = FimPipeline(self.limits.max_tokens_cap, context_tokens or DEFAULT_CONTEXT_TOKENS)
         self.state: str = "loading"
         self.info: dict[str, Any] = {}
         self.inflight = 0
-        self.counters = {"requests": 0, "answered": 0, "errors": 0, "disconnected": 0, "late": 0, "refused": 0}
+        self.counters = {
+            "requests": 0,
+            "answered": 0,
+            "errors": 0,
+            "disconnected": 0,
+            "late": 0,
+            "refused": 0,
+            "body_timeouts": 0,
+        }
         self._lock = threading.Lock()
         self.engine = engine_factory(self._on_state)
         self.app = Starlette(
@@ -127,6 +189,7 @@ class FimServer:
                 Route("/v1/completions", self.openai_completions, methods=["POST"]),
                 Route("/v1/fim/completions", self.mercury_completions, methods=["POST"]),
             ],
+            middleware=[Middleware(TokenGate, server=self)],
             lifespan=self._lifespan,
         )
 
@@ -136,6 +199,8 @@ class FimServer:
         with self._lock:
             self.state = state
             self.info = dict(info or {})
+            if self.context_tokens is None:
+                self.pipeline.context_tokens = reported_context_tokens(self.info)
         log.info("engine %s%s", state, f": {info.get('message')}" if info and info.get("message") else "")
 
     @contextlib.asynccontextmanager
@@ -183,37 +248,41 @@ class FimServer:
 
     # ------------------------------------------------------------ request plumbing
 
-    def _check_auth(self, request: Request) -> None:
-        if self.token is None:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
-            raise ApiError(
-                401,
-                "missing or wrong API key: send Authorization: Bearer <token>",
-                type="authentication_error",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, request: Request, deadline: float) -> bytes:
+        """The body, read by `deadline` (monotonic); raises ApiError 413 (too big), 408 (late: the
+        connection is closed, as it is after a 413, whatever of the body is still on its way)."""
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
-                raise ApiError(400, "bad Content-Length")
+                raise ApiError(400, "bad Content-Length", headers=CLOSE)
             if int(declared) > limit:
                 raise ApiError(
-                    413, f"the request body is {declared} bytes; at most {limit} are accepted", code="request_too_large"
+                    413,
+                    f"the request body is {declared} bytes; at most {limit} are accepted",
+                    code="request_too_large",
+                    headers=CLOSE,
                 )
         chunks: list[bytes] = []
         size = 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise ApiError(413, f"the request body is over {limit} bytes", code="request_too_large")
-            chunks.append(part)
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                async for part in request.stream():
+                    size += len(part)
+                    if size > limit:
+                        raise ApiError(
+                            413, f"the request body is over {limit} bytes", code="request_too_large", headers=CLOSE
+                        )
+                    chunks.append(part)
+        except TimeoutError:
+            with self._lock:
+                self.counters["body_timeouts"] += 1
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {self.body_timeout_s:g} s of its head",
+                code="request_timeout",
+                headers=CLOSE,
+            ) from None
         return b"".join(chunks)
 
     @staticmethod
@@ -276,20 +345,18 @@ class FimServer:
 
     async def health(self, request: Request) -> Response:
         """{"status", "model", "message", "inflight"}: 200 when the engine is ready, else 503."""
-        body = {
+        body: dict[str, Any] = {
             "status": self.state,
             "model": self.model_id,
             "message": self.info.get("message"),
             "inflight": self.inflight,
         }
+        if self.guard is not None:
+            body["connections"] = self.guard.stats()
         return JSONResponse(body, status_code=200 if self.state == "ready" else 503)
 
     async def models(self, request: Request) -> Response:
         """The model list (one model) with the `dlm` field: its state, confidence gate and limits."""
-        try:
-            self._check_auth(request)
-        except ApiError as e:
-            return self._error(e)
         return JSONResponse(
             {
                 "object": "list",
@@ -304,6 +371,7 @@ class FimServer:
                             "gate": self.info.get("gate"),
                             "calibrator": self.info.get("calibrator"),
                             "max_fill_tokens": self.limits.max_tokens_cap,
+                            "context_tokens": self.pipeline.context_tokens,
                             "max_body_bytes": self.limits.max_body_bytes,
                             "max_deadline_ms": self.limits.max_deadline_ms,
                             "default_deadline_ms": self.budget_ms,
@@ -325,28 +393,30 @@ class FimServer:
     def _error(self, e: ApiError) -> Response:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    def _take_slot(self) -> None:
+        """One of --max-inflight slots for a request whose body is in; raises ApiError 503 when none is free."""
+        with self._lock:
+            busy = self.inflight >= self.max_inflight
+            if busy:
+                self.counters["refused"] += 1
+            else:
+                self.inflight += 1
+        if busy:
+            raise ApiError(
+                503,
+                f"{self.max_inflight} requests are in flight; try again shortly",
+                type="server_error",
+                code="overloaded",
+                headers={"Retry-After": "1"},
+            )
+
     async def _complete(self, request: Request, flavour: str) -> Response:
         arrival = time.monotonic()
         with self._lock:
             self.counters["requests"] += 1
-            busy = self.inflight >= self.max_inflight
-            if not busy:
-                self.inflight += 1
-        if busy:
-            with self._lock:
-                self.counters["refused"] += 1
-            return self._error(
-                ApiError(
-                    503,
-                    f"{self.max_inflight} requests are in flight; try again shortly",
-                    type="server_error",
-                    code="overloaded",
-                    headers={"Retry-After": "1"},
-                )
-            )
+        slot = False
         try:
-            self._check_auth(request)
-            raw = await self._read_body(request)
+            raw = await self._read_body(request, arrival + self.body_timeout_s)
             p = fim_api.parse_body(raw, flavour, self.limits, self.language, self.budget_ms)
             if p.model not in (None, "", self.model_id):
                 raise ApiError(
@@ -355,6 +425,8 @@ class FimServer:
                     param="model",
                     code="model_not_found",
                 )
+            self._take_slot()
+            slot = True
             await self._wait_ready(arrival + p.deadline_ms / 1000.0)
             prep = self.pipeline.prepare(p, arrival)
             fut = self.engine.submit(prep.job)
@@ -389,8 +461,9 @@ class FimServer:
                 self.counters["errors"] += 1
             return self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
         finally:
-            with self._lock:
-                self.inflight -= 1
+            if slot:
+                with self._lock:
+                    self.inflight -= 1
 
     async def _events(
         self, cid: str, done: Completed, use: dict, dlm: dict, include_usage: bool
@@ -441,14 +514,14 @@ def load_tokenizer(model: str | None) -> TextTokenizer | None:
         return None
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     """A listening TCP socket on (host, port); port 0 takes a free one."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(addr)
-    sock.listen(128)
+    sock.listen(backlog)
     sock.set_inheritable(True)
     return sock
 
@@ -477,9 +550,46 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-fill-tokens", type=int, default=64, help="most mask slots of one fill (max_tokens above is cut)"
     )
+    p.add_argument(
+        "--context-tokens",
+        type=int,
+        default=None,
+        help="tokens of context a fill is given (default: the model's window, at most 512 on the CPU, 4096 on CUDA)",
+    )
     p.add_argument("--max-body-kb", type=int, default=1024, help="largest request body accepted (413 above)")
     p.add_argument("--max-inflight", type=int, default=64, help="requests at once before 503")
     p.add_argument("--language", default="python", help="languageId of requests that name none")
+    p.add_argument(
+        "--head-timeout",
+        type=int,
+        default=HEAD_TIMEOUT_S,
+        help=f"seconds a request head may take from its first byte (default {HEAD_TIMEOUT_S}; later: 408, closed)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=int,
+        default=BODY_TIMEOUT_S,
+        help=f"seconds a request body may take after its head (default {BODY_TIMEOUT_S}; later: 408, closed)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=int,
+        default=IDLE_TIMEOUT_S,
+        help=f"seconds a connection may stay open without a request, first or next (default {IDLE_TIMEOUT_S})",
+    )
+    p.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=MAX_CLIENT_CONNECTIONS,
+        help=f"open connections from one address (default {MAX_CLIENT_CONNECTIONS}; more: 503, closed)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"open connections in all (default {MAX_CONNECTIONS}; more: an idle one is closed, else 503); "
+        "the open-file limit is raised to fit, or this lowered to fit it",
+    )
 
 
 def run_http(args: argparse.Namespace) -> int:
@@ -496,6 +606,31 @@ def run_http(args: argparse.Namespace) -> int:
     if not 1 <= args.max_fill_tokens <= fim_api.MAX_SLOTS:
         print(f"dlm-lsp http: --max-fill-tokens must be 1..{fim_api.MAX_SLOTS}", file=sys.stderr)
         return 2
+    low, high = CONTEXT_TOKENS_RANGE
+    if args.context_tokens is not None and not low <= args.context_tokens <= high:
+        print(f"dlm-lsp http: --context-tokens must be {low}..{high}", file=sys.stderr)
+        return 2
+    positive = ("head_timeout", "body_timeout", "idle_timeout", "max_client_connections", "max_connections")
+    for name in positive:
+        if getattr(args, name) < 1:
+            print(f"dlm-lsp http: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    from dlm_lsp.http.guard import ConnectionGuard, GuardLimits, fit_open_file_limit
+
+    max_connections = fit_open_file_limit(args.max_connections)
+    if max_connections < args.max_connections:
+        log.warning(
+            "the open-file limit holds %d connections, not --max-connections %d: raise it (ulimit -n) for more",
+            max_connections,
+            args.max_connections,
+        )
+    guard = ConnectionGuard(
+        GuardLimits(
+            head_timeout=args.head_timeout,
+            max_connections=max_connections,
+            max_per_client=min(args.max_client_connections, max_connections),
+        )
+    )
     limits = Limits(max_body_bytes=args.max_body_kb * 1024, max_tokens_cap=args.max_fill_tokens)
     server = FimServer(
         engine_factory(args.engine, args.model, args.device, args.threads),
@@ -506,7 +641,10 @@ def run_http(args: argparse.Namespace) -> int:
         budget_ms=args.budget_ms,
         max_inflight=args.max_inflight,
         tokenizer=load_tokenizer(args.model),
+        context_tokens=args.context_tokens,
+        body_timeout_s=args.body_timeout,
     )
+    server.guard = guard
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
@@ -518,8 +656,16 @@ def run_http(args: argparse.Namespace) -> int:
         json.dumps({"listening": f"http://{shown}:{port}", "model": server.model_id, "token": token is not None}),
         flush=True,
     )
+    # uvicorn's own limits as they are meant: the keep-alive timeout (guard.py arms it before a first
+    # request too), the h11 head size limit (h11 named, so it holds where httptools is installed); the
+    # guard's protocol adds the head deadline and the connection caps. The backlog is bind()'s.
     config = uvicorn.Config(
-        server.app, log_level="warning", timeout_keep_alive=30, lifespan="on", h11_max_incomplete_event_size=64 * 1024
+        server.app,
+        http=guard.protocol(),
+        log_level="warning",
+        timeout_keep_alive=args.idle_timeout,
+        lifespan="on",
+        h11_max_incomplete_event_size=64 * 1024,
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -20,8 +20,15 @@ for), `min_confidence` (the confidence gate; default the model's own, none when 
 false), `seed`, and `slots` (exactly this many mask slots instead of the hole kind's count, still
 within max_tokens: a language server that sized the hole itself sends it).
 
+Every field is checked at this boundary (NUMERIC_FIELDS: each number's type and range; a bool is
+not a number, a float not an integer, NaN and Infinity are in no range): a bad one is a 400 naming
+it, never a 500. The sampling fields this server does not apply (a fill is decoded by its own
+rules) are taken within a range and ignored: OpenAI's `top_p`, `frequency_penalty` and
+`presence_penalty` within OpenAI's, Mercury's `top_k` and `repetition_penalty` within wide ones;
+`n` and `best_of` must be 1, `logprobs` null / 0 / false, `echo` null / false.
+
 Only the last PROMPT_PARSE_CHARS of the prompt and the first SUFFIX_PARSE_CHARS of the suffix (on
-line boundaries) are parsed: the windows the engine sees are a few kB.
+line boundaries) are parsed: the windows the engine sees are a few kB (some 14 kB at 4096 tokens).
 
 `max_tokens` bounds the mask slots: a fill has as many slots as the hole kind gives (16 for the
 rest of a line, 64 for a block...) and never more than max_tokens; the hole kind is inferred from
@@ -38,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
 from dlm_lsp.fill import context, postprocess
-from dlm_lsp.fill.documents import Document, join_pairs, make_parser
-from engine.api import SEED_RANGE
+from dlm_lsp.fill.documents import Document, grammar_name, join_pairs, make_parser
+from engine.api import DEFAULT_CONTEXT_TOKENS, SEED_RANGE
 
 if TYPE_CHECKING:
     from tree_sitter import Parser
@@ -50,6 +57,24 @@ if TYPE_CHECKING:
 FLAVOURS = ("openai", "mercury")
 OBJECT = "text_completion"
 MAX_SLOTS = 512  # the engine's largest canvas a request may ask for (the server's maxFillTokens cap)
+MAX_TOKENS = 100_000  # what max_tokens may say (the slots are cut to the server's cap anyway)
+# The numeric fields of both shapes and their ranges (deadline_ms's top is Limits.max_deadline_ms):
+# (field, integer?, low, high). parse_body checks each; tests/test_http_fields.py sends each bad values.
+NUMERIC_FIELDS: tuple[tuple[str, bool, float, float], ...] = (
+    ("max_tokens", True, 1, MAX_TOKENS),
+    ("temperature", False, 0.0, 2.0),
+    ("top_p", False, 0.0, 1.0),
+    ("frequency_penalty", False, -2.0, 2.0),
+    ("presence_penalty", False, -2.0, 2.0),
+    ("top_k", True, 0, 1_000_000),  # Mercury's; no range published: a wide one
+    ("repetition_penalty", False, 0.0, 10.0),  # Mercury's; likewise
+    ("n", True, 1, 1),
+    ("best_of", True, 1, 1),
+    ("deadline_ms", True, 10, 60_000),
+    ("min_confidence", False, 0.0, 1.0),
+    ("seed", True, SEED_RANGE[0], SEED_RANGE[1]),
+    ("slots", True, 1, MAX_SLOTS),
+)
 # What of the prompt and suffix the pipeline parses: the context windows are a few kB, the rest
 # only supplies imports and enclosing headers, and parsing runs on the server's event loop (a
 # 1 MB prompt would hold every other request for 100+ ms). Cut on line boundaries.
@@ -148,16 +173,31 @@ def parse_body(
         bad("suffix", "a string")
     p = FimParams(prompt=prompt, suffix=suffix, language=language, deadline_ms=deadline_ms)
 
-    v = body.get("max_tokens")
-    if v is not None:
-        if not _is_int(v) or not 1 <= v <= 100_000:
-            bad("max_tokens", "an integer from 1")
-        p.max_tokens = v
-    v = body.get("temperature")
-    if v is not None:
-        if not _is_num(v) or not 0.0 <= v <= 2.0:
-            bad("temperature", "a number from 0 to 2")
-        p.temperature = float(v)
+    numbers: dict[str, int | float] = {}
+    for key, integer, low, high in NUMERIC_FIELDS:
+        v = body.get(key)
+        if v is None:
+            continue
+        if key == "deadline_ms":
+            high = limits.max_deadline_ms
+        if key in ("n", "best_of") and _is_int(v) and v != 1:
+            raise ApiError(400, f"{key!r} other than 1 is not supported: one fill per request", param=key)
+        if not (_is_int(v) if integer else _is_num(v)) or not low <= v <= high:
+            bad(key, f"an integer from {low} to {high}" if integer else f"a number from {low:g} to {high:g}")
+        numbers[key] = v if integer else float(v)
+    if "max_tokens" in numbers:
+        p.max_tokens = int(numbers["max_tokens"])
+    if "temperature" in numbers:
+        p.temperature = float(numbers["temperature"])
+    if "deadline_ms" in numbers:
+        p.deadline_ms = int(numbers["deadline_ms"])
+    if "min_confidence" in numbers:
+        p.min_confidence = float(numbers["min_confidence"])
+    if "seed" in numbers:
+        p.seed = int(numbers["seed"])
+    if "slots" in numbers:
+        p.slots = int(numbers["slots"])
+
     v = body.get("stop")
     if v is not None:
         stops = [v] if isinstance(v, str) and flavour == "openai" else v
@@ -181,44 +221,27 @@ def parse_body(
         if not isinstance(v, str):
             bad("model", "a string")
         p.model = v
-    for key, ok in (("n", 1), ("best_of", 1)):
-        if body.get(key) not in (None, ok):
-            raise ApiError(400, f"{key!r} other than 1 is not supported: one fill per request", param=key)
-    if body.get("echo"):
-        raise ApiError(400, "'echo' is not supported", param="echo")
-    if body.get("logprobs") not in (None, 0, False):
-        raise ApiError(400, "'logprobs' is not supported", param="logprobs")
+    v = body.get("echo")
+    if v is not None and v is not False:
+        if v is True:
+            raise ApiError(400, "'echo' is not supported", param="echo")
+        bad("echo", "true or false (true is not supported)")
+    v = body.get("logprobs")
+    if v is not None and v is not False and not (_is_int(v) and v == 0):
+        if _is_int(v) and 1 <= v <= 5:
+            raise ApiError(400, "'logprobs' is not supported", param="logprobs")
+        bad("logprobs", "null, 0 or false (logprobs are not supported)")
     # extension fields
     v = body.get("language")
     if v is not None:
         if not isinstance(v, str) or not v or len(v) > 64:
             bad("language", 'an LSP languageId such as "python"')
         p.language = v
-    v = body.get("deadline_ms")
-    if v is not None:
-        if not _is_int(v) or not 10 <= v <= limits.max_deadline_ms:
-            bad("deadline_ms", f"an integer from 10 to {limits.max_deadline_ms}")
-        p.deadline_ms = v
     v = body.get("postprocess")
     if v is not None:
         if not isinstance(v, bool):
             bad("postprocess", "true or false")
         p.postprocess = v
-    v = body.get("min_confidence")
-    if v is not None:
-        if not _is_num(v) or not 0.0 <= v <= 1.0:
-            bad("min_confidence", "a number from 0 to 1")
-        p.min_confidence = float(v)
-    v = body.get("seed")
-    if v is not None:
-        if not _is_int(v) or not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
-            bad("seed", f"an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
-        p.seed = v
-    v = body.get("slots")
-    if v is not None:
-        if not _is_int(v) or not 1 <= v <= MAX_SLOTS:
-            bad("slots", f"an integer from 1 to {MAX_SLOTS}")
-        p.slots = v
     return p
 
 
@@ -251,14 +274,18 @@ class FimPipeline:
     prompt + suffix with the cursor between them. Not thread-safe (a tree-sitter parser per
     language is kept): one per event loop."""
 
-    def __init__(self, max_fill_tokens: int = 64, context_tokens: int = 512):
+    def __init__(self, max_fill_tokens: int = 64, context_tokens: int = DEFAULT_CONTEXT_TOKENS):
         self.max_fill_tokens, self.context_tokens = max_fill_tokens, context_tokens
         self._parsers: dict[str, Parser | None] = {}
 
     def _parser(self, language: str) -> Parser | None:
-        if language not in self._parsers:
-            self._parsers[language] = make_parser(language)
-        return self._parsers[language]
+        # kept by grammar, not by the request's languageId: a client naming endless ids grows nothing
+        name = grammar_name(language)
+        if name is None:
+            return None
+        if name not in self._parsers:
+            self._parsers[name] = make_parser(language)
+        return self._parsers[name]
 
     def prepare(self, p: FimParams, arrival: float | None = None) -> Prepared:
         """The engine job for a request; its deadline is arrival + deadline_ms."""
