@@ -160,7 +160,7 @@ def test_buckets():
     assert static.run_buckets(25) == [16, 25]
 
 
-@pytest.mark.parametrize("name", ["dream", "llada", "sdar", "fast-dllm-v2"])
+@pytest.mark.parametrize("name", ["dream", "llada", "coda", "sdar", "fast-dllm-v2", "open-dcoder"])
 def test_family_fills_equal_the_eager_loop(family_folders, name):
     """Shifted logits (Dream), LLaDA blocks, block-causal order and sub-blocks (SDAR, Fast-dLLM v2)."""
     model, tok, cfg = load_checkpoint(family_folders[name])

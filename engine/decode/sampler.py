@@ -186,15 +186,14 @@ def slot_predictions(
         return row_predictions(c, biased_logits(model, c, slot_idx, h, final))
     if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
         return dreamon.stats_without_expand(model, h, cfg)
-    max_p, pred, top2_p, ent = slot_stats(h, model.norm.weight, model.norm.eps, model.head_weight, cfg.mask_token_id)
-    if c.heal_open:  # the healed slot (the first row): the distribution renormalized over its candidates
-        logp = heal_logits(model.logits(h[:1]).float()[0], c.heal_ids(final or c.last_step_due())).log_softmax(-1)
-        top = logp.topk(2)
-        p = logp.exp()
-        max_p, pred, top2_p, ent = (max_p.clone(), pred.clone(), top2_p.clone(), ent.clone())
-        max_p[0], pred[0], top2_p[0] = p[top.indices[0]], top.indices[0], p[top.indices[1]]
-        ent[0] = -(p * logp.clamp_min(-1e30)).sum()
-    return max_p, pred, top2_p, ent
+    allow = allow_row = None
+    if c.heal_open:  # the healed slot (the first row): its distribution renormalized over its candidates
+        allow = torch.zeros((1, cfg.vocab_size), dtype=torch.bool, device=h.device)
+        allow[0, c.heal_ids(final or c.last_step_due())] = True
+        allow_row = torch.full((h.shape[0],), -1, dtype=torch.long, device=h.device)
+        allow_row[0] = 0
+    norm = model.norm
+    return slot_stats(h, norm.weight, norm.eps, model.head_weight, cfg.mask_token_id, allow=allow, allow_row=allow_row)
 
 
 def biased_logits(model: Transformer, c: Canvas, slot_idx: torch.Tensor, h: torch.Tensor, final: bool) -> torch.Tensor:
