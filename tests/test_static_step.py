@@ -211,3 +211,36 @@ def test_reserve_allocates_once_for_the_jobs_to_come(default):
     while any(not c.done for c in canvases):
         sampler.step(model, [c for c in canvases if not c.done], static=st)
     assert st.counters.allocs == 1 and st.counters.steps > 0
+
+
+def test_the_service_with_sessions_cancels_and_a_batch_through_the_step(family_folders):
+    """Typed keystrokes with a session key (reuse hits load the step from views of the session's
+    buffer), jobs arriving together (batched steps) and a cancelled one: the same texts as the eager
+    loop, the cancelled job answered, nothing left in the step's batch."""
+    from engine.serve.service import EngineService
+
+    doc = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    ret"
+    opts = DecodeOptions(heal=False, threshold=0.6)
+    typed = [FillJob(prefix=doc[:k], suffix="\n", max_tokens=8, options=opts, session="doc") for k in range(52, 58)]
+    together = [FillJob(prefix=doc[:k], suffix="\n", max_tokens=12, options=opts) for k in (40, 45, 50)]
+    answers, static_steps = {}, 0
+    for mode in ("off", "eager"):
+        svc = EngineService(str(family_folders["dream"]), device="cpu", step_mode=mode, max_batch=4).start()
+        try:
+            assert svc.wait_ready(60)
+            texts = [svc.submit(dataclasses.replace(j)).result(60).text for j in typed]
+            futures = [svc.submit(dataclasses.replace(j)) for j in together]
+            texts += [f.result(60).text for f in futures]
+            gone = dataclasses.replace(together[0], options=dataclasses.replace(opts, threshold=0.999))
+            fut = svc.submit(gone)
+            gone.cancel()
+            assert fut.result(60) is not None  # answered, cancelled or finished
+            answers[mode] = texts
+            if mode == "eager":
+                assert svc._static is not None
+                static_steps = svc._static.counters.steps
+                assert svc._reuse.stats["reused"] > 0
+        finally:
+            svc.close()
+    assert static_steps > 0
+    assert answers["eager"] == answers["off"]
