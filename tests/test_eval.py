@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -646,3 +647,164 @@ def test_eval_gives_each_package_a_workspace_memory_and_its_jobs_name_it(tiny_mo
         and all(j.workspace is None for j in jobs)
         and not json.loads(out.read_text())["meta"]["workspace_ngram_memory"]
     )
+
+
+# ----------------------------------------------------------------------------- strict acceptance (issue 38)
+
+
+@pytest.mark.parametrize(
+    ("fill", "ok"),
+    [
+        ("", False),
+        ('""', False),  # an empty string literal: no letter or digit
+        ("(", False),
+        (":", False),
+        ("):", False),
+        ("if", False),  # a keyword shorter than 3 non-space characters
+        ("x", False),
+        ("  x ", False),
+        ("...", False),
+        ("foo", True),
+        ("return x", True),
+        (" # We", True),  # "#We": 3 non-space characters, letters among them
+        ("x)", False),
+        ("x):", True),
+        ("42)", True),
+    ],
+)
+def test_the_strict_rule_needs_a_letter_or_digit_and_three_non_space_characters(fill, ok):
+    from dlm_lsp.measure.evaluate import strictly_accepted, substantial
+
+    assert substantial(fill) is ok
+    # with a true text that starts with the fill, strictly accepted is the same rule
+    h = Hole("line", "t", "a = 1\n" + fill + "\n", len("a = 1\n"), len("a = 1\n" + fill))
+    assert strictly_accepted(h, fill, 0) is ok
+    if ok:  # and never where the true text does not start with it (today's rule, _accepted)
+        assert not strictly_accepted(Hole("line", "t", "a = 1\nzzz\n", 6, 9), fill, 0)
+
+
+def _strict_holes_and_samples():
+    text1 = "def f(a):\n    return a + 1\n\nvalue = f(2)\n"
+    a1 = text1.index("return")
+    h1 = Hole("line", "t1", text1, a1, text1.index("\n", a1))  # middle "return a + 1"
+    text2 = 'value = foo("", x)\n'
+    h2 = Hole("middle", "t2", text2, text2.index("("), text2.index("\n"))  # middle '("", x)'
+
+    def fill(text, conf):
+        return Sample(raw=text, shown=text, ms=1, engine_ms=1, steps=1, tokens=1, server_kind="line", confidence=conf)
+
+    return [h1, h1, h2, h2, h1], [
+        fill("return a", 0.9),  # accepted, strict: 8 chars
+        fill("re", 0.8),  # accepted, too short for strict
+        fill('(""', 0.7),  # accepted, no letter or digit
+        fill('("", x', 0.2),  # accepted, strict: 6 chars
+        fill("return b", 0.95),  # not accepted
+    ]
+
+
+def test_strict_and_strict_chars_on_synthetic_holes():
+    from dlm_lsp.measure.evaluate import accept_curve, overall
+
+    holes, samples = _strict_holes_and_samples()
+    r = score(holes, samples)
+    assert r["shown"] == 1.0 and r["accepted"] == pytest.approx(4 / 5)
+    assert r["accepted_chars"] == pytest.approx((8 + 2 + 3 + 6) / 5)
+    assert r["strict"] == pytest.approx(2 / 5)  # of the shown fills
+    assert r["strict_chars"] == pytest.approx((8 + 6) / 5)  # per hole
+    # a hidden or one-character fill is not shown, so it is neither accepted nor strict
+    hidden = dataclasses.replace(samples[0], shown="", ungated="return a")
+    tiny = dataclasses.replace(samples[0], shown="r", raw="r")
+    r2 = score([holes[0]] * 3, [hidden, tiny, samples[0]])
+    assert r2["shown"] == pytest.approx(1 / 3, abs=1e-3) and r2["strict"] == 1.0
+    assert r2["strict_chars"] == pytest.approx(8 / 3, abs=1e-3)
+
+    curve = {p["gate"]: p for p in accept_curve(holes, samples, strict=True)}
+    assert curve[0.0]["strict"] == pytest.approx(r["strict"]) and curve[0.0]["strict_chars"] == r["strict_chars"]
+    assert curve[0.5] == {
+        "gate": 0.5,
+        "shown": 0.8,
+        "accepted": 0.75,
+        "chars": pytest.approx((8 + 2 + 3) / 5, abs=1e-3),
+        "strict": 0.25,
+        "strict_chars": pytest.approx(8 / 5, abs=1e-3),
+    }
+    assert curve[0.85]["strict"] == 0.5  # "return a" and "return b" are left
+    assert curve[1.0]["shown"] == 0.0 and curve[1.0]["strict"] == 0.0 and curve[1.0]["strict_chars"] == 0.0
+    assert "strict" not in accept_curve(holes, samples)[0]  # the plain curve keeps its four keys
+
+    every = overall(holes + [holes[0]] * 3, samples + [hidden, tiny, samples[0]])
+    assert every["holes"] == 8 and every["shown"] == pytest.approx(6 / 8)
+    assert every["strict"] == pytest.approx(3 / 6) and every["strict_chars"] == pytest.approx((8 + 6 + 8) / 8, abs=1e-3)
+    assert every["curve"][0]["strict_chars"] == pytest.approx((8 + 6 + 8 + 8) / 8, abs=1e-3)  # the ungated fills
+
+
+def test_pick_gate_maximizes_strict_chars_and_checks_the_floor():
+    from dlm_lsp.measure.evaluate import STRICT_FLOOR, gate_lines, gate_summary, pick_gate
+
+    def pt(gate, shown, accepted, strict, strict_chars):
+        return {
+            "gate": gate,
+            "shown": shown,
+            "accepted": accepted,
+            "chars": 0.0,
+            "strict": strict,
+            "strict_chars": strict_chars,
+        }
+
+    curve = [
+        pt(0.0, 0.8, 0.40, 0.20, 1.10),
+        pt(0.1, 0.6, 0.50, 0.30, 1.40),
+        pt(0.2, 0.4, 0.55, 0.38, 1.40),  # as many characters, a higher gate: the first (0.1) is kept
+        pt(0.3, 0.2, 0.60, 0.45, 0.90),
+        pt(0.4, 0.0, 0.00, 0.90, 0.00),  # shows nothing: never reaches the floor
+    ]
+    g = pick_gate(curve)
+    assert STRICT_FLOOR == 0.40
+    assert (g["gate"], g["shown"], g["accepted"], g["strict"], g["strict_chars"]) == (0.1, 0.6, 0.5, 0.3, 1.4)
+    assert g["passes"] is True and g["floor_gate"] == 0.3 and g["floor_shown"] == 0.2 and g["best_strict"] == 0.45
+    g = pick_gate(curve, floor=0.5)
+    assert g["gate"] == 0.1 and g["passes"] is False and g["floor_gate"] is None and g["floor_shown"] == 0.0
+    assert g["best_strict"] == 0.45
+    # nothing shown at any gate: the first gate, failing
+    g = pick_gate([pt(0.0, 0.0, 0.0, 0.0, 0.0), pt(0.5, 0.0, 0.0, 0.0, 0.0)])
+    assert g["gate"] == 0.0 and g["passes"] is False and g["best_strict"] == 0.0
+
+    holes, samples = _strict_holes_and_samples()
+    gates = gate_summary({"line": {**score(holes, samples), "curve": curve}, "meta": {"seed": 0}})
+    assert list(gates) == ["line"] and gates["line"]["gate"] == 0.1
+    (line,) = gate_lines("diffusion", gates)
+    assert (
+        line.startswith("[gates diffusion] line")
+        and "best gate 0.1" in line
+        and "pass from gate 0.3 (shown 0.200)" in line
+    )
+    assert "fail (best 0.450)" in gate_lines("m", {"line": pick_gate(curve, floor=0.5)})[0]
+
+
+def test_eval_writes_strict_per_sample_and_overall():
+    import io
+
+    from dlm_lsp.measure.evaluate import _shown, markdown_table
+
+    holes = cut_holes([("sample", SAMPLE.read_text())], 4, seed=0)
+    out = io.StringIO()
+    res = evaluate(OracleFiller(), holes, "oracle", out)
+    rows = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    assert all(isinstance(r["strict"], bool) for r in rows)
+    for kind in KINDS:
+        mine = [r for r in rows if r["kind"] == kind]
+        shown = [r for r in mine if _shown(r["shown"])]
+        assert res[kind]["strict"] == pytest.approx(sum(r["strict"] for r in shown) / max(1, len(shown)), abs=1e-4)
+        chars = sum(len(r["shown"].rstrip()) for r in mine if r["strict"])
+        assert res[kind]["strict_chars"] == pytest.approx(chars / len(mine), abs=1e-3)
+        assert all(r["kept_chars"] for r in mine if r["strict"])  # strict is a part of accepted
+        assert {"strict", "strict_chars"} <= set(res[kind]["curve"][0])
+    assert res["all"]["holes"] == len(rows) == 12
+    assert res["all"]["strict"] == pytest.approx(
+        sum(r["strict"] for r in rows) / sum(_shown(r["shown"]) for r in rows), abs=1e-4
+    )
+    table = markdown_table({"oracle": res}).splitlines()
+    assert table[0].endswith("| p50 ms | p95 ms | strict | strict chars |") and len(table) == 2 + 3
+    assert all(row.count("|") == 14 for row in table)
+    assert table[2].endswith(f"| {res['line']['strict']:.3f} | {res['line']['strict_chars']:.2f} |")
+    assert "all" not in evaluate(OracleFiller(), {"line": holes["line"]})  # one kind: no "all"

@@ -15,8 +15,15 @@ EngineService.run_now(FillJob) (default DecodeOptions) -> post-processing. Per k
   accepted      share of those shown fills that the true text starts with: what a user would keep
   kept chars    accepted_chars: characters of the accepted shown fills per hole (a share alone
                 rewards showing less; this one falls when fills are hidden or cut short needlessly)
+  strict        share of shown fills strictly accepted: accepted, and with a letter or digit and >= 3
+                non-space characters (a lone `""`, `(`, `:` or `if` does not count; issue 38)
+  strict chars  strict_chars: characters of the strictly accepted shown fills per hole
+With more than one kind the --json also has "all": these acceptance measures (and the curve) over
+every kind's holes together. --samples writes a `strict` per hole.
 The confidence gate (the server's minConfidence) hides fills the engine is less sure of; --curve
-writes accepted vs shown over every gate as a PNG (and the points into --json), from one pass.
+writes accepted vs shown over every gate as a PNG (and the points, with strict and strict_chars, into
+--json), from one pass. "gates" in the --json (and a line per kind under the table) names each kind's
+gate with the most strict chars, and whether some gate that still shows a fill reaches strict >= 0.40.
 --corpus DIR takes the holes from a corpus built by `dlm-lsp corpus`: --heldout files (its held-out
 stdlib and package files), packages (whole packages the model never saw) or all.
 --ar-model runs an autoregressive FIM twin (PSM: <|fim_prefix|>p<|fim_suffix|>s<|fim_middle|> ->
@@ -44,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from dlm_lsp.fill.gate import kind_gate
 from dlm_lsp.measure.holes import KINDS, Hole, count_syntax_errors, cut_holes
 
 if TYPE_CHECKING:
@@ -280,7 +288,9 @@ class Filler:
     """The server's path around a decoder: context -> decode(hole, request) -> post-processing.
     Subclasses give decode(); it returns (raw text, steps, tokens)."""
 
-    min_confidence = 0.0  # the server's gate on shown fills (InitializationOptions.min_confidence)
+    # the server's gate on shown fills (InitializationOptions.min_confidence, else the model's: one,
+    # or one per hole kind, dlm_lsp.fill.gate.kind_gate)
+    min_confidence: float | dict[str, float] = 0.0
     neighbours: dict[str, str] | None = None  # hole key -> cross-file text (--neighbours), None: none
     # --retrieve: fn(hole) -> cross-file text (retrieved snippets), replacing `neighbours`
     snippets: Callable[[Hole], str] | None = None
@@ -318,7 +328,8 @@ class Filler:
         # filter the gate is, and the curve over every gate comes from this one pass
         ungated, replace_len, score = self.post(doc, req, raw, self.last_confidence, 0.0, self.calibrator)
         conf = score if self.calibrator is not None and score is not None else self.last_confidence
-        shown = ungated if conf >= self.min_confidence or not ungated.strip() else ""
+        gate = kind_gate(self.min_confidence, req.hole_kind)  # per hole kind, as the server's fill_gate
+        shown = ungated if conf >= gate or not ungated.strip() else ""
         ms = (time.perf_counter() - t0) * 1000
         from dlm_lsp.fill.gate import features
 
@@ -559,28 +570,119 @@ def _accepted(h: Hole, shown: str, replace_len: int) -> bool:
     return ref.startswith(shown.rstrip())
 
 
-def accept_curve(holes: list[Hole], samples: list[Sample], gates: list[float] | None = None) -> list[dict[str, float]]:
+STRICT_MIN_CHARS = 3  # a strictly accepted fill has this many non-space characters and a letter or digit
+STRICT_FLOOR = 0.40  # a kind passes when some gate that still shows a fill reaches this strict share
+
+
+def substantial(text: str) -> bool:
+    """True when a fill carries code worth a keystroke: a letter or digit and at least
+    STRICT_MIN_CHARS non-space characters (a lone `""`, `(`, `:`, `if` or `x` is not)."""
+    body = "".join(text.split())
+    return len(body) >= STRICT_MIN_CHARS and any(c.isalnum() for c in body)
+
+
+def strictly_accepted(h: Hole, shown: str, replace_len: int) -> bool:
+    """True when the true text starts with the fill (_accepted) and the fill is substantial: the
+    stricter rule of issue 38, since `accepted` also counts a closing bracket or a two-letter keyword
+    that a user would have typed as fast as read."""
+    return substantial(shown) and _accepted(h, shown, replace_len)
+
+
+def _acceptance(holes: list[Hole], samples: list[Sample]) -> dict[str, Any]:
+    """shown, accepted, accepted_chars, strict and strict_chars of the shown fills (after the gate)."""
+    n = max(1, len(samples))
+    shown_ok = [(h, s) for h, s in zip(holes, samples) if _shown(s.shown)]
+    kept = [s.shown for h, s in shown_ok if _accepted(h, s.shown, s.replace_len)]
+    strict = [s.shown for h, s in shown_ok if strictly_accepted(h, s.shown, s.replace_len)]
+    return {
+        "shown": round(len(shown_ok) / n, 4),
+        "accepted": round(len(kept) / max(1, len(shown_ok)), 4),
+        # what the user keeps, per hole: the characters of the accepted shown fills over every hole. A
+        # share alone rewards showing less; this falls when fills are cut short or hidden needlessly
+        "accepted_chars": round(sum(len(t.rstrip()) for t in kept) / n, 3),
+        # the same two over the strictly accepted fills only (strictly_accepted)
+        "strict": round(len(strict) / max(1, len(shown_ok)), 4),
+        "strict_chars": round(sum(len(t.rstrip()) for t in strict) / n, 3),
+    }
+
+
+def overall(holes: list[Hole], samples: list[Sample]) -> dict[str, Any]:
+    """The acceptance measures (_acceptance) and the gate curve over the holes of every kind together."""
+    return {"holes": len(samples), **_acceptance(holes, samples), "curve": accept_curve(holes, samples, strict=True)}
+
+
+def accept_curve(
+    holes: list[Hole], samples: list[Sample], gates: list[float] | None = None, strict: bool = False
+) -> list[dict[str, float]]:
     """(gate, shown, accepted, chars) for each confidence gate: the ungated fills whose confidence
-    passes; `chars` is the accepted characters per hole (accepted_chars)."""
+    passes; `chars` is the accepted characters per hole (accepted_chars). With `strict`, each point
+    also has `strict` and `strict_chars` (strictly_accepted; what pick_gate chooses by)."""
     gates = gates or [round(0.05 * i, 2) for i in range(21)]
     out = []
     n = max(1, len(samples))
     for g in gates:
-        shown = acc = chars = 0
+        shown = acc = chars = strict_n = strict_chars = 0
         for h, s in zip(holes, samples):
             text = s.ungated if s.ungated is not None else s.shown
             if _shown(text) and s.confidence >= g:
                 shown += 1
-                ok = _accepted(h, text, s.ungated_replace_len if s.ungated is not None else s.replace_len)
+                replace_len = s.ungated_replace_len if s.ungated is not None else s.replace_len
+                ok = _accepted(h, text, replace_len)
                 acc += ok
                 chars += ok * len(text.rstrip())
+                sure = ok and substantial(text)
+                strict_n += sure
+                strict_chars += sure * len(text.rstrip())
+        point = {
+            "gate": g,
+            "shown": round(shown / n, 4),
+            "accepted": round(acc / max(1, shown), 4),
+            "chars": round(chars / n, 3),
+        }
+        if strict:
+            point["strict"] = round(strict_n / max(1, shown), 4)
+            point["strict_chars"] = round(strict_chars / n, 3)
+        out.append(point)
+    return out
+
+
+def pick_gate(curve: list[dict[str, float]], floor: float = STRICT_FLOOR) -> dict[str, Any]:
+    """The gate of a kind's curve (accept_curve with strict) that keeps the most strictly accepted
+    characters per hole, its point, and whether the kind passes the floor: strict >= `floor` at some
+    gate that still shows a fill (`floor_gate`: the lowest such gate, None where none does;
+    `floor_shown`: the share of holes that gate still shows, since a pass on a handful of fills is weak)."""
+    showing = [p for p in curve if p["shown"] > 0]
+    # max() keeps the first of equals: the lowest gate, which shows the most for the same characters
+    best = max(showing or curve, key=lambda p: p["strict_chars"])
+    reach = [p for p in showing if p["strict"] >= floor]
+    return {
+        "gate": best["gate"],
+        **{k: best[k] for k in ("shown", "accepted", "strict", "strict_chars")},
+        "floor": floor,
+        "passes": bool(reach),
+        "floor_gate": reach[0]["gate"] if reach else None,
+        "floor_shown": reach[0]["shown"] if reach else 0.0,
+        "best_strict": max((p["strict"] for p in showing), default=0.0),
+    }
+
+
+def gate_summary(res: dict[str, dict[str, Any]], floor: float = STRICT_FLOOR) -> dict[str, dict[str, Any]]:
+    """pick_gate for each kind of one model's results (and "all", where there is one)."""
+    return {k: pick_gate(r["curve"], floor) for k, r in res.items() if "curve" in r}
+
+
+def gate_lines(label: str, gates: dict[str, dict[str, Any]]) -> list[str]:
+    """One printed line per kind of gate_summary."""
+    out = []
+    for kind, g in gates.items():
+        verdict = (
+            f"pass from gate {g['floor_gate']:g} (shown {g['floor_shown']:.3f})"
+            if g["passes"]
+            else f"fail (best {g['best_strict']:.3f})"
+        )
         out.append(
-            {
-                "gate": g,
-                "shown": round(shown / n, 4),
-                "accepted": round(acc / max(1, shown), 4),
-                "chars": round(chars / n, 3),
-            }
+            f"[gates {label}] {kind:6s} best gate {g['gate']:g}: shown {g['shown']:.3f} accepted {g['accepted']:.3f} "
+            f"strict {g['strict']:.3f} strict chars {g['strict_chars']:.2f}; strict >= {g['floor']:.2f}: {verdict}"
         )
     return out
 
@@ -638,8 +740,6 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict[str, Any]:
         kinds[s.server_kind] = kinds.get(s.server_kind, 0) + 1
     n = max(1, len(samples))
     ms = [s.ms for s in samples]
-    shown_ok = [(h, s) for h, s in zip(holes, samples) if _shown(s.shown)]
-    kept = [s.shown for h, s in shown_ok if _accepted(h, s.shown, s.replace_len)]
     return {
         "holes": len(samples),
         "exact": round(exact / n, 4),
@@ -648,11 +748,8 @@ def score(holes: list[Hole], samples: list[Sample]) -> dict[str, Any]:
         "dup_suffix": round(dup / n, 4),
         "p50_ms": round(percentile(ms, 50), 1),
         "p95_ms": round(percentile(ms, 95), 1),
-        "shown": round(len(shown_ok) / n, 4),
-        "accepted": round(len(kept) / max(1, len(shown_ok)), 4),
-        # what the user keeps, per hole: the characters of the accepted shown fills over every hole. A
-        # share alone rewards showing less; this falls when fills are cut short or hidden needlessly
-        "accepted_chars": round(sum(len(t.rstrip()) for t in kept) / n, 3),
+        # shown, accepted, accepted_chars (kept chars), strict, strict_chars
+        **_acceptance(holes, samples),
         # extras: syntax of the non-empty shown fills once accepted, decoding effort, share of holes
         # where nothing is shown, and what the server's context called the hole
         "syntax_clean_shown": round(clean_shown / max(1, shown_n), 4),
@@ -671,8 +768,10 @@ def evaluate(
     samples_out: IO[str] | None = None,
     keep: list[Sample] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Fills every hole with `filler` and returns {kind: metrics}; `keep` collects the Samples."""
+    """Fills every hole with `filler` and returns {kind: metrics}, and with more than one kind "all":
+    the acceptance measures over every hole (overall); `keep` collects the Samples."""
     results = {}
+    every: tuple[list[Hole], list[Sample]] = ([], [])
     total = sum(len(v) for v in holes.values())
     done, t0 = 0, time.time()
     for kind, hs in holes.items():
@@ -706,6 +805,8 @@ def evaluate(
                             "kept_chars": len(s.shown.rstrip())
                             if _shown(s.shown) and _accepted(h, s.shown, s.replace_len)
                             else 0,
+                            # the shown fill strictly accepted (score(): strict; False where nothing is shown)
+                            "strict": _shown(s.shown) and strictly_accepted(h, s.shown, s.replace_len),
                         }
                     )
                     + "\n"
@@ -717,19 +818,28 @@ def evaluate(
                     flush=True,
                 )
         results[kind] = score(hs, samples)
-        results[kind]["curve"] = accept_curve(hs, samples)
+        results[kind]["curve"] = accept_curve(hs, samples, strict=True)
+        every[0].extend(hs)
+        every[1].extend(samples)
+    if len(holes) > 1:
+        results["all"] = overall(*every)
     return results
 
 
-def _chars(r: dict[str, Any]) -> str:
-    return f"{r['accepted_chars']:.2f}" if "accepted_chars" in r else "-"
+def _chars(r: dict[str, Any], key: str = "accepted_chars") -> str:
+    return f"{r[key]:.2f}" if key in r else "-"
+
+
+def _share(r: dict[str, Any], key: str) -> str:
+    return f"{r[key]:.3f}" if key in r else "-"
 
 
 def markdown_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """A Markdown table: one row per (model, kind)."""
+    """A Markdown table: one row per (model, kind); the "all" of evaluate() is in the JSON only."""
     rows = [
-        "| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | kept chars | p50 ms | p95 ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | kind | holes | exact | edit sim | syntax clean | shown | accepted | kept chars | p50 ms | p95 ms "
+        "| strict | strict chars |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, res in results.items():
         for kind in KINDS:
@@ -739,7 +849,7 @@ def markdown_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             rows.append(
                 f"| {label} | {kind} | {r['holes']} | {r['exact']:.3f} | {r['edit_sim']:.3f} | "
                 f"{r['syntax_clean']:.3f} | {r['shown']:.3f} | {r['accepted']:.3f} | {_chars(r)} | "
-                f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} |"
+                f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {_share(r, 'strict')} | {_chars(r, 'strict_chars')} |"
             )
     return "\n".join(rows)
 
@@ -850,6 +960,7 @@ def run_eval(args: argparse.Namespace) -> int:
         table = markdown_table(results)
         print(table)
         out: dict[str, Any] = dict(results["oracle"])
+        out["gates"] = _print_gates(results)["oracle"]
         out["meta"] = {
             "oracle_only": True,
             "source": _source_name(args),
@@ -960,27 +1071,44 @@ def run_eval(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "elapsed_s": round(time.time() - t_start, 1),
     }
-    if typed is not None:
-        out["reuse"] = {**results["diffusion+reuse"], **typed.summary()}
-    if ar is not None:
-        out["ar"] = {**results["autoregressive"], "model": str(args.ar_model), "decode": "greedy FIM PSM, KV cache"}
-    if "oracle" in results:
-        out["oracle"] = results["oracle"]
     table = markdown_table(results)
     print(table)
+    gates = _print_gates(results)
+    out["gates"] = gates["diffusion"]
+    if typed is not None:
+        out["reuse"] = {**results["diffusion+reuse"], **typed.summary(), "gates": gates["diffusion+reuse"]}
+    if ar is not None:
+        out["ar"] = {
+            **results["autoregressive"],
+            "model": str(args.ar_model),
+            "decode": "greedy FIM PSM, KV cache",
+            "gates": gates["autoregressive"],
+        }
+    if "oracle" in results:
+        out["oracle"] = {**results["oracle"], "gates": gates["oracle"]}
     if getattr(args, "curve", None):
         curves = {
             f"{label} {kind}": r["curve"]
             for label, res in results.items()
             if label != "oracle"
             for kind, r in res.items()
+            if kind in KINDS  # not evaluate()'s "all"
         }
-        plot_curves(curves, args.curve, gate=dlm.min_confidence)
+        plot_curves(curves, args.curve, gate=dlm.min_confidence if isinstance(dlm.min_confidence, float) else None)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
     if args.md_out:
         Path(args.md_out).write_text(table + "\n")
     return 0
+
+
+def _print_gates(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """gate_summary of each model's results, each kind's line printed under the table."""
+    gates = {label: gate_summary(res) for label, res in results.items()}
+    for label, g in gates.items():
+        for line in gate_lines(label, g):
+            print(line)
+    return gates
 
 
 def _source_name(args: argparse.Namespace) -> str:
