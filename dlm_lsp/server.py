@@ -491,7 +491,7 @@ class DlmServer(LanguageServer):
             check,
             filters=self.options.postprocess,
             confidence=fill.confidence,
-            min_confidence=self.fill_gate(),
+            min_confidence=self.fill_gate(req.hole_kind),
             calibrator=self.fill_calibrator(),
         )
 
@@ -565,13 +565,13 @@ class DlmServer(LanguageServer):
             self._calibrator_raw, self._calibrator = raw, gate.Calibrator.from_json(raw)
         return getattr(self, "_calibrator", None)
 
-    def fill_gate(self) -> float:
-        """The confidence gate on shown fills: the user's minConfidence, else the model's own
-        (serving.json, reported by the engine as `gate`), else 0."""
+    def fill_gate(self, kind: str = "line") -> float:
+        """The confidence gate on shown fills of this hole kind: the user's minConfidence (for every
+        kind), else the model's own (serving.json, reported by the engine as `gate`: one number or
+        one per kind, gate.kind_gate), else 0."""
         if self.options.min_confidence is not None:
             return self.options.min_confidence
-        gate = self.engine_info.get("gate")
-        return float(gate) if isinstance(gate, (int, float)) else 0.0
+        return gate.kind_gate(self.engine_info.get("gate"), kind)
 
     def _range_result(self, doc: Document, offset: int, text: str, replace_len: int) -> Result:
         idx = doc.index(self.encoding)

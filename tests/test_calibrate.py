@@ -238,3 +238,26 @@ def test_eval_samples_fit_a_calibrator_that_the_eval_then_applies(tmp_path):
     # --raw-gate: the same model gated on the engine's raw confidence
     assert main([*args[:-2], "--raw-gate", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["meta"]["gate_on"] == "confidence"
+
+
+def test_a_gate_per_hole_kind_and_a_kind_hidden_by_default(tmp_path):
+    """serving.json's min_confidence may be one gate per hole kind; 1.0 hides a kind (no score passes,
+    not even an all-certain 1.0); the user's minConfidence still overrides every kind."""
+    from dlm_lsp.fill.gate import kind_gate
+    from dlm_lsp.options import parse_options
+    from dlm_lsp.server import make_server
+    from engine.weights.checkpoint import serving_defaults
+
+    per_kind = {"line": 0.2, "middle": 0.35, "block": 1.0}
+    assert [kind_gate(per_kind, k) for k in ("line", "middle", "block", "args")] == [0.2, 0.35, math.inf, 0.0]
+    assert kind_gate(0.4, "block") == 0.4 and kind_gate(None, "line") == 0.0 and kind_gate(True, "line") == 0.0
+    (tmp_path / "serving.json").write_text(json.dumps({"min_confidence": {**per_kind, "lines": 0.5, "args": 2}}))
+    assert serving_defaults(tmp_path) == {"min_confidence": per_kind}  # unknown kinds and out-of-range left out
+    ls = make_server()
+    ls.engine_info = {"gate": per_kind}
+    assert (ls.fill_gate("line"), ls.fill_gate("block")) == (0.2, math.inf)
+    ls.options, _ = parse_options({"minConfidence": 0.0}, ls.options)
+    assert ls.fill_gate("block") == 0.0  # the user's setting turns the hidden kind back on
+    req = build_request(Document("file:///a.py", "python", 1, "def f(x):\n    "), 14)
+    hidden = finish(req, "return x", None, confidence=1.0, min_confidence=kind_gate(per_kind, "block"))
+    assert hidden.text == "" and "low confidence" in (hidden.dropped or "")

@@ -21,6 +21,19 @@ from typing import TYPE_CHECKING, TypeGuard
 if TYPE_CHECKING:
     from dlm_lsp.fill.context import FillRequest
 
+
+def kind_gate(raw: object, kind: str) -> float:
+    """The gate on one hole kind's shown fills from a model's `min_confidence` (serving.json, reported
+    by the engine as `gate`): a number for every kind, or {kind: number} per hole kind (a kind it
+    does not name: 0). A gate of 1 or more shows nothing of that kind: no score reaches it (the model's
+    fills of that kind are hidden by default; the user's minConfidence overrides every kind)."""
+    if isinstance(raw, dict):
+        raw = raw.get(kind, 0.0)
+    if not isinstance(raw, (int, float)) or isinstance(raw, bool):
+        return 0.0
+    return math.inf if raw >= 1.0 else float(raw)  # a score of exactly 1.0 (all-certain tokens) stays hidden too
+
+
 FEATURES = (
     "logit_confidence",  # log(c / (1 - c)) of the engine's confidence, c clipped to [1e-4, 1 - 1e-4]
     "log_chars",  # log(1 + non-space characters of the fill); not fitted by default (DROP)

@@ -221,10 +221,11 @@ class FimServer:
             self._calibrator_raw, self._calibrator = raw, Calibrator.from_json(raw)
         return getattr(self, "_calibrator", None)
 
-    @property
-    def gate(self) -> float:
-        g = self.info.get("gate")
-        return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) else 0.0
+    def gate(self, kind: str) -> float:
+        """The model's gate on this hole kind's shown fills (gate.kind_gate)."""
+        from dlm_lsp.fill.gate import kind_gate
+
+        return kind_gate(self.info.get("gate"), kind)
 
     async def _wait_ready(self, deadline: float) -> None:
         """Returns once the engine is ready; raises ApiError 503 while it loads past `deadline`."""
@@ -431,7 +432,7 @@ class FimServer:
             prep = self.pipeline.prepare(p, arrival)
             fut = self.engine.submit(prep.job)
             fill = await self._await_fill(request, prep, fut)
-            done = self.pipeline.complete(prep, fill, self.gate, self.calibrator)
+            done = self.pipeline.complete(prep, fill, self.gate(prep.request.hole_kind), self.calibrator)
             use = fim_api.usage(self._prompt_tokens(prep), fill.tokens, flavour)
             dlm = fim_api.timing(prep, fill, done)
             cid = fim_api.completion_id()

@@ -109,7 +109,7 @@ class HttpEngine:
         self.state = "idle"
         self.message: str | None = None
         self.dlm = False  # the endpoint is a dlm-lsp http server (seen in its /v1/models)
-        self.gate: float | None = None
+        self.gate: float | dict[str, float] | None = None  # the remote model's gate (one per hole kind, or one)
         self.calibrator: dict | None = None  # the remote model's calibrated gate (dlm_lsp.fill.gate)
         self.context_tokens: int | None = None  # the remote server's context budget (engine.api.context_budget)
         self.requests = 0
@@ -285,7 +285,12 @@ class HttpEngine:
         ext = first.get("dlm")
         self.dlm = isinstance(ext, dict)
         gate = ext.get("gate") if isinstance(ext, dict) else None
-        self.gate = float(gate) if isinstance(gate, (int, float)) and not isinstance(gate, bool) else None
+        # a number, or one per hole kind (dlm_lsp.fill.gate.kind_gate reads it); anything else: none
+        if isinstance(gate, dict):
+            ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in gate.values())
+            self.gate = {str(k): float(v) for k, v in gate.items()} if ok else None
+        else:
+            self.gate = float(gate) if isinstance(gate, (int, float)) and not isinstance(gate, bool) else None
         # the remote model's calibrated gate, with its gate
         cal = ext.get("calibrator") if isinstance(ext, dict) else None
         self.calibrator = cal if isinstance(cal, dict) else None

@@ -57,9 +57,13 @@ def _weight(v: float) -> bool:
     return 0 <= v <= 50
 
 
+GATE_KINDS = ("line", "block", "middle", "args")  # the hole kinds a per-kind gate may name (the server's)
+
+
 def serving_defaults(folder: Path) -> dict:
     """The model's own serving defaults from `serving.json` in its folder: {"min_confidence": float in
-    [0, 1]} (the confidence gate chosen from its held-out accepted-vs-shown curve), {"decode":
+    [0, 1], or {hole kind: float in [0, 1]}} (the confidence gate chosen from its held-out
+    accepted-vs-shown curve, for every kind or per kind; 1.0 hides a kind), {"decode":
     {...}} (DecodeOptions it was tuned with: api.MODEL_DECODE_KEYS, and "ngram_kinds" /
     "local_ngram_kinds" / "workspace_ngram_kinds" / "stop_below_kinds": those per hole kind) and {"calibrator": {...}} (the
     gate's acceptance model, dlm_lsp.fill.gate). Missing, unreadable or
@@ -77,6 +81,10 @@ def serving_defaults(folder: Path) -> dict:
     gate = raw.get("min_confidence")
     if _number(gate) and 0.0 <= gate <= 1.0:
         out["min_confidence"] = float(gate)
+    elif isinstance(gate, dict):  # one gate per hole kind (1.0: that kind is not shown by default)
+        kinds = {k: float(v) for k, v in gate.items() if k in GATE_KINDS and _number(v) and 0.0 <= v <= 1.0}
+        if kinds:
+            out["min_confidence"] = kinds
     # decoding the model was tuned with (the context copy boost): only known keys, in range
     dec = raw.get("decode")
     if not isinstance(dec, dict):
