@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from dlm_lsp.fill import context, postprocess
 from dlm_lsp.fill.documents import Document, language_id_for_path
-from dlm_lsp.fill.gate import Calibrator
+from dlm_lsp.fill.gate import Calibrator, kind_gate
 from dlm_lsp.options import InitializationOptions
 from engine.api import DEFAULT_CONTEXT_TOKENS
 from engine.paths import EXAMPLES_DIR
@@ -126,8 +126,8 @@ def fill_document(
         postprocess.SyntaxCheck(doc.text, doc.tree, doc.parser, offset) if doc.tree is not None and filters else None
     )
     gate = InitializationOptions().min_confidence if min_confidence is None else min_confidence
-    if gate is None:  # the model's own gate, as the server applies it
-        gate = getattr(engine, "serving", {}).get("min_confidence", 0.0)
+    if gate is None:  # the model's own gate for this hole kind, as the server applies it
+        gate = kind_gate(getattr(engine, "serving", {}).get("min_confidence"), req.hole_kind)
     cal = Calibrator.from_json(getattr(engine, "serving", {}).get("calibrator"))
     fin = postprocess.finish(
         req, fill.text, check, filters=filters, confidence=fill.confidence, min_confidence=gate, calibrator=cal

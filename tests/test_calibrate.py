@@ -260,4 +260,4 @@ def test_a_gate_per_hole_kind_and_a_kind_hidden_by_default(tmp_path):
     assert ls.fill_gate("block") == 0.0  # the user's setting turns the hidden kind back on
     req = build_request(Document("file:///a.py", "python", 1, "def f(x):\n    "), 14)
     hidden = finish(req, "return x", None, confidence=1.0, min_confidence=kind_gate(per_kind, "block"))
-    assert hidden.text == "" and "low confidence" in (hidden.dropped or "")
+    assert hidden.text == "" and "fills are off for this model" in (hidden.dropped or "")

@@ -30,6 +30,7 @@ a larger statement re-parses the whole file instead, incrementally from the docu
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -443,6 +444,8 @@ def finish(
     text = text.rstrip()
     if not filters:
         return done(text)
+    if min_confidence == math.inf and text.strip():  # the model's gate hides this kind (gate.kind_gate)
+        return done("", dropped=f"{req.hole_kind} fills are off for this model (a minConfidence setting shows them)")
     if calibrator is None and text.strip() and confidence < min_confidence:
         return done("", dropped=f"low confidence ({confidence:.2f} < {min_confidence:.2f})")
     text = cut_degenerate(text)
