@@ -157,57 +157,18 @@ def kernels(dev: torch.device, tiny: bool) -> dict:
 
 
 def dream_7b_config(tiny: bool):
-    """Dream-7B's engine config from its config.json keys (through the family adapter)."""
+    """Dream-7B's engine config from its config.json keys (dlm-lsp bench --gpu's, through the family
+    adapter); `tiny`: the same keys at 2 layers of 64."""
+    from dlm_lsp.measure.gpu_setup import MODELS
     from engine.families.registry import FAMILIES
     from engine.families.specials import TokenFiles
 
-    shapes = (
-        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-        if tiny
-        else dict(
-            hidden_size=3584,
-            intermediate_size=18944,
-            num_hidden_layers=28,
-            num_attention_heads=28,
-            num_key_value_heads=4,
-        )
-    )
-    cfg = dict(
-        architectures=["DreamModel"],
-        model_type="Dream",
-        vocab_size=152064,
-        max_position_embeddings=131072,
-        rope_theta=1e6,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        hidden_act="silu",
-        mask_token_id=151666,
-        eos_token_id=151643,
-        pad_token_id=151643,
-        bos_token_id=151665,
-        **shapes,
-    )
-    dream = next(f for f in FAMILIES if f.name == "dream")
-    return dream.engine_config(cfg, TokenFiles(cfg, {}, {}, None))
-
-
-def random_model(cfg, dev: torch.device, dtype: torch.dtype, seed: int = 0):
-    """The model built on the meta device and materialised on `dev` in `dtype` with random weights."""
-    from engine.model.transformer import Transformer, rope_tables
-
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model = model.to(dtype).to_empty(device=dev)  # allocated once, in its final dtype (15 GB for 7B in bf16)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=g)
-    cos, sin = rope_tables(cfg)
-    model.rope_cos, model.rope_sin = cos.to(dev), sin.to(dev)
-    return model.eval()
+    family, keys = MODELS["dream-7b"]
+    if tiny:
+        tiny_shapes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+        keys = {**keys, **tiny_shapes, "num_key_value_heads": 2}
+    fam = next(f for f in FAMILIES if f.name == family)
+    return fam.engine_config(keys, TokenFiles(keys, {}, {}, None))
 
 
 def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps: int) -> dict:
@@ -219,6 +180,8 @@ def bench(dev: torch.device, dtype: torch.dtype, tiny: bool, context: int, reps:
 
     cfg = dream_7b_config(tiny)
     t0 = time.perf_counter()
+    from dlm_lsp.measure.gpu_setup import random_model  # the bench's: built on the meta device, filled on `dev`
+
     model = random_model(cfg, dev, dtype)
     _sync(dev)
     build_s = time.perf_counter() - t0
