@@ -101,7 +101,7 @@ def kernels(dev: torch.device, tiny: bool) -> dict:
     import os
 
     ks = importlib.import_module("kernels.slot_stats")
-    if ks.triton is None:
+    if not ks.triton_installed():
         return {"skipped": "Triton is not installed", "ok": True}
     if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return {

@@ -365,7 +365,7 @@ for dt, bd, has_allow in (("fp32", 128, False), ("fp32", 128, True), ("bf16", 64
            "stride_hm": "i32", "stride_wv": "i32", "stride_av": "i32", "eps": "fp32", "ban": "i32",
            "v_per_split": "i32", "BLOCK_M": "constexpr", "BLOCK_D": "constexpr", "BLOCK_V": "constexpr",
            "HAS_ALLOW": "constexpr", "INTERPRET": "constexpr"}
-    src = ASTSource(ks._slot_stats_kernel, sig, constexprs={"BLOCK_M": 16, "BLOCK_D": bd, "BLOCK_V": 128,
+    src = ASTSource(ks.triton_kernel(), sig, constexprs={"BLOCK_M": 16, "BLOCK_D": bd, "BLOCK_V": 128,
                                                              "HAS_ALLOW": has_allow, "INTERPRET": False})
     asm = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm
     out[f"{dt}-allow{has_allow}"] = {"stages": sorted(asm), "mma": bool(re.search(r"\bw?mma", asm["ptx"]))}
