@@ -13,7 +13,7 @@ from typing import NoReturn
 
 # subcommand -> (module, add-arguments function, run function, help)
 COMMANDS = {
-    "serve": ("dlm_lsp.server", "add_serve_args", "run_serve", "run the language server over stdio"),
+    "serve": ("dlm_lsp.launch", "add_serve_args", "run_serve", "run the language server over stdio"),
     "engine": (
         "engine.serve.daemon",
         "add_engine_args",

@@ -27,7 +27,6 @@ params' positions in place against str.splitlines() lines (which also break at \
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -40,6 +39,7 @@ from urllib.parse import unquote
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
+from dlm_lsp.engines import default_engine_factory
 from dlm_lsp.fill import context, gate, postprocess
 from dlm_lsp.fill.documents import Document, DocumentStore, uri_key
 from dlm_lsp.fill.positions import UTF16, units_len
@@ -89,38 +89,6 @@ class Engine(Protocol):
 
 # (model, device, on_state, threads=..., engine=...) -> the engine; the keywords only when set
 EngineFactory = Callable[..., Engine]
-
-
-def default_engine_factory(
-    model: str | None,
-    device: str,
-    on_state: OnState,
-    threads: int | None = None,
-    engine: str | dict | None = None,
-) -> Engine:
-    """The real engine: the user's shared engine daemon (engine/clients/remote.py: this process never loads
-    torch) or, with `engine` / DLM_ENGINE "inproc", an EngineService in this process (imported here
-    so importing the server never loads torch), or with an `engine` endpoint object a FIM HTTP
-    endpoint (engine/clients/http_engine.py)."""
-    import os
-
-    if isinstance(engine, dict):  # a FIM HTTP endpoint (dlm_lsp.options.engine_endpoint normalized it)
-        from engine.clients.http_engine import HttpEngine
-
-        return HttpEngine(
-            engine["url"],
-            api=engine.get("api") or "openai-fim",
-            api_key_env=engine.get("apiKeyEnv"),
-            model=engine.get("model"),
-            on_state=on_state,
-        )
-    if (engine or os.environ.get("DLM_ENGINE") or "shared") == "shared":
-        from engine.clients.remote import RemoteEngine
-
-        return RemoteEngine(model=model, device=device, on_state=on_state, threads=threads)
-    from engine.serve.service import EngineService
-
-    return EngineService(model=model, device=device, on_state=on_state, threads=threads)
 
 
 MAX_OPEN_SNIPPET_DOCS = 16  # the most recently edited open documents searched with the workspace's files
@@ -813,34 +781,6 @@ def serve(engine_factory: EngineFactory | None = None) -> int:
 
 
 # ---------------------------------------------------------------------- CLI
-
-
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--stdio",
-        action="store_true",
-        help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)",
-    )
-    p.add_argument("--log-file", default=None, help="also write the log to this file")
-    p.add_argument(
-        "--engine",
-        choices=["shared", "inproc"],
-        default=None,
-        help="the user's shared engine daemon (default; DLM_ENGINE) or one in this process",
-    )
-
-
-def run_serve(args: argparse.Namespace) -> int:
-    quiet_pygls()
-    if getattr(args, "log_file", None):
-        h = logging.FileHandler(args.log_file)
-        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        logging.getLogger().addHandler(h)
-    if getattr(args, "engine", None):
-        import os
-
-        os.environ["DLM_ENGINE"] = args.engine  # read by default_engine_factory
-    return serve()
 
 
 class _AnsweredCancels(logging.Filter):
