@@ -1,4 +1,6 @@
-"""`dlm-lsp serve`: its arguments, then the language server (dlm_lsp/server.py)."""
+"""`dlm-lsp serve`: starts the engine the client announced (dlm_lsp/engines.py: DLM_LSP_PRESTART), then
+imports and runs the language server (dlm_lsp/server.py), half a second of pygls and lsprotocol that
+the engine's start no longer waits for."""
 
 from __future__ import annotations
 
@@ -6,8 +8,11 @@ import argparse
 import logging
 import os
 
+from dlm_lsp.engines import default_engine_factory, start_early
+
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """`dlm-lsp serve`'s arguments (nothing heavy is imported to parse them)."""
     p.add_argument(
         "--stdio",
         action="store_true",
@@ -23,6 +28,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Starts the engine (start_early), then imports and runs the server."""
+    if getattr(args, "engine", None):
+        os.environ["DLM_ENGINE"] = args.engine  # read by default_engine_factory and the hint's key
+    start_early(default_engine_factory)
     from dlm_lsp.server import quiet_pygls, serve
 
     quiet_pygls()
@@ -30,6 +39,4 @@ def run_serve(args: argparse.Namespace) -> int:
         h = logging.FileHandler(args.log_file)
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(h)
-    if getattr(args, "engine", None):
-        os.environ["DLM_ENGINE"] = args.engine  # read by default_engine_factory
     return serve()

@@ -39,7 +39,7 @@ from urllib.parse import unquote
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from dlm_lsp.engines import default_engine_factory
+from dlm_lsp.engines import EarlyEngine, default_engine_factory, engine_args, machine_key, take_early
 from dlm_lsp.fill import context, gate, postprocess
 from dlm_lsp.fill.documents import Document, DocumentStore, uri_key
 from dlm_lsp.fill.positions import UTF16, units_len
@@ -118,6 +118,8 @@ class DlmServer(LanguageServer):
         self.workspace_index: WorkspaceIndex | None = None  # the workspace's files as cross-file context
         self.workspace_roots: list[Path] = []
         self.workspace_folders: list[str] = []  # folder URIs: initialize's, then as the client changes them
+        self.early: EarlyEngine | None = None  # the engine started with the process (dlm_lsp.engines)
+        self._adopting: EarlyEngine | None = None  # the early engine start_engine waits for
 
     # ------------------------------------------------------------------ engine
 
@@ -201,19 +203,53 @@ class DlmServer(LanguageServer):
         def on_state(state: str, info: dict | None, gen: int = gen) -> None:  # engine thread
             loop.call_soon_threadsafe(self._engine_state_changed, gen, state, dict(info or {}))
 
+        early, self.early = self.early, None
+        if early is not None and early.key == machine_key(self.options):
+            self._adopt(early, gen, on_state)
+        else:
+            if early is not None:  # the options picked another engine than the hint did
+                log.info("the engine started early is not the one the options pick; starting that")
+                loop.run_in_executor(None, early.close)
+            self._make_engine(gen, on_state)
+        self._begin_progress()
+
+    def _make_engine(self, gen: int, on_state: OnState) -> None:
         try:
-            extra: dict[str, object] = {"threads": self.options.threads} if self.options.threads else {}
-            if self.options.engine:  # inproc | shared (default_engine_factory)
-                extra["engine"] = self.options.engine
-            self.engine = engine = self.engine_factory(self.options.model, self.options.device, on_state, **extra)
+            model, device, extra = engine_args(self.options)
+            self.engine = engine = self.engine_factory(model, device, on_state, **extra)
             engine.start()
-            if self.workspace_index is not None:  # a new engine has no workspace memory: the next walk sends it all
-                self.workspace_index.set_sink(self._workspace_sink())
+            self._engine_made()
         except Exception as e:  # noqa: BLE001 - a bad engine setup must not take the server down
             log.exception("engine failed to start")
             self._engine_state_changed(gen, "error", {"message": f"engine failed to start: {e}"})
-            return
-        self._begin_progress()
+
+    def _engine_made(self) -> None:
+        if self.workspace_index is not None:  # a new engine has no workspace memory: the next walk sends it all
+            self.workspace_index.set_sink(self._workspace_sink())
+
+    def _adopt(self, early: EarlyEngine, gen: int, on_state: OnState) -> None:
+        """Takes the engine started with the process (dlm_lsp.engines) once it exists, off the loop;
+        requests meanwhile wait for it as for a loading one. One that failed to start is made again
+        here, which reports why."""
+        assert self.loop is not None
+        self._adopting = early
+
+        def adopt(_: object) -> None:  # on the loop
+            self._adopting = None
+            if gen != self.engine_gen:  # replaced or shut down meanwhile
+                early.close()
+                return
+            engine, last = early.attach(on_state)
+            if engine is None:
+                self._make_engine(gen, on_state)
+                return
+            self.engine = engine
+            self._engine_made()
+            log.info("adopted the engine started with the process")
+            if last is not None:
+                self._engine_state_changed(gen, *last)
+
+        self.loop.run_in_executor(None, early.made.wait).add_done_callback(adopt)
 
     def _engine_state_changed(self, gen: int, state: str, info: dict) -> None:
         if gen != self.engine_gen:
@@ -291,7 +327,7 @@ class DlmServer(LanguageServer):
 
     async def _wait_ready(self, ticket: Ticket) -> bool:
         """True once the engine is ready; waits at most until the request's deadline."""
-        if self.engine is None or self.engine_state == "error":
+        if (self.engine is None and self._adopting is None) or self.engine_state == "error":
             return False
         if self.engine_state == "ready":
             return True
@@ -617,6 +653,11 @@ def _register_lifecycle(server: DlmServer) -> None:
         if ls.engine is not None:
             ls.engine.close()
             ls.engine = None
+        ls.engine_gen += 1  # an early engine still being adopted is closed when it comes
+        for early in (ls.early, ls._adopting):
+            if early is not None:
+                early.close()
+        ls.early = None
         if ls.workspace_index is not None:
             ls.workspace_index.close()
 
@@ -774,9 +815,11 @@ def serve(engine_factory: EngineFactory | None = None) -> int:
     """Runs the server over stdio until the client exits; returns the exit code (0 after shutdown,
     else 1). No input ends it otherwise (dlm_lsp/protocol.py)."""
     server = make_server(engine_factory)
+    server.early = take_early(server.engine_factory)  # started before the client's initialize (dlm_lsp.engines)
     code = run_stdio(server)
-    if server.engine is not None:
-        server.engine.close()
+    for engine in (server.engine, server.early, server._adopting):
+        if engine is not None:
+            engine.close()
     return code
 
 

@@ -25,12 +25,17 @@ The server passes its `model` option to the engine factory, so a test picks the 
             engine with exact context reuse would (Fill.forwarded_tokens, .reused_tokens; default 0, 0)
   hang      N > 0: the Nth job never finishes (the engine thread blocks, ignoring cancel and
             deadline, until close): what a step stuck forever looks like to the server
+  made      1: the fill tells this engine's birth: "engine N of M, C closed, made at T ms" (N: which
+            engine of this process it is, M: how many were made, C: how many closed, T: when it was
+            made, from this module's import at the process's start): which engine the server fills with
+  broken    1: making the engine raises EngineError("scripted broken model"), as a missing model does
 Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
 resolves cancelled jobs with Fill(cancelled=True) carrying the steps taken.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -61,6 +66,8 @@ def parse_script(model: str | None) -> dict[str, str]:
         "workspace": "0",
         "slow_every": "0",
         "slow_ms": "0",
+        "made": "0",
+        "broken": "0",
     }
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
@@ -76,6 +83,12 @@ class _Rows(TypedDict, total=False):
     reused_tokens: int
 
 
+log = logging.getLogger("dlm.scripted")
+_T0 = time.monotonic()  # the process's start, near enough: fake_server.py imports this module first
+_births = {"made": 0, "closed": 0}
+_births_lock = threading.Lock()
+
+
 class ScriptedEngine:
     def __init__(
         self,
@@ -85,6 +98,13 @@ class ScriptedEngine:
     ) -> None:
         self.model_name, self.device_name, self.on_state = model, device, on_state
         self.p = parse_script(model)
+        if self.p["broken"] == "1":
+            raise EngineError("scripted broken model")
+        with _births_lock:
+            _births["made"] += 1
+            self.ordinal = _births["made"]
+        self.made_ms = (time.monotonic() - _T0) * 1000
+        log.info("scripted engine %d made", self.ordinal)
         self.state = "idle"
         self._inbox: queue.Queue[tuple[FillJob, Future[Fill]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -124,6 +144,9 @@ class ScriptedEngine:
         return fut
 
     def close(self) -> None:
+        if not self._closed.is_set():
+            with _births_lock:
+                _births["closed"] += 1
         self._closed.set()
         self._inbox.put(None)
 
@@ -162,6 +185,10 @@ class ScriptedEngine:
                 text = job.lookup[: int(self.p["lookup"])].replace("\n", "\u23ce")
             if self.p["tell"]:
                 text = str(getattr(job, self.p["tell"]))
+            if self.p["made"] == "1":
+                with _births_lock:
+                    made, closed = _births["made"], _births["closed"]
+                text = f"engine {self.ordinal} of {made}, {closed} closed, made at {self.made_ms:.0f} ms"
             if self.p["workspace"] == "1":
                 keys = self.spaces.get(job.workspace) if job.workspace is not None else None
                 text = (
