@@ -6,6 +6,8 @@ The VS Code end-to-end tests point `dlm.server.path` at this script, so they can
 server really sent (a fill's text and range, $/progress, dlm/status) against what VS Code shows,
 whatever VS Code's own log levels are. Lines: {"t": seconds since start, "dir": "in"|"out", "msg": {...}}
 ("in": editor to server), "pid": this process's id (tells apart the servers of one log). Stdlib only.
+A JSON object in LOG.env, when that file exists as the server starts, is added to the server's
+environment: how a test runs the next window's server on the shared engine.
 """
 import json
 import os
@@ -42,7 +44,11 @@ def main() -> int:
     t0 = time.monotonic()
     log = open(log_path, "a", encoding="utf-8")
     lock = threading.Lock()
-    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    env = dict(os.environ)
+    if os.path.exists(log_path + ".env"):
+        with open(log_path + ".env", encoding="utf-8") as f:
+            env.update(json.load(f))
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def pump(src, dst, direction):
         for raw, msg in frames(src):

@@ -157,6 +157,12 @@ local function test()
   if not client then
     return
   end
+  if mode ~= 'enable' then
+    -- setup{} tells the server, as it starts, which engine its options pick (DLM_LSP_PRESTART)
+    local env = client.config.cmd_env or {}
+    local hint = env.DLM_LSP_PRESTART and vim.json.decode(env.DLM_LSP_PRESTART)
+    check('the server is told the engine at start', hint and hint.device == 'cpu' and hint.model == init_options.model, env)
+  end
   check('server advertises inline completion', wait_for(function()
     return client.initialized and client:supports_method('textDocument/inlineCompletion')
   end, SLOW_MS))

@@ -10,7 +10,7 @@ import {
 } from 'vscode-languageclient/node';
 import { COMMANDS, CommandName } from './commands';
 import { LaunchError, resolveLaunch } from './launch';
-import { documentSelector, ENGINE_SECRET, engineLaunch, extraInitOptions, serverOptions } from './settings';
+import { documentSelector, ENGINE_SECRET, engineLaunch, extraInitOptions, prestartEnv, serverOptions } from './settings';
 import { ClientState, EngineStatus, statusView } from './status';
 
 let client: LanguageClient | undefined;
@@ -63,9 +63,10 @@ async function start(): Promise<void> {
   const secret = options.engine ? await secrets?.get(ENGINE_SECRET) : undefined;
   const { engine, env } = engineLaunch(options.engine, secret);
   options.engine = engine;
+  const initializationOptions = { ...options, ...extraInitOptions(process.env.DLM_LSP_INIT_OPTIONS) };
   const clientOptions: LanguageClientOptions = {
     documentSelector: documentSelector(options.languages),
-    initializationOptions: { ...options, ...extraInitOptions(process.env.DLM_LSP_INIT_OPTIONS) },
+    initializationOptions,
     outputChannel: log,
     middleware: {
       // Returning without calling next() sends no request, so "off" costs the server nothing.
@@ -79,7 +80,9 @@ async function start(): Promise<void> {
   const c = new LanguageClient(
     'dlm', // also makes the library read the `dlm.trace.server` setting
     'dlm-lsp',
-    { command: launch.command, args: launch.args, transport: TransportKind.stdio, options: { env: { ...process.env, ...env } } },
+    // the engine the options pick starts with the process, before the handshake (prestartEnv)
+    { command: launch.command, args: launch.args, transport: TransportKind.stdio,
+      options: { env: { ...process.env, ...env, ...prestartEnv(initializationOptions) } } },
     clientOptions,
   );
   c.onNotification('dlm/status', (params: EngineStatus) => {

@@ -84,6 +84,21 @@ export function engineLaunch(engine: EngineSetting | null, secret: string | unde
   return { engine: { ...engine, apiKeyEnv: name }, env: { [name]: secret } };
 }
 
+/** The environment variable that tells the server, as its process starts, the options that pick its
+ * engine, so it starts that engine before the initialize handshake (dlm_lsp/launch.py). */
+export const PRESTART_ENV = 'DLM_LSP_PRESTART';
+
+/** The options that pick the server's engine (the server's machine-scoped ones), as the server's
+ * environment carries them: DLM_LSP_PRESTART, a JSON object. An HTTP endpoint starts nothing slow,
+ * so it is not announced. */
+export function prestartEnv(initOptions: Record<string, unknown>): Record<string, string> {
+  const engine = initOptions.engine;
+  if (engine !== null && engine !== undefined && typeof engine !== 'string') return {};
+  const hint: Record<string, unknown> = {};
+  for (const key of ['model', 'device', 'engine', 'threads']) if (initOptions[key] !== undefined) hint[key] = initOptions[key];
+  return { [PRESTART_ENV]: JSON.stringify(hint) };
+}
+
 /** Gives the document selector for the enabled languages ("*": every file and untitled document). */
 export function documentSelector(languages: string[]): { scheme: string; language?: string }[] {
   const schemes = ['file', 'untitled'];

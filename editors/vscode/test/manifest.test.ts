@@ -5,7 +5,7 @@ import * as path from 'node:path';
 import { test } from 'node:test';
 import { COMMANDS } from '../src/commands';
 import { LaunchError, resolveLaunch } from '../src/launch';
-import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, ENGINE_KEY_ENV, engineLaunch, engineSetting, extraInitOptions, LIBRARY_SETTINGS, SERVER_SETTINGS, serverOptions } from '../src/settings';
+import { CLIENT_SETTINGS, DEFAULT_LANGUAGES, documentSelector, ENGINE_KEY_ENV, engineLaunch, engineSetting, extraInitOptions, LIBRARY_SETTINGS, PRESTART_ENV, prestartEnv, SERVER_SETTINGS, serverOptions } from '../src/settings';
 import { statusView } from '../src/status';
 
 const root = path.resolve(__dirname, '../..');
@@ -100,4 +100,12 @@ test('server command settings work from User settings in a remote window (code-s
 test('DLM_LSP_INIT_OPTIONS adds options only when it is a JSON object', () => {
   assert.deepEqual(extraInitOptions('{"postprocess": false}'), { postprocess: false });
   for (const raw of [undefined, '', 'nonsense', '[1]', 'null', '3']) assert.deepEqual(extraInitOptions(raw), {}, String(raw));
+});
+
+test('the server is told at start which engine the options pick, never an endpoint', () => {
+  const opts = serverOptions((key) => ({ model: '/m', device: 'cpu', budgetMs: 900 } as Record<string, unknown>)[key]);
+  const env = prestartEnv({ ...opts, threads: 2 });
+  assert.deepEqual(JSON.parse(env[PRESTART_ENV]), { model: '/m', device: 'cpu', engine: null, threads: 2 });
+  assert.deepEqual(JSON.parse(prestartEnv({ ...opts, engine: 'inproc' })[PRESTART_ENV]).engine, 'inproc');
+  assert.deepEqual(prestartEnv({ ...opts, engine: { url: 'http://box/v1' } }), {});
 });

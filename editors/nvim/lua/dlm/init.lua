@@ -30,6 +30,22 @@ function M.init_options()
   return vim.tbl_extend('force', { languages = M.config.filetypes }, M.config.init_options)
 end
 
+--- Gives the server's environment that announces the engine the options pick (DLM_LSP_PRESTART,
+--- docs/lsp-extensions.md), so the server starts it before the handshake; nothing for an HTTP endpoint.
+function M.prestart_env()
+  local o = M.init_options()
+  if o.engine ~= nil and type(o.engine) ~= 'string' then
+    return {}
+  end
+  local hint = vim.empty_dict() -- a JSON object even when every option is the server's default
+  for _, k in ipairs({ 'model', 'device', 'engine', 'threads' }) do
+    if o[k] ~= nil then
+      hint[k] = o[k]
+    end
+  end
+  return { DLM_LSP_PRESTART = vim.json.encode(hint) }
+end
+
 --- Gives the `vim.lsp.config` table for the `dlm` client (also what lsp/dlm.lua returns).
 function M.lsp_config()
   return {
@@ -152,7 +168,11 @@ function M.setup(opts)
       vim.log.levels.WARN
     )
   end
-  vim.lsp.config('dlm', M.lsp_config())
+  local config = M.lsp_config()
+  -- Only here, where the options are the plugin's: with vim.lsp.config('dlm', {...}) a user's own
+  -- init_options would not match the hint, and the server would start an engine for nothing.
+  config.cmd_env = M.prestart_env()
+  vim.lsp.config('dlm', config)
   vim.lsp.enable('dlm')
 end
 
