@@ -127,3 +127,17 @@ def test_incremental_bench_runs_approximate_reuse_for_a_bidirectional_model(tmp_
         assert (row["reuse_reused"] > 0) == (row["reuse_outcome"] == "reused")
     printed = capsys.readouterr().out
     assert "approximate reuse" in printed and "budget 32" in printed
+
+
+def test_cold_start_bench_times_each_case_with_and_without_the_hint(tmp_path):
+    """bench --cold-start spawns real servers (tiny model): every case answers initialize, gets ready
+    and answers a fill, in that order, with the hint off and on; the JSON holds each time."""
+    out = tmp_path / "cold.json"
+    assert main(["bench", "--cold-start", "--quick", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["mode"] == "cold-start" and res["rounds"] == 1
+    assert set(res["runs"]) == {f"{c} {h}" for c in ("inproc", "shared", "running") for h in ("off", "on")}
+    for case, runs in res["runs"].items():
+        (r,) = runs
+        assert 0 < r["initialize_s"] <= r["ready_s"] <= r["first_fill_s"] < 180, (case, r)
+    assert set(res["first_fill_on_over_off"]) == {"inproc", "shared", "running"}

@@ -7,7 +7,8 @@ For fills of 16/32/64 slots at a 512-token canvas (prefix + slots + suffix, as t
             cache (the trained twin if one exists, else random weights: timing only)
 and a batch of 4 concurrent jobs through the service against the same 4 jobs one at a time.
 `--incremental` measures per-keystroke cost instead: full recompute vs context reuse on typed
-keystrokes (dlm_lsp/measure/bench_incremental.py).
+keystrokes (dlm_lsp/measure/bench_incremental.py); `--cold-start` a new server's way to its first
+fill, with and without the engine started with the process (dlm_lsp/measure/bench_cold.py).
 Ratios are measured in the same run, side by side, because this machine's CPU is shared. Prints a
 table; --json writes the numbers and the settings.
 """
@@ -73,6 +74,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "--incremental",
         action="store_true",
         help="per-keystroke mode: full recompute vs context reuse on typed keystrokes (dlm_lsp/measure/bench_incremental.py)",
+    )
+    p.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="time new `dlm-lsp serve` processes to their first fill, with and without DLM_LSP_PRESTART "
+        "(in-process, shared cold, shared running; --reps rounds; dlm_lsp/measure/bench_cold.py)",
     )
     p.add_argument("--keys", type=int, default=32, help="--incremental: keystrokes typed (default 32; 8 with --quick)")
     p.add_argument("--file", default=None, help="--incremental: the file typed into (default: a held-out file)")
@@ -289,6 +296,14 @@ def run_bench(args: argparse.Namespace) -> int:
     if model_path is None and args.quick:
         tmp = tempfile.TemporaryDirectory(prefix="dlm-bench-")
         model_path = str(_tiny_checkpoint(Path(tmp.name) / "tiny"))
+    if args.cold_start:
+        from dlm_lsp.measure.bench_cold import run_cold_start
+
+        try:
+            return run_cold_start(args, model_path)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
     from engine.api import decode_options
 
     try:
