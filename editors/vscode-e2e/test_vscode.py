@@ -105,8 +105,10 @@ def test_server_settings_are_user_settings(vs):
 
 def test_opening_python_file_starts_server(vs):
     """Status bar: starting/loading while the server starts, then ready; a user types at once."""
+    vs.explorer_row("src").click()  # expands it
+    row = vs.explorer_row("example.py")
     t_open = time.time()
-    vs.page.locator(".explorer-folders-view .monaco-list-row", has_text="example.py").first.click()
+    row.click()
     vs.page.locator(".monaco-editor .view-lines").first.wait_for(state="visible")
     vs.go_to(7, 9)  # the empty loop body
     vs.page.keyboard.type("s")  # typed while the server loads: answered empty, asked again once ready
@@ -338,27 +340,32 @@ def server_to_first_fill_s(vs: VSCode) -> float:
     return round(next(f["t"] for f in vs.fills() if f["items"]), 2)  # vs.fills(): the newest server's
 
 
-def _first_ghost_in_a_new_window(vs: VSCode, name: str) -> float:
-    """Opens a new folder holding example.py in the window; once the window has settled (5 s: its
+def _first_ghost_in_a_new_window(vs: VSCode, name: str, top: bool = False) -> float:
+    """Opens a new folder holding src/example.py (example.py at its top with `top`: the folder then
+    starts the server with the window) in the window; once the window has settled (5 s: its
     extension host starting is VS Code's start, not the file's opening) opens the file from the
     explorer and types at the empty loop body at once; seconds from the click to the first ghost."""
     folder = vs.root / name
-    folder.mkdir()
-    (folder / "example.py").write_text(EXAMPLE)
+    (folder if top else folder / "src").mkdir(parents=True)
+    (folder / ("example.py" if top else "src/example.py")).write_text(EXAMPLE)
     vs.page.goto(vs.page.url.split("?")[0] + f"?folder={folder}")
     vs.page.wait_for_selector(".monaco-workbench .part.statusbar")
     vs.page.evaluate(RECORDER)
-    vs.page.locator(".explorer-folders-view .monaco-list-row", has_text="example.py").first.wait_for(
-        state="visible", timeout=30_000)
+    vs.explorer_row("example.py" if top else "src")
     time.sleep(5)
+    if top:  # the server started with the window, no file open
+        wait_for(lambda: [m for m in vs.sent("initialize") if m["params"]["rootUri"].endswith(f"/{name}")], 30,
+                 f"a server for {name}, started with the window")
+        assert vs.page.locator(".editor-instance .monaco-editor").count() == 0, "a file was open"
+    else:
+        vs.explorer_row("src").click()  # expands it: finding the file, before it opens
     return _first_ghost_after_opening(vs, "example.py")
 
 
 def _first_ghost_after_opening(vs: VSCode, name: str) -> float:
     """Opens `name` (the example) from the explorer and types at the empty loop body at once, as a
     user does; seconds from the click to the first ghost text."""
-    row = vs.page.locator(".explorer-folders-view .monaco-list-row", has_text=name).first
-    row.wait_for(state="visible", timeout=30_000)
+    row = vs.explorer_row(name)
     t_open = time.time()
     row.click()
     vs.page.locator(".monaco-editor .view-lines").first.wait_for(state="visible")
@@ -383,6 +390,9 @@ def test_first_ghost_on_the_shared_engine_cold_and_running(vs):
         assert len(engines) == 1, f"not one shared engine: {engines}"
         facts["shared_running_to_first_ghost_s"] = _first_ghost_in_a_new_window(vs, "shared-running")
         facts["shared_running_server_to_first_fill_s"] = server_to_first_fill_s(vs)
+        # a folder with a Python file at its top starts the server with the window: when the file
+        # opens, only the fill is left
+        facts["shared_running_code_folder_to_first_ghost_s"] = _first_ghost_in_a_new_window(vs, "code-folder", top=True)
         assert {p: p.stat().st_ino for p in runtime.rglob("engine-*.sock")} == engines, "a second engine started"
     finally:
         env_file.unlink(missing_ok=True)

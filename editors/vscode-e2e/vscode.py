@@ -81,7 +81,7 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.1):
 
 
 class VSCode:
-    """One code-server, one browser page, one workspace folder with example.py."""
+    """One code-server, one browser page, one workspace folder with src/example.py."""
 
     def __init__(self, artifacts: Path):
         self.tools = env_from_setup()
@@ -93,7 +93,10 @@ class VSCode:
         self.lsp_log = self.root / "lsp.jsonl"
         for d in (self.user_data / "User", self.user_data / "Machine", self.extensions, self.workspace):
             d.mkdir(parents=True)
-        self.example = self.workspace / "example.py"
+        # in a subfolder: a folder with source files at its top starts the server with the window
+        # (activationEvents), and the first tests open a file in a folder that does not
+        (self.workspace / "src").mkdir()
+        self.example = self.workspace / "src" / "example.py"
         self.example.write_text(EXAMPLE)
         (self.root / "config.yaml").write_text("")  # keeps code-server from writing ~/.config/code-server
         server = os.environ.get("DLM_LSP_CMD", f"{REPO}/.venv/bin/dlm-lsp serve").split()
@@ -334,6 +337,12 @@ class VSCode:
     def focus_editor(self) -> None:
         """Gives the text editor the keyboard focus without moving its cursor (a click would)."""
         self.page.locator(".editor-instance .monaco-editor .native-edit-context, .editor-instance .monaco-editor textarea.inputarea").first.focus()
+
+    def explorer_row(self, name: str):
+        """The explorer's row of a file or folder, once it is shown."""
+        row = self.page.locator(".explorer-folders-view .monaco-list-row", has_text=name).first
+        row.wait_for(state="visible", timeout=30_000)
+        return row
 
     def go_to(self, line: int, column: int) -> None:
         """Puts the cursor at a 1-based line and column (Ctrl+G)."""

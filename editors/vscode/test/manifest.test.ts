@@ -49,6 +49,8 @@ test('activates on every default language; main points at the build', () => {
   for (const lang of DEFAULT_LANGUAGES) assert.ok(manifest.activationEvents.includes(`onLanguage:${lang}`), lang);
   // ...and when a folder of such a project opens, so the model loads before the first file does
   assert.ok(manifest.activationEvents.includes('workspaceContains:pyproject.toml'));
+  // or holds such files at its top (a pattern without "**" is matched there only: no workspace search)
+  for (const ext of ['py', 'js', 'jsx', 'ts', 'tsx', 'go', 'rs']) assert.ok(manifest.activationEvents.includes(`workspaceContains:*.${ext}`), ext);
   assert.ok(existsSync(path.join(root, manifest.main)), `${manifest.main} missing: run npm run build`);
 });
 
