@@ -624,3 +624,52 @@ def test_a_windows_workspace_memory_lives_in_the_daemon_and_survives_its_restart
     finally:
         r.close()
         other.close()
+
+
+def test_a_state_sent_right_after_the_hello_is_the_one_a_window_keeps(runtime):
+    """A daemon whose model loads as a window connects sends hello (loading) and at once state
+    (ready): the window must end ready, never take the hello's older state for the last (it did when
+    the connection's reader started before the hello's state was set; a fast model load made that
+    common). A fake daemon on the engine's socket, many connections."""
+    place = wire.place(None, "cpu")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(place.socket))
+    srv.listen(64)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                if (wire.recv(conn) or {}).get("op") != "hello":
+                    continue
+                conn.sendall(
+                    wire.encode(
+                        {"op": "hello", "state": "loading", "info": {}, "pid": 1, "version": wire.PROTOCOL_VERSION}
+                    )
+                    + wire.encode({"op": "state", "state": "ready", "info": {}})
+                )
+                while wire.recv(conn) is not None:  # until the window leaves
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        for _ in range(150):
+            seen: list[str] = []
+            r = RemoteEngine(model=None, device="cpu", on_state=lambda s, i, seen=seen: seen.append(s))
+            r.start()
+            try:
+                deadline = time.monotonic() + 10
+                while not seen[-1:] == ["ready"] and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                time.sleep(0.01)  # a stale state would come right after
+                assert seen[-1] == "ready" and r.state == "ready", seen
+            finally:
+                r.close()
+    finally:
+        stop.set()
+        srv.close()

@@ -311,8 +311,10 @@ class RemoteEngine:
                 if not entry[2]:
                     chan.send({"op": "submit", "id": jid, "job": wire.job_message(entry[0])})
                     entry[2] = True
-        chan.start()
+        # the hello's state before any message read after it: a state the daemon sends next (its
+        # model just loaded) must not be overwritten by the older one in the hello
         self._set_state(hello.get("state") or "loading", (hello.get("info") or {}).get("message"), hello.get("info"))
+        chan.start()
         return chan
 
     def _dropped(self, chan: wire.Channel) -> None:

@@ -123,6 +123,9 @@ class EngineDaemon:
         self.counters = {"windows": 0, "refused": 0, "disconnect_cancels": 0, "bad_messages": 0}
         self._clients: set[_Client] = set()
         self._lock = threading.Lock()
+        # orders a window's hello after or before a state change, never between the state's change
+        # and its broadcast (the window would take the hello's older state for the last)
+        self._state_lock = threading.Lock()
         self._told_error = threading.Event()  # a window got the error state (its hello, or the broadcast)
         self._stop = threading.Event()
         self._idle_since = time.monotonic()
@@ -270,8 +273,9 @@ class EngineDaemon:
         """EngineService's callback: remembered for late windows and sent to every window."""
         if state == "loading":
             self.loads += 1
-        self.state, self.info = state, dict(info or {})
-        told = self._broadcast({"op": "state", "state": state, "info": self.info})
+        with self._state_lock:
+            self.state, self.info = state, dict(info or {})
+            told = self._broadcast({"op": "state", "state": state, "info": self.info})
         if state == "error":
             # the model failed to load, or steps kept sticking: the windows keep the error (as
             # in-process, a server restart retries) and the next window starts a fresh daemon
@@ -353,13 +357,20 @@ class EngineDaemon:
     def _on_message(self, c: _Client, m: dict) -> None:
         op = m.get("op")
         if op == "hello":
-            with self._lock:
-                c.window = True
-                self.counters["windows"] += 1
-            state = self.state
-            c.send(
-                {"op": "hello", "state": state, "info": self.info, "pid": os.getpid(), "version": wire.PROTOCOL_VERSION}
-            )
+            with self._state_lock:
+                with self._lock:
+                    c.window = True
+                    self.counters["windows"] += 1
+                state = self.state
+                c.send(
+                    {
+                        "op": "hello",
+                        "state": state,
+                        "info": self.info,
+                        "pid": os.getpid(),
+                        "version": wire.PROTOCOL_VERSION,
+                    }
+                )
             if state == "error":
                 self._told_error.set()
         elif op == "submit":
