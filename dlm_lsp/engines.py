@@ -152,8 +152,22 @@ def prestart(
     if opts is None or key is None:
         return None
     model, device, extra = engine_args(opts)
+    if key[3] == "shared" and _shared_engine_runs(model, device):
+        log.info("the shared engine of %s on %s runs: connecting at initialized", model or "default", device)
+        return None
     log.info("starting the engine early: %s on %s (%s)", model or "default", device, key[3])
     return EarlyEngine(key, lambda on_state: factory(model, device, on_state, **extra))
+
+
+def _shared_engine_runs(model: str | None, device: str) -> bool:
+    """True when the shared engine's socket is there: connecting then takes milliseconds, and a
+    connection made early would only compete with the server's own start for the interpreter."""
+    from engine.clients import wire
+
+    try:
+        return wire.place(model, device, create=False).socket.exists()
+    except Exception:  # noqa: BLE001 - a path too long for a socket: the engine's start says so later
+        return False
 
 
 _warming: list[threading.Thread] = []

@@ -275,7 +275,10 @@ async def test_the_shared_engine_is_started_before_initialize(tmp_path, tiny, mo
     opts = {"model": tiny, "device": "cpu", "postprocess": False}
     c = None
     try:
-        c = LspClient(REAL_SERVER, env=dict(env, **{engines.PRESTART_ENV: json.dumps(opts)}), cwd=str(REPO))
+        first_log = open(tmp_path / "first.log", "wb")
+        c = LspClient(
+            REAL_SERVER, env=dict(env, **{engines.PRESTART_ENV: json.dumps(opts)}), cwd=str(REPO), stderr=first_log
+        )
         await c.start()
         end = time.monotonic() + TIMEOUT
         while not engine_daemon.ask_all("status"):
@@ -286,6 +289,18 @@ async def test_the_shared_engine_is_started_before_initialize(tmp_path, tiny, mo
         open_doc(c, URI, SRC)
         assert await inline(c, URI, 6, 8, timeout=TIMEOUT)
         assert len(engine_daemon.ask_all("status")) == 1  # adopted: no second daemon or connection made
+        await c.stop()
+        # with the engine running, a new serve connects at initialized (milliseconds) instead of early
+        log = open(tmp_path / "second.log", "wb")
+        c = LspClient(REAL_SERVER, env=dict(env, **{engines.PRESTART_ENV: json.dumps(opts)}), cwd=str(REPO), stderr=log)
+        await c.start()
+        await c.initialize(opts)
+        await c.wait_ready(TIMEOUT)
+        open_doc(c, URI, SRC)
+        assert await inline(c, URI, 6, 8, timeout=TIMEOUT)
+        log.close()
+        text = (tmp_path / "second.log").read_text()
+        assert "runs: connecting at initialized" in text and "starting the engine early" not in text, text
     finally:
         if c is not None:
             await c.stop()
