@@ -481,3 +481,18 @@ def test_the_workspace_ngram_is_a_per_kind_model_setting(tmp_path):
     assert with_model_defaults(DecodeOptions(), {}).workspace_ngram == 0.0
     with pytest.raises(ValueError, match="workspace_ngram"):
         check_options(DecodeOptions(workspace_ngram=-1.0))
+
+
+@pytest.mark.parametrize("ids", [[5], [5, 6], [5, 6, 7], [5, 6, 7, 8]])
+def test_a_workspace_of_files_shorter_than_an_order_counts_no_pair_of_it(ids):
+    """A file with no context of k ids followed by an id (a workspace holding only `import os`) has no
+    pair of order k: refresh() counts the orders it has and the rest empty (it raised IndexError,
+    and the workspace memory was never updated)."""
+    mem = ngram.WorkspaceNgram(orders=(2, 3, 4), min_count=1, top=2)
+    assert mem.put("a.py", ids)
+    mem.refresh()
+    view = mem.view()
+    assert view is not None
+    plain = ngram.LocalNgram([ids], orders=(2, 3, 4), min_count=1, top=2)
+    for ctx in ([5, 6], [5, 6, 7], [6, 7, 8], [9, 9]):
+        assert view.next_probs(ctx) == plain.next_probs(ctx), ctx

@@ -447,6 +447,9 @@ def pair_counts(a: np.ndarray, pk: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     `pk`: each position's package)."""
     h, ok = context_hashes(a, k)
     h, nx, pg = h[ok], a[k:][ok], pk[k:][ok]
+    if h.size == 0:  # no context of k ids followed by an id (files shorter than the order)
+        none = np.zeros(0, dtype=np.int64)
+        return h, nx, none, none
     order = np.lexsort((pg, nx, h))
     h, nx, pg = h[order], nx[order], pg[order]
     del order
