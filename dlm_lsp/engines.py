@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -121,6 +123,32 @@ class EarlyEngine:
             engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
+
+
+_held: list[tuple[logging.Handler, logging.handlers.MemoryHandler]] = []
+
+
+def hold_logs() -> None:
+    """Keeps the log's lines off stderr until the client has the initialize answer (release_logs, at
+    initialized): eglot 1.9 (Emacs 28) stops waiting for that answer when the server's stderr gets a
+    line first, and the engine started early logs as it starts and loads."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if type(h) is logging.StreamHandler and h.stream is sys.stderr:
+            mem = logging.handlers.MemoryHandler(100_000, flushLevel=logging.CRITICAL + 1, target=h)
+            root.addHandler(mem)
+            root.removeHandler(h)
+            _held.append((h, mem))
+
+
+def release_logs() -> None:
+    """Writes the held lines and logs to stderr again from now on (nothing held: nothing to do)."""
+    root = logging.getLogger()
+    while _held:
+        h, mem = _held.pop()
+        root.addHandler(h)
+        root.removeHandler(mem)
+        mem.close()  # flushes what it held to stderr
 
 
 _early: list[tuple[Callable[..., Any], EarlyEngine | None]] = []  # start_early's, until the server takes it

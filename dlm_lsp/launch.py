@@ -8,7 +8,7 @@ import argparse
 import logging
 import os
 
-from dlm_lsp.engines import default_engine_factory, start_early
+from dlm_lsp.engines import default_engine_factory, hold_logs, start_early
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -31,6 +31,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Starts the engine (start_early), then imports and runs the server."""
     if getattr(args, "engine", None):
         os.environ["DLM_ENGINE"] = args.engine  # read by default_engine_factory and the hint's key
+    hold_logs()  # until initialized: nothing on stderr before the initialize answer
     start_early(default_engine_factory)
     from dlm_lsp.server import quiet_pygls, serve
 

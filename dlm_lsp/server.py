@@ -39,7 +39,7 @@ from urllib.parse import unquote
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from dlm_lsp.engines import EarlyEngine, default_engine_factory, engine_args, machine_key, take_early
+from dlm_lsp.engines import EarlyEngine, default_engine_factory, engine_args, machine_key, release_logs, take_early
 from dlm_lsp.fill import context, gate, postprocess
 from dlm_lsp.fill.documents import Document, DocumentStore, uri_key
 from dlm_lsp.fill.positions import UTF16, units_len
@@ -635,6 +635,7 @@ def _register_lifecycle(server: DlmServer) -> None:
     @server.feature(types.INITIALIZED)
     def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
         """Starts loading the model and reports option warnings."""
+        release_logs()  # the client has the initialize answer (dlm_lsp.engines.hold_logs)
         ls.loop = asyncio.get_running_loop()
         for w in ls.option_warnings:
             ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=w))

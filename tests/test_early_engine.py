@@ -310,3 +310,42 @@ async def test_the_shared_engine_is_started_before_initialize(tmp_path, tiny, mo
             except ProcessLookupError:
                 pass
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def test_nothing_reaches_stderr_before_the_initialize_answer(tmp_path, tiny, monkeypatch):
+    """eglot 1.9 (Emacs 28) stops waiting for the initialize answer when the server's stderr gets a
+    line first, and the engine started early logs as it starts (here it starts the shared engine,
+    which answers its status before initialize is sent): those lines are held until initialized,
+    then written (dlm_lsp.engines.hold_logs)."""
+    runtime = Path(tempfile.mkdtemp(prefix="dlmrt-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("DLM_ENGINE_IDLE_S", "60")
+    opts = {"model": tiny, "device": "cpu", "postprocess": False}
+    env = dict(os.environ, DLM_ENGINE="shared", **{engines.PRESTART_ENV: json.dumps(opts)})
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "wb")
+    c = LspClient(REAL_SERVER, env=env, cwd=str(REPO), stderr=log)
+    try:
+        await c.start()
+        end = time.monotonic() + TIMEOUT
+        while not engine_daemon.ask_all("status"):  # started (and logged so) by the serve
+            assert time.monotonic() < end, "no shared engine started before initialize"
+            await asyncio.sleep(0.05)
+        caps = {"textDocument": {"inlineCompletion": {}}}
+        params = {"processId": os.getpid(), "rootUri": None, "capabilities": caps, "initializationOptions": opts}
+        assert (await c.request("initialize", params, timeout=TIMEOUT))["capabilities"]
+        assert log_path.read_bytes() == b"", log_path.read_text()
+        c.notify("initialized", {})
+        await c.wait_ready(TIMEOUT)
+        text = await _wait_log(log_path, "adopted the engine started with the process")
+        assert "starting the engine early" in text and "started the shared engine" in text, text
+        assert text.index("started the shared engine") < text.index("adopted"), text  # held, then in order
+    finally:
+        await c.stop()
+        log.close()
+        for st in engine_daemon.ask_all("status"):
+            try:
+                os.kill(st["pid"], 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(runtime, ignore_errors=True)
