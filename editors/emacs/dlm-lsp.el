@@ -15,6 +15,8 @@
 
 (require 'cl-lib)
 
+(require 'json)
+
 (defvar dlm-lsp-command '("dlm-lsp" "serve")
   "The server command: the executable and its arguments.")
 
@@ -47,6 +49,24 @@
           ((and (equal state "ready") (numberp ms)) (format "DLM %dms" (round ms)))
           (t (format "DLM %s" state)))))
 
+(defun dlm-lsp--prestart-json ()
+  "The options that pick the engine, as the JSON object DLM_LSP_PRESTART carries, or nil when
+`:engine' names an HTTP endpoint (nothing slow to start)."
+  (let ((o dlm-lsp-initialization-options) (hint nil))
+    (unless (let ((e (plist-get o :engine))) (and e (not (stringp e))))
+      (dolist (k '(:model :device :engine :threads))
+        (when (plist-member o k)
+          (setq hint (plist-put hint k (plist-get o k)))))
+      (let ((json-null :null)) (json-encode (or hint (make-hash-table)))))))
+
+(defun dlm-lsp-server-command ()
+  "The server command, told through `env' which engine the options pick (DLM_LSP_PRESTART, see
+docs/lsp-extensions.md), so the server starts it before the initialize handshake."
+  (let ((json (dlm-lsp--prestart-json)))
+    (if (and json (executable-find "env"))
+        `("env" ,(concat "DLM_LSP_PRESTART=" json) ,@dlm-lsp-command)
+      dlm-lsp-command)))
+
 ;;; lsp-mode
 
 (defun dlm-lsp-mode-setup ()
@@ -54,7 +74,7 @@
   (require 'lsp-mode)
   (lsp-register-client
    (make-lsp-client
-    :new-connection (lsp-stdio-connection (lambda () dlm-lsp-command))
+    :new-connection (lsp-stdio-connection #'dlm-lsp-server-command)
     :major-modes dlm-lsp-modes
     :server-id 'dlm-lsp
     :add-on? t                          ; beside pyright, gopls, ...
@@ -80,7 +100,7 @@
   "Makes dlm-lsp eglot's server for `dlm-lsp-modes'."
   (require 'eglot)
   (add-to-list 'eglot-server-programs
-               `(,dlm-lsp-modes . (,@dlm-lsp-command :initializationOptions ,dlm-lsp-initialization-options))))
+               `(,dlm-lsp-modes . (,@(dlm-lsp-server-command) :initializationOptions ,dlm-lsp-initialization-options))))
 
 (with-eval-after-load 'eglot
   (cl-defmethod eglot-handle-notification (_server (_method (eql dlm/status)) &rest params)

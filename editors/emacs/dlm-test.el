@@ -63,6 +63,14 @@
         ,@(and (getenv "DLM_LSP_MODEL") (list :model (getenv "DLM_LSP_MODEL")))))
 (require 'python)
 
+;; The server is told at start which engine the options pick (DLM_LSP_PRESTART)
+(let* ((cmd (dlm-lsp-server-command))
+       (var (seq-find (lambda (w) (string-prefix-p "DLM_LSP_PRESTART=" w)) cmd))
+       (hint (and var (let ((json-object-type 'plist)) (json-read-from-string (substring var 17))))))
+  (dlm-test "the server is told the engine at start" (and hint (equal (plist-get hint :device) "cpu")
+                                                          (equal (last cmd 2) (last dlm-lsp-command 2)))
+            (format "command %S" cmd)))
+
 (let* ((dir (make-temp-file "dlm-emacs-" t))
        (file (expand-file-name "example.py" dir))
        (user-emacs-directory (file-name-as-directory (expand-file-name "emacs.d" dir))))
