@@ -384,7 +384,9 @@ def _forward_hits(model: Transformer, hits: list[_Hit]) -> list[Rows]:
     dev = e0.kv.device
     runs = [x.run for x in hits]
     N = max(x.c.ids.shape[0] for x in hits) + 1  # every canvas's rows, and a trash row for the padding
-    buf = torch.empty((nl, 2, B, hkv, N, dh), dtype=e0.kv.dtype, device=dev)
+    # zeros: a canvas's rows past its own are read under the mask (weight 0), and 0 * NaN from
+    # uninitialised memory would be NaN
+    buf = torch.zeros((nl, 2, B, hkv, N, dh), dtype=e0.kv.dtype, device=dev)
     Q = max(r.numel() for r in runs)
     ids = torch.full((B, Q), hits[0].c.cfg.pad_token_id, dtype=torch.long, device=dev)
     pos = torch.zeros((B, Q), dtype=torch.long, device=dev)
