@@ -432,7 +432,7 @@ def test_several_sessions_reuse_in_one_forward_as_each_alone(model, poisoned, mo
     in one forward, each attending only to its own rows, and give what each gives alone: the same
     hidden states and context K/V to rounding, the same entries, and the same fills. With NaN for
     fresh memory, no row is read before it is written (the batch buffer's unused rows were read under
-    the mask from uninitialised memory: NaN in 1 of ~14 clean CI runs)."""
+    the mask from uninitialised memory: NaN in one clean CI run, session 28)."""
     if poisoned:
         monkeypatch.setattr(reuse, "torch", _NanEmpty())
     docs = [(_ids(30 + d, 50 + 7 * d), _ids(40 + d, 12 + d)) for d in range(3)]
