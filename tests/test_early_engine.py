@@ -74,27 +74,28 @@ async def _fill(c: LspClient) -> str:
     return items[0]["insertText"].strip()
 
 
-async def test_the_hinted_engine_is_made_before_initialize_and_adopted(tmp_path):
-    opts = {"model": scripted(made=1, load_ms=300), "postprocess": False}
-    c, log = await _session(tmp_path, opts, opts, wait_made="scripted engine 1 made")
+async def _filled(tmp_path: Path, hint: object, options: dict, wait_made: str | None = None) -> tuple[str, str]:
+    """(the first fill's text, the server's log) of a _session, stopped after."""
+    c, log = await _session(tmp_path, hint, options, wait_made=wait_made)
     try:
-        text = await _fill(c)
-        assert text.startswith("engine 1 of 1, 0 closed"), text
-        assert "adopted the engine started with the process" in log.read_text()
+        return await _fill(c), log.read_text()
     finally:
         await _stop(c)
+
+
+async def test_the_hinted_engine_is_made_before_initialize_and_adopted(tmp_path):
+    opts = {"model": scripted(made=1, load_ms=300), "postprocess": False}
+    text, log = await _filled(tmp_path, opts, opts, wait_made="scripted engine 1 made")
+    assert text.startswith("engine 1 of 1, 0 closed"), text
+    assert "adopted the engine started with the process" in log
 
 
 async def test_options_that_pick_another_engine_close_the_hinted_one(tmp_path):
     hint = {"model": scripted(made=1, text="hinted")}
     opts = {"model": scripted(made=1), "postprocess": False}
-    c, log = await _session(tmp_path, hint, opts, wait_made="scripted engine 1 made")
-    try:
-        text = await _fill(c)
-        assert text.startswith("engine 2 of 2, 1 closed"), text
-        assert "adopted" not in log.read_text()
-    finally:
-        await _stop(c)
+    text, log = await _filled(tmp_path, hint, opts, wait_made="scripted engine 1 made")
+    assert text.startswith("engine 2 of 2, 1 closed"), text
+    assert "adopted" not in log
 
 
 @pytest.mark.parametrize(
@@ -103,14 +104,9 @@ async def test_options_that_pick_another_engine_close_the_hinted_one(tmp_path):
     ids=["none", "not-json", "not-an-object", "http-endpoint"],
 )
 async def test_without_a_usable_hint_the_engine_starts_at_initialized(tmp_path, hint):
-    opts = {"model": scripted(made=1), "postprocess": False}
-    c, log = await _session(tmp_path, hint, opts)
-    try:
-        text = await _fill(c)
-        assert text.startswith("engine 1 of 1, 0 closed"), text
-        assert "starting the engine early" not in log.read_text()
-    finally:
-        await _stop(c)
+    text, log = await _filled(tmp_path, hint, {"model": scripted(made=1), "postprocess": False})
+    assert text.startswith("engine 1 of 1, 0 closed"), text
+    assert "starting the engine early" not in log
 
 
 async def test_a_hinted_engine_that_fails_to_start_is_reported_as_without_a_hint(tmp_path):
