@@ -437,9 +437,24 @@ def add_corpus_args(p: argparse.ArgumentParser) -> None:
         help="more pinned packages after --manifest's (engine/train/data/ngram_extra_manifest.txt: the n-gram table's corpus)",
     )
     p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")
+    p.add_argument(
+        "--edits",
+        metavar="OUT_DIR",
+        default=None,
+        help="build next-edit cases from each package's previous release into OUT_DIR instead (engine/train/edit_pairs.py)",
+    )
+    p.add_argument("--held-out-only", action="store_true", help="with --edits: the held-out packages only")
+    p.add_argument("--max-cases", type=int, default=None, help="with --edits: at most N cases a side")
+    p.add_argument(
+        "--edit-pairs", type=int, default=1, help="with --edits: release pairs a package, walking back from its pin"
+    )
 
 
 def run_corpus(args: argparse.Namespace) -> int:
+    if args.edits:
+        from engine.train.edit_pairs import run_edits  # it imports this module
+
+        return run_edits(args)
     out = Path(args.out)
     try:
         s = build(
