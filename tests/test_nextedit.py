@@ -1,0 +1,260 @@
+"""Next-edit helpers without a model (dlm_lsp/fill/nextedit.py): the window to rewrite, a rewrite as
+minimal edits, the gate's whitespace and undo checks, and the recent edits' substitutions with the
+propagation baseline.
+"""
+
+import random
+
+from dlm_lsp.fill.history import Edit, EditHistory
+from dlm_lsp.fill.nextedit import (
+    apply_edits,
+    is_reversal,
+    is_whitespace_only,
+    line_edits,
+    propagate,
+    renames,
+    substitutions,
+    window_lines,
+)
+
+LINES = "".join(f"line{i}\n" for i in range(20))  # "line0\n" ... "line19\n", 6 or 7 characters each
+
+
+def lines_of(text: str, window: tuple[int, int]) -> list[str]:
+    return text[window[0] : window[1]].splitlines()
+
+
+def edit(old: str, new: str, before: str = "", after: str = "", start: int = 0) -> Edit:
+    return Edit(start, old, new, 1.0, before, after)
+
+
+# ----------------------------------------------------------------------------- the window
+
+
+def test_window_is_whole_lines_around_the_cursor():
+    at = LINES.index("line10") + 3
+    start, end = window_lines(LINES, at)
+    assert lines_of(LINES, (start, end)) == [f"line{i}" for i in range(8, 19)]
+    assert start == LINES.index("line8") and end == LINES.index("line19")  # the last line's break is in
+
+
+def test_window_at_the_start_and_end_of_the_file_is_shorter():
+    assert lines_of(LINES, window_lines(LINES, 0)) == [f"line{i}" for i in range(9)]
+    start, end = window_lines(LINES, len(LINES) - 1)  # on "line19"
+    assert lines_of(LINES, (start, end)) == ["line17", "line18", "line19"] and end == len(LINES)
+    # at the very end: the empty line after the last break, which has no break of its own
+    start, end = window_lines(LINES, len(LINES), above=1)
+    assert (start, end) == (LINES.index("line19"), len(LINES))
+
+
+def test_window_of_an_empty_file_and_clamped_offsets():
+    assert window_lines("", 0) == (0, 0)
+    assert window_lines("", 5) == (0, 0)
+    assert window_lines(LINES, 10**6) == window_lines(LINES, len(LINES))
+    assert window_lines(LINES, -5) == window_lines(LINES, 0)
+    assert window_lines("no break", 3) == (0, 8)
+
+
+def test_window_is_capped_at_max_lines_below_going_first():
+    at = LINES.index("line10")
+    assert lines_of(LINES, window_lines(LINES, at, above=2, below=8, max_lines=4)) == [
+        "line8",
+        "line9",
+        "line10",
+        "line11",
+    ]
+    assert lines_of(LINES, window_lines(LINES, at, above=9, below=9, max_lines=3)) == ["line8", "line9", "line10"]
+    assert lines_of(LINES, window_lines(LINES, at, above=0, below=0)) == ["line10"]
+
+
+def test_window_cuts_lines_at_crlf_and_lone_cr():
+    text = "a\r\nb\rc\nd\r\ne\r\n"
+    at = text.index("c")
+    assert window_lines(text, at, above=1, below=1) == (text.index("b"), text.index("e"))
+    assert window_lines(text, at, above=2, below=0) == (0, text.index("d"))
+    # an offset inside a "\r\n" is on the line that break ends, as LSP positions count it
+    inside = text.index("\r\nb") + 1
+    assert window_lines(text, inside, above=0, below=0) == (0, text.index("b"))
+    # form feed and U+2028 are not line breaks
+    assert window_lines("a\x0cb\u2028c\nd", 0, above=0, below=0) == (0, 6)
+
+
+# ----------------------------------------------------------------------------- line_edits
+
+
+def test_line_edits_are_trimmed_to_the_changed_characters():
+    old = "def f(foo):\n    return foo + 1\n"
+    new = "def f(bar):\n    return bar + 1\n"
+    assert line_edits(old, new) == [(6, 9, "bar"), (23, 26, "bar")]
+    assert line_edits(old, old) == []
+
+
+def test_line_edits_of_inserted_and_deleted_lines():
+    old = "a = 1\nb = 2\n"
+    assert line_edits(old, "a = 1\nx = 0\nb = 2\n") == [(6, 6, "x = 0\n")]
+    assert line_edits(old, "b = 2\n") == [(0, 6, "")]
+    assert line_edits("", "new\n") == [(0, 0, "new\n")]
+    assert line_edits("x", "") == [(0, 1, "")]
+
+
+def test_line_edits_of_neighbouring_changed_lines_are_one_edit_when_they_meet():
+    # line by line: "a\n" -> "a\r" ends at its line's end, "cd\n" -> "xd\n" starts at its line's start
+    assert line_edits("a\ncd\n", "a\rxd\n") == [(1, 3, "\rx")]
+
+
+def test_line_edits_round_trip_on_random_pairs():
+    rng = random.Random(20240611)
+    pieces = ["a", "b", "foo", " ", "  ", "\n", "\r\n", "\r", "(", ")", "é", "\t"]
+    for _ in range(3000):
+        old = "".join(rng.choice(pieces) for _ in range(rng.randrange(15)))
+        if rng.random() < 0.5:  # a mutation of old: the usual case, few lines change
+            cut = [rng.randrange(len(old) + 1) for _ in range(2)]
+            new = old[: min(cut)] + "".join(rng.choice(pieces) for _ in range(rng.randrange(4))) + old[max(cut) :]
+        else:
+            new = "".join(rng.choice(pieces) for _ in range(rng.randrange(15)))
+        edits = line_edits(old, new)
+        assert apply_edits(old, edits) == new, (old, new, edits)
+        for a, b, text in edits:
+            assert 0 <= a <= b <= len(old)
+            assert old[a:b] != text
+            # trimmed: no common first or last character left
+            assert not (old[a:b] and text and old[a] == text[0]), (old, new, edits)
+            assert not (old[a:b] and text and old[b - 1] == text[-1]), (old, new, edits)
+        assert all(b < c for (_, b, _), (c, _, _) in zip(edits, edits[1:])), (old, new, edits)
+        assert (edits == []) == (old == new)
+
+
+# ----------------------------------------------------------------------------- the gate's checks
+
+
+def test_whitespace_only():
+    assert is_whitespace_only("f(a,b)\n", "f(a, b)\n")
+    assert is_whitespace_only("    x = 1\n", "\tx = 1\n")
+    assert is_whitespace_only("x = 1\n", "x = 1\n\n")
+    assert not is_whitespace_only("x = 1\n", "x = 1\n")  # no difference at all
+    assert not is_whitespace_only("return x", "returnx")  # joins two words
+    assert not is_whitespace_only("x = 1", "x = 2")
+
+
+RENAMED = "def f(bar):\n    return foo + 1\n"  # the user just renamed the parameter foo -> bar
+LAST = Edit(RENAMED.index("bar"), "foo", "bar", 1.0, "def f(", "):")
+
+
+def test_taking_the_last_edit_back_is_a_reversal():
+    undo = RENAMED.replace("bar", "foo")
+    assert is_reversal([LAST], RENAMED, undo, 0)
+    # mostly back: one letter off the old name
+    assert is_reversal([LAST], RENAMED, RENAMED.replace("bar", "fooo"), 0)
+    # the window starts further down the document: offsets are the document's
+    doc = "import os\n\n" + RENAMED
+    moved = Edit(doc.index("bar"), "foo", "bar", 1.0)
+    w0 = doc.index("def")
+    assert is_reversal([moved], doc[w0:], doc[w0:].replace("bar", "foo"), w0)
+
+
+def test_only_the_last_edit_counts():
+    older = Edit(0, "x", "y", 0.5)
+    assert is_reversal([older, LAST], RENAMED, RENAMED.replace("bar", "foo"), 0)
+    assert not is_reversal([LAST, older], RENAMED, RENAMED.replace("bar", "foo"), 0)
+    assert not is_reversal([], RENAMED, RENAMED.replace("bar", "foo"), 0)
+
+
+def test_a_suggestion_elsewhere_is_not_a_reversal():
+    follow = RENAMED.replace("return foo", "return bar")  # propagating the rename to the use
+    assert not is_reversal([LAST], RENAMED, follow, 0)
+    # bar -> foo, but at another place than the edit (a different line that happens to hold bar)
+    doc = "def f(bar):\n    return bar + 1\n"
+    assert not is_reversal([LAST], doc, doc.replace("return bar", "return foo"), 0)
+
+
+def test_carrying_the_edit_further_is_not_a_reversal():
+    doc = "x = ba\n"
+    typed = Edit(4, "", "ba", 1.0)
+    assert not is_reversal([typed], doc, "x = bar\n", 0)
+    assert not is_reversal([LAST], RENAMED, RENAMED.replace("bar", "baz"), 0)
+    # close to the old text, but closer still to the new: the edit carried on, not taken back
+    doc = "n = value_counts\n"
+    plural = Edit(4, "value_count", "value_counts", 1.0)
+    assert not is_reversal([plural], doc, "n = value_countss\n", 0)
+
+
+def test_putting_back_a_deleted_line_is_a_reversal():
+    doc = "a = 1\nc = 3\n"
+    deleted = Edit(6, "b = 2\n", "", 1.0)
+    assert is_reversal([deleted], doc, "a = 1\nb = 2\nc = 3\n", 0)
+    assert not is_reversal([deleted], doc, "a = 1\nc = 3\nd = 4\n", 0)
+
+
+def test_an_edit_outside_the_window_is_never_reversed():
+    doc = "x = 1\n" * 30
+    far = Edit(150, "y", "x", 1.0)  # line 25
+    window = doc[:30]
+    assert not is_reversal([far], window, window.replace("x", "y", 1), 0)
+
+
+# ----------------------------------------------------------------------------- substitutions
+
+
+def test_substitutions_of_a_rename():
+    e = edit("foo", "bar", "def f(", ", y): return foo")
+    assert substitutions([e]) == [("foo", "bar")]
+
+
+def test_substitutions_are_whole_words_from_the_line_context():
+    # "Bar" typed after "foo": the substitution is the whole word, not '' -> 'Bar'
+    assert substitutions([edit("", "Bar", "x = foo", " + 1")]) == [("foo", "fooBar")]
+    # one letter changed inside a word
+    assert substitutions([edit("o", "a", "x = f", "o + 1")]) == [("foo", "fao")]
+
+
+def test_substitutions_of_a_type_hint():
+    e = edit("D", "d", "def f(x: ", "ict[str, int]) -> None:")
+    assert substitutions([e]) == [("Dict", "dict")]
+    added = edit("", ": int", "def f(x", ", y):")
+    assert substitutions([added]) == [("x", "x: int")]
+    assert substitutions([edit("", "    ", "", "x = 1")]) == []  # indentation only: no substitution
+
+
+def test_substitutions_from_the_history_of_typed_keystrokes():
+    history = EditHistory()
+    text = "def f(foo):\n    return foo\n"
+    at = text.index("foo") + 3
+    for i, ch in enumerate("Bar"):
+        history.record("k", at + i, "", ch, 1.0 + i / 10, text=text)
+        text = text[: at + i] + ch + text[at + i :]
+    assert substitutions(history.recent("k")) == [("foo", "fooBar")]
+
+
+def test_substitutions_without_repeats_oldest_first():
+    a = edit("foo", "bar", "x(", ")")
+    b = edit("Dict", "dict", "y: ", "")
+    assert substitutions([a, b, a]) == [("foo", "bar"), ("Dict", "dict")]
+
+
+def test_renames_compose_and_cancel():
+    # the b's may be a's the user renamed by hand: both go to the last name
+    assert renames([edit("a", "b", "f(", ")"), edit("b", "c", "f(", ")")]) == {"a": "c", "b": "c"}
+    assert renames([edit("foo", "bar", "f(", ")"), edit("bar", "foo", "f(", ")")]) == {}
+    assert renames([edit("", ": int", "f(x", ")")]) == {}  # not an identifier rename
+
+
+# ----------------------------------------------------------------------------- propagate
+
+
+def test_propagate_renames_whole_words_only():
+    e = edit("foo", "bar", "def f(", ", y):")
+    window = "    foo = foo + 1\n    foobar(foo.x, _foo, foo_)\n    return foo\n"
+    assert propagate([e], window) == ("    bar = bar + 1\n    foobar(bar.x, _foo, foo_)\n    return bar\n")
+
+
+def test_propagate_a_type_hint_rename():
+    e = edit("D", "d", "def f(x: ", "ict[str, int]):")
+    window = "def g(y: Dict[str, Dict]) -> Dict:\n    return Dictionary(y)\n"
+    assert propagate([e], window) == "def g(y: dict[str, dict]) -> dict:\n    return Dictionary(y)\n"
+
+
+def test_propagate_gives_none_when_nothing_changes():
+    e = edit("foo", "bar", "def f(", "):")
+    assert propagate([e], "    return foobar\n") is None
+    assert propagate([], "foo\n") is None
+    assert propagate([edit("", ": int", "f(x", ")")], "x = 1\n") is None
