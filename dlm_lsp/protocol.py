@@ -26,6 +26,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -221,6 +222,19 @@ class Lifecycle(enum.Enum):
     SHUT_DOWN = "shut down"
 
 
+# The read order of the message being handled: 1, 2, 3... per protocol, set while a message is handed
+# to its handler. A request's handler is a task that may first run after later messages were read (a
+# busy loop reads a burst of didChange + request pairs before any of those tasks starts); the task
+# keeps the number of its own message (a task copies the context it was made in), so the server can
+# tell a request that was read before the document's latest change from one read after it.
+READ_ORDER: ContextVar[int | None] = ContextVar("dlm_read_order", default=None)
+
+
+def read_order() -> int | None:
+    """The read order of the message whose handler is running (READ_ORDER), None outside one."""
+    return READ_ORDER.get()
+
+
 class DlmProtocol(LanguageServerProtocol):
     """pygls's LSP protocol behind our own intake: `receive(body)` answers every request, only the
     top-level object becomes a message, and notifications are never answered or shown."""
@@ -230,6 +244,7 @@ class DlmProtocol(LanguageServerProtocol):
         self.lifecycle = Lifecycle.NEW
         self.exit_code: int | None = None  # set by `exit`: the loop stops
         self._initialized_seen = False
+        self._read = 0  # messages handed to handlers so far (READ_ORDER)
 
     def send_error(self, msg_id: int | str | None, code: int, message: str) -> None:
         """Sends an error response; `msg_id` may be None (pygls would drop the id key)."""
@@ -298,7 +313,12 @@ class DlmProtocol(LanguageServerProtocol):
                 log.info("dropped a second initialized notification")  # it would restart the engine
                 return
             self._initialized_seen = True
-        self.handle_message(message)
+        self._read += 1
+        token = READ_ORDER.set(self._read)
+        try:
+            self.handle_message(message)
+        finally:
+            READ_ORDER.reset(token)
 
     def _refusal(self, method: str) -> tuple[int, str] | None:
         if self.lifecycle is Lifecycle.SHUT_DOWN:

@@ -46,7 +46,7 @@ from dlm_lsp.fill.positions import UTF16, units_len
 from dlm_lsp.fill.retrieval import SNIPPET_CHARS
 from dlm_lsp.fill.workspace import FilesSink, WorkspaceIndex, root_paths
 from dlm_lsp.options import InitializationOptions, dlm_section, parse_options
-from dlm_lsp.protocol import DlmProtocol, content_changes, require_sync_types, run_stdio
+from dlm_lsp.protocol import DlmProtocol, content_changes, read_order, require_sync_types, run_stdio
 from dlm_lsp.scheduler import Late, Scheduler, Stats, Superseded, Ticket, TypingThrough
 from engine.api import reported_context_tokens
 
@@ -107,6 +107,9 @@ class DlmServer(LanguageServer):
         self.stats = Stats()
         self.scheduler = Scheduler(self._submit, self.stats)
         self.typing = TypingThrough()
+        # per document key: the read order (protocol.read_order) of its latest didOpen/didChange, so a
+        # request read before it (its position is in a text that is gone) is answered as stale
+        self.changed_at: dict[str, int] = {}
         self.engine_factory: EngineFactory = engine_factory or default_engine_factory
         self.engine: Engine | None = None
         self.engine_gen = 0
@@ -378,6 +381,15 @@ class DlmServer(LanguageServer):
             log.info("completion asked for a document that is not open: %s", uri)
             return None
         if not self.options.serves(doc.language_id):
+            return None
+        read = read_order()
+        if read is not None and self.changed_at.get(key, 0) > read:
+            # read before the document's latest change (a busy loop read a burst of keystrokes before
+            # this task ran): its position is in a text that is gone, and treating it as a request for
+            # the new text would supersede the job the user is typing along; a newer request follows
+            with self.stats._lock:
+                self.stats.requests += 1
+                self.stats.stale += 1
             return None
         offset = doc.index(self.encoding).offset(position.line, position.character)
         ticket, spare = self._begin_ticket(key, doc, offset, arrival)
@@ -671,6 +683,7 @@ def _register_document_sync(server: DlmServer) -> None:
         """Tracks a newly opened document (the server's one copy of it: dlm_lsp/fill/documents.py)."""
         d = params.text_document
         ls.documents.open(d.uri, d.language_id, d.version, d.text)
+        ls.changed_at[ls.documents.key(d.uri)] = read_order() or 0
         _tell_no_tree(ls)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -682,6 +695,7 @@ def _register_document_sync(server: DlmServer) -> None:
             uri, params.text_document.version, content_changes(params.content_changes), ls.encoding
         )
         key = ls.documents.key(uri)
+        ls.changed_at[key] = read_order() or 0
         inflight = ls.scheduler.inflight(key)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
         ls.scheduler.cancel_document(key, spare=inflight if typing_along else None)
@@ -694,6 +708,7 @@ def _register_document_sync(server: DlmServer) -> None:
         key = ls.documents.key(uri)
         ls.scheduler.cancel_document(key)
         ls.typing.forget(key)
+        ls.changed_at.pop(key, None)
         ls.documents.close(uri)
         if ls.workspace_index is not None and isinstance(uri, str):
             ls.workspace_index.closed(uri)

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,6 +68,7 @@ class LspClient:
         self.server_requests: list[tuple[str, object]] = []
         self._note_event = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._corked: list[bytes] | None = None  # messages held by `corked` for one write
 
     @property
     def process(self) -> asyncio.subprocess.Process:
@@ -106,7 +108,23 @@ class LspClient:
 
     def _write(self, msg: dict[str, Any]) -> None:
         body = json.dumps(msg).encode("utf-8")
-        self._stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        frame = b"Content-Length: %d\r\n\r\n" % len(body) + body
+        if self._corked is not None:
+            self._corked.append(frame)
+        else:
+            self._stdin.write(frame)
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Holds the messages sent inside the block and writes them in one write at its end: a burst
+        the server reads at once, as from an editor faster than the server (a pipe write under
+        PIPE_BUF bytes arrives whole)."""
+        self._corked = []
+        try:
+            yield
+        finally:
+            frames, self._corked = self._corked, None
+            self._stdin.write(b"".join(frames))
 
     def write_raw(self, body: bytes) -> None:
         """Sends a body as is (for malformed-message tests)."""
