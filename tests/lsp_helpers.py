@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -74,3 +76,29 @@ async def inline(client: LspClient, uri: str, line: int, char: int, timeout: flo
     """Returns the items of a textDocument/inlineCompletion answer."""
     res = await client.request("textDocument/inlineCompletion", inline_params(uri, line, char), timeout=timeout)
     return res["items"] if isinstance(res, dict) else (res or [])
+
+
+async def until(condition, timeout: float = 60, what: str = "a condition"):
+    """Awaits the first truthy value of `condition()` (a function or a coroutine function), checked
+    again every few ms; fails after `timeout` seconds, naming `what`. A wait for an event, whatever
+    the machine's speed: the timeout only ends a wait that would never end."""
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def until_stats(client: LspClient, pred, timeout: float = 60, what: str = "dlm/stats"):
+    """The server's first `dlm/stats` answer for which `pred(stats)` holds (see `until`)."""
+
+    async def check():
+        s = await client.request("dlm/stats", {}, timeout=timeout)
+        return s if pred(s) else None
+
+    return await until(check, timeout, what)

@@ -6,6 +6,7 @@ can be asserted. The last tests run `python -m dlm_lsp serve` with the default m
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -25,6 +26,8 @@ from tests.lsp_helpers import (
     lsp_server,
     open_doc,
     scripted,
+    until,
+    until_stats,
 )
 
 URI = "file:///tmp/dlm-e2e/a.py"
@@ -140,45 +143,76 @@ async def test_same_cursor_twice_shares_one_job():
         assert (await stats(c))["engineJobs"] == 1
 
 
-async def _type_along(c, cancel: bool):
-    """Asks at the cursor, then types "s +" while the 300 ms job runs, asking after each keystroke
-    (and with `cancel`, cancelling the previous request first, like VS Code). Returns the first and
-    the last request's futures."""
+async def _type_along(c, hold, cancel: bool, burst: bool = False):
+    """Asks at the cursor, then types "s +" while that request's job runs, asking after each
+    keystroke (and with `cancel`, cancelling the previous request first, like VS Code); lets the job
+    end once the server has begun all four requests. The scripted engine holds the job (its `hold`
+    folder), so the keystrokes land while it runs however slow the machine. Each keystroke waits for
+    the server to begin the previous request (its dlm/stats), one request at a time; with `burst` the
+    three keystrokes and their requests go in one write instead, read by the server at once (a busy
+    server behind a fast typist). Returns the first and the last request's futures."""
     open_doc(c, URI, SRC)
     prev_id, first = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL))
-    await asyncio.sleep(0.05)
-    for v, ch in enumerate("s +", start=2):
-        insert(c, URI, v, LINE, COL + v - 2, ch)
-        if cancel:
-            c.cancel(prev_id)
-        prev_id, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
-        await asyncio.sleep(0.03)
+    await until(lambda: (hold / "started-1").exists(), what="the first job's start")
+    with c.corked() if burst else contextlib.nullcontext():
+        for v, ch in enumerate("s +", start=2):
+            insert(c, URI, v, LINE, COL + v - 2, ch)
+            if cancel:
+                c.cancel(prev_id)
+            prev_id, last = c.send_request("textDocument/inlineCompletion", inline_params(URI, LINE, COL + v - 1))
+            if not burst:
+                await until_stats(c, lambda s, n=v: s["requests"] == n, what=f"the server to begin request {v}")
+    await until_stats(c, lambda s: s["requests"] == 4, what="the server to begin the four requests")
+    (hold / "release-1").touch()
     return first, last
 
 
-async def test_typing_along_a_running_job_reuses_its_fill():
-    # a 300 ms job; the user types "s +" meanwhile: no new job, the rest of the fill is served
-    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="s += x"), "budgetMs": 5000}) as c:
-        first, last = await _type_along(c, cancel=False)
-        assert (await asyncio.wait_for(first, 5))["items"] == []  # its version is gone
-        res = await asyncio.wait_for(last, 5)
+def _held(tmp_path, **kw):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    return hold, {"model": scripted(hold=str(hold), **kw), "budgetMs": 60_000}
+
+
+async def test_typing_along_a_running_job_reuses_its_fill(tmp_path):
+    # the user types "s +" while the job runs: no new job, the rest of the fill is served
+    hold, opts = _held(tmp_path, steps=10, step_ms=5, text="s += x")
+    async with lsp_server(FAKE_SERVER, opts) as c:
+        first, last = await _type_along(c, hold, cancel=False)
+        assert (await asyncio.wait_for(first, 60))["items"] == []  # its version is gone
+        res = await asyncio.wait_for(last, 60)
         assert res["items"][0]["insertText"] == "= x"
         s = await stats(c)
         assert s["engineJobs"] == 1 and s["typedAlong"] == 1 and s["wastedSteps"] == 0
 
 
-async def test_typing_along_survives_the_client_cancel_of_each_keystroke():
+async def test_typing_along_survives_the_client_cancel_of_each_keystroke(tmp_path):
     # like VS Code: every keystroke sends didChange, cancels the previous request, asks again
-    async with lsp_server(FAKE_SERVER, {"model": scripted(steps=10, step_ms=30, text="s += x"), "budgetMs": 5000}) as c:
-        first, last = await _type_along(c, cancel=True)
+    hold, opts = _held(tmp_path, steps=10, step_ms=5, text="s += x")
+    async with lsp_server(FAKE_SERVER, opts) as c:
+        first, last = await _type_along(c, hold, cancel=True)
         with pytest.raises(LspError) as err:
-            await asyncio.wait_for(first, 5)
+            await asyncio.wait_for(first, 60)
         assert err.value.code == -32800
-        res = await asyncio.wait_for(last, 5)
+        res = await asyncio.wait_for(last, 60)
         assert res["items"][0]["insertText"] == "= x"  # the first job's fill, typed through
         s = await stats(c)
         assert s["engineJobs"] == 1 and s["typedAlong"] == 1 and s["wastedSteps"] == 0
         assert s["cancelled"] == 3 and s["typedThrough"] == 1
+
+
+async def test_a_burst_of_keystrokes_read_at_once_still_types_along_the_job(tmp_path):
+    # the requests of the first two keystrokes are read before the later keystrokes' changes reach
+    # the server: they are stale on arrival (answered empty, counted stale) and must not supersede the
+    # job the user is typing along; the last request is served from its fill
+    hold, opts = _held(tmp_path, steps=10, step_ms=5, text="s += x")
+    async with lsp_server(FAKE_SERVER, opts) as c:
+        first, last = await _type_along(c, hold, cancel=False, burst=True)
+        assert (await asyncio.wait_for(first, 60))["items"] == []
+        res = await asyncio.wait_for(last, 60)
+        assert res["items"][0]["insertText"] == "= x"
+        s = await stats(c)
+        assert s["engineJobs"] == 1 and s["typedAlong"] == 1 and s["wastedSteps"] == 0
+        assert s["stale"] == 3 and s["typedThrough"] == 1  # the first (its version is gone) and the two read early
 
 
 async def test_stale_version_is_never_returned():

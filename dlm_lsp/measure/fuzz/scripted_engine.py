@@ -29,6 +29,13 @@ The server passes its `model` option to the engine factory, so a test picks the 
             engine of this process it is, M: how many were made, C: how many closed, T: when it was
             made, from this module's import at the process's start): which engine the server fills with
   broken    1: making the engine raises EngineError("scripted broken model"), as a missing model does
+  follow    a text: the fill is what follows the job's prefix in it (the prefix's end found by its
+            longest tail the text holds; "" when none): a fill that proposes what the user types next
+            whichever keystroke's job runs, however a slow machine spreads the keystrokes over jobs
+  hold      a folder: job N writes N to DIR/started-N when it takes its first step, and before it
+            resolves waits until DIR/release-N or DIR/release exists (or it is cancelled, its deadline
+            passes, or the engine closes): a test orders "this job is running" and "now let it end"
+            by events instead of by step times, whatever the machine's speed
 Like the real engine it runs jobs on its own thread, checks cancel and deadline between steps, and
 resolves cancelled jobs with Fill(cancelled=True) carrying the steps taken.
 """
@@ -42,6 +49,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypedDict
 
 from engine.api import EngineError, Fill, FillJob
@@ -68,6 +76,8 @@ def parse_script(model: str | None) -> dict[str, str]:
         "slow_ms": "0",
         "made": "0",
         "broken": "0",
+        "follow": "",
+        "hold": "",
     }
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
@@ -177,12 +187,18 @@ class ScriptedEngine:
                 if job.deadline is not None and time.monotonic() >= job.deadline:
                     hit = True
                     break
+                if steps == 0:
+                    self._started(self.jobs_seen)
                 time.sleep(step_s)
                 steps += 1
+            if not cancelled and not hit and self.p["hold"]:
+                cancelled, hit = self._held(job, self.jobs_seen)
             n = int(self.p["echo"])
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
             if int(self.p["lookup"]) > 0:
                 text = job.lookup[: int(self.p["lookup"])].replace("\n", "\u23ce")
+            if self.p["follow"]:
+                text = _following(self.p["follow"], job.prefix)
             if self.p["tell"]:
                 text = str(getattr(job, self.p["tell"]))
             if self.p["made"] == "1":
@@ -211,6 +227,22 @@ class ScriptedEngine:
                 )
             )
 
+    def _started(self, n: int) -> None:
+        """Tells a `hold` folder that job `n` took its first step."""
+        if self.p["hold"]:
+            (Path(self.p["hold"]) / f"started-{n}").write_text(str(n))
+
+    def _held(self, job: FillJob, n: int) -> tuple[bool, bool]:
+        """(cancelled, deadline hit): waits for the `hold` folder's release of job `n`."""
+        folder = Path(self.p["hold"])
+        while not ((folder / f"release-{n}").exists() or (folder / "release").exists()):
+            if job.cancelled or self._closed.is_set():
+                return True, False
+            if job.deadline is not None and time.monotonic() >= job.deadline:
+                return False, True
+            time.sleep(0.002)  # a poll of a condition, not a step time: the test's release ends it
+        return False, False
+
     def _rows(self, job: FillJob, steps: int) -> _Rows:
         if not steps:
             return {}
@@ -219,3 +251,13 @@ class ScriptedEngine:
             self._sessions.add(job.session)
             fwd, reused = fwd + reused, 0
         return {"forwarded_tokens": fwd, "reused_tokens": reused}
+
+
+def _following(text: str, prefix: str) -> str:
+    """What follows `prefix`'s end in `text`: after the longest tail of `prefix` that `text` holds
+    (its first place), "" when `text` holds none of it."""
+    for n in range(min(len(prefix), len(text)), 0, -1):
+        at = text.find(prefix[-n:])
+        if at >= 0:
+            return text[at + n :]
+    return ""
