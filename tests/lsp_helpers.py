@@ -14,6 +14,11 @@ from dlm_lsp.measure.replay import LspClient
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SERVER = [sys.executable, str(REPO / "dlm_lsp" / "measure" / "fuzz" / "fake_server.py")]
 REAL_SERVER = [sys.executable, "-m", "dlm_lsp", "serve"]
+# The budget `lsp_server` sends unless the options name one: a first fill of a fresh server on a slow,
+# busy machine (tree-sitter's first parse, a cold page cache, a CPU shared with other tests) can take
+# longer than the 300 ms default, which answers it empty; tests of the budget and the deadline set
+# their own. The tests' own waits are bounded by their timeouts, not by this.
+TEST_BUDGET_MS = 60_000
 
 
 def scripted(**kw) -> str:
@@ -32,7 +37,10 @@ async def lsp_server(
     ready_timeout: float = 120,
     root: str | None = None,
 ):
-    """Yields an initialized LspClient talking to `cmd`; stops the server afterwards."""
+    """Yields an initialized LspClient talking to `cmd`; stops the server afterwards. Options without
+    a budgetMs get TEST_BUDGET_MS."""
+    if options is not None and "budgetMs" not in options:
+        options = {**options, "budgetMs": TEST_BUDGET_MS}
     log = open(log_path, "wb") if log_path else None
     client = LspClient(cmd, cwd=str(REPO), stderr=log, config=config)
     await client.start()

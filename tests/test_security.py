@@ -225,12 +225,12 @@ async def test_a_workspace_cannot_switch_the_model(tmp_path, pushed):
         FAKE_SERVER,
         {"model": scripted(text="mine")},
         capabilities=caps,
-        config={"dlm": {"model": evil, "budgetMs": 250}},
+        config={"dlm": {"model": evil, "budgetMs": 60_000}},
     ) as c:
         open_doc(c, (tmp_path / "a.py").as_uri(), "x = \n")
         assert (await inline(c, (tmp_path / "a.py").as_uri(), 0, 4))[0]["insertText"] == "mine"
         n = len(c.notifications)
-        settings = {"dlm": {"model": evil, "budgetMs": 250}} if pushed else {}
+        settings = {"dlm": {"model": evil, "budgetMs": 60_000}} if pushed else {}
         c.notify("workspace/didChangeConfiguration", {"settings": settings})
         warn = await c.wait_notification("window/showMessage", lambda p: "'model'" in p["message"], since=n, timeout=10)
         assert warn["type"] == 2 and "cannot be changed through workspace settings" in warn["message"]

@@ -323,6 +323,7 @@ async def replay(
     log_path: str | None = None,
     ready_timeout: float = 180.0,
     at: int | None = None,
+    lockstep: bool = False,
 ) -> dict[str, Any]:
     """Types `path` into a fresh server and returns the measurements (see module docstring)."""
     full = Path(path).read_text(encoding="utf-8")
@@ -355,8 +356,13 @@ async def replay(
         pending_prev: tuple[int, asyncio.Future[Any]] | None = None
         loop = asyncio.get_running_loop()
         t_start = loop.time()
+        typed_at: list[float] = []  # loop-time of each keystroke, as sent
         for i, ch in enumerate(text):
+            if lockstep and pending_prev is not None:
+                await asyncio.wait([pending_prev[1]], timeout=ready_timeout)
+                t_start = max(t_start, loop.time() - i / cps)  # the pace resumes from the answer
             await asyncio.sleep(max(0.0, t_start + i / cps - loop.time()))
+            typed_at.append(loop.time())
             if cancel and pending_prev is not None and not pending_prev[1].done():
                 client.cancel(pending_prev[0])
             version = i + 2
@@ -392,7 +398,6 @@ async def replay(
             rec["future"] = fut
             records.append(rec)
             pending_prev = (msg_id, fut)
-        typed_at = [t_start + i / cps for i in range(len(text))]  # loop-time of each keystroke
         await asyncio.wait([r["future"] for r in records], timeout=30)
         stats = await client.request("dlm/stats", {}, timeout=10)
     finally:
@@ -441,6 +446,7 @@ async def replay(
         "chars": len(text),
         "cps": cps,
         "cancel": cancel,
+        "lockstep": lockstep,
         "model": status.get("model"),
         "device": status.get("device"),
         "budget_ms": budget_ms or 300,
@@ -522,6 +528,11 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
         "(default: type from an empty document)",
     )
     p.add_argument("--cancel", action="store_true", help="send $/cancelRequest for the previous request (like VS Code)")
+    p.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="type each character only once the previous request is answered (the server's counts, not the clock's)",
+    )
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--png", default=None, metavar="OUT", help="write a latency histogram PNG")
     p.add_argument("--model", default=None, help="model folder or HF cache id (default: the embedded model)")
@@ -543,6 +554,7 @@ def run_replay(args: argparse.Namespace) -> int:
                 device=args.device,
                 log_path=args.server_log,
                 at=args.at,
+                lockstep=args.lockstep,
             )
         )
     except ValueError as e:
