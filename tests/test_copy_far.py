@@ -4,6 +4,7 @@ context window reaches the engine as text to search, never as tokens to forward.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -230,7 +231,8 @@ async def test_server_sends_snippets_of_the_workspace_files_as_lookup(tmp_path):
         async with lsp_server(FAKE_SERVER, opts, root=str(tmp_path)) as c:
             open_doc(c, a, text)
             got = None
-            for _ in range(100):  # the walk runs beside the server: wait for its first pass
+            end = time.monotonic() + 120
+            while time.monotonic() < end:  # the walk runs beside the server: wait for its first pass
                 items = await inline(c, a, 2, 8)
                 got = items[0]["insertText"] if items else ""
                 if got or not on:
@@ -240,7 +242,7 @@ async def test_server_sends_snippets_of_the_workspace_files_as_lookup(tmp_path):
 
 
 class _Typist:
-    """Asks for a fill at (line, col) of `uri` until it is `want` (or 200 tries): each try first
+    """Asks for a fill at (line, col) of `uri` until it is `want` (or 120 s): each try first
     edits line 0 (an edit above the cursor, so that no kept fill serves the request)."""
 
     def __init__(self, uri: str, edit_col: int, line: int, col: int):
@@ -252,7 +254,8 @@ class _Typist:
         from tests.lsp_helpers import inline, insert
 
         got = None
-        for _ in range(200):
+        end = time.monotonic() + 120  # a wait for the condition, bounded generously
+        while time.monotonic() < end:
             self.version += 1
             insert(c, self.uri, self.version, 0, self.edit_col, " ")
             items = await inline(c, self.uri, self.line, self.col)

@@ -16,7 +16,7 @@ import pytest
 
 from dlm_lsp.measure.replay import LspClient, LspError
 from dlm_lsp.protocol import MAX_HEADER_LINE, MAX_MESSAGE_BYTES, Framer, Skipped, check_envelope
-from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, open_doc, scripted
+from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, open_doc, scripted, until
 
 URI = "file:///tmp/dlm-protocol/a.py"
 SRC = "def f():\n    \n"
@@ -481,13 +481,15 @@ async def test_exit_code(cmd, steps, code):
         await c.stop()
 
 
-async def test_exit_with_a_fill_in_flight_and_end_of_input():
-    async with server(options={"model": scripted(steps=10_000, step_ms=10), "budgetMs": 60_000}) as c:
+async def test_exit_with_a_fill_in_flight_and_end_of_input(tmp_path):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    async with server(options={"model": scripted(hold=str(hold)), "budgetMs": 60_000}) as c:
         open_doc(c, URI, SRC)
         c.send_request(
             "textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}}
         )
-        await asyncio.sleep(0.2)
+        await until(lambda: (hold / "started-1").exists(), what="the fill's job to run")  # held: never ends
         c.notify("exit")
         assert await asyncio.wait_for(c.proc.wait(), 10) == 1
     async with server() as c:
