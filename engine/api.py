@@ -296,3 +296,96 @@ def decode_options(overrides: str | dict | None = None) -> DecodeOptions:
     if bad:
         raise ValueError(f"unknown decode options {bad}; known: {sorted(known)}")
     return dataclasses.replace(DecodeOptions(), **overrides)
+
+
+# ---------------------------------------------------------------- next edits
+
+# EditJob.approach: "+"-joined flags. "window": the whole window is masked and re-written, with padding
+# room (engine/decode/rewrite.py, layout (a)); "surprise": the window stays on the canvas and one forward
+# scores its tokens, the unlikely ones (and their neighbours) are masked and denoised (layout (b));
+# "memory": the recent edits' token substitutions (engine/bias/edits.py) bias the masked slots toward
+# their new tokens, and, without "window", the slots holding an old token are masked too. "window" and
+# "surprise" exclude each other; "memory" goes with either or alone.
+EDIT_APPROACHES = ("window", "window+memory", "surprise", "memory", "surprise+memory")
+
+
+def edit_flags(approach: str) -> frozenset[str]:
+    """EditJob.approach as its set of flags; ValueError for a combination not in EDIT_APPROACHES."""
+    parts = approach.split("+") if isinstance(approach, str) else []
+    flags = frozenset(parts)
+    canonical = "+".join(f for f in ("window", "surprise", "memory") if f in flags)
+    if len(flags) != len(parts) or canonical.count("+") != len(parts) - 1 or canonical not in EDIT_APPROACHES:
+        raise ValueError(f"approach must be one of {EDIT_APPROACHES}, got {approach!r}")
+    return flags
+
+
+@dataclass
+class EditJob:
+    """One next edit: rewrite `window` (the document between `prefix` and `suffix`) after the recent
+    `edits` ((old, new) texts, oldest first). Deadline is time.monotonic() seconds. The edits are not
+    put on the canvas (no model here was trained on a rendering of them; the prefix and the window
+    already show their result): they act through the edit memory ("memory" in `approach`)."""
+
+    prefix: str
+    window: str
+    suffix: str = ""
+    edits: list[tuple[str, str]] = field(default_factory=list)
+    approach: str = "surprise+memory"  # EDIT_APPROACHES
+    # the most slots the window's canvas may have: its tokens (a longer window is refused) and as much
+    # of the padding room as fits
+    max_tokens: int = 128
+    deadline: float | None = None
+    options: DecodeOptions = field(default_factory=DecodeOptions)
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS  # prefix + window slots + suffix are cut to fit this many
+    # "surprise": a window token whose probability is below `surprise` is masked, with `spread` tokens
+    # either side; each masked span (and the "window" layout's window) gets ceil(growth x its length)
+    # more masked slots after it, so the rewrite may grow (padding in a slot drops it: it may shrink)
+    surprise: float = 0.05
+    spread: int = 1
+    growth: float = 0.25
+    memory: float = 4.0  # nats the edit memory adds to a substitution's new token ("memory")
+    # how "surprise" scores: "visible" reads each window token's own probability with the window shown
+    # (one forward; the logit shift respected); "masked" with the whole window masked (one forward: what
+    # the model would write there from the context alone); "auto": visible, except on the causal
+    # reordered layout, whose rows past the context are only trained as masks ("masked" there)
+    score: str = "auto"
+    job_id: int = field(default_factory=lambda: next(_ids))
+    submitted_at: float = field(default_factory=time.monotonic)
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+
+@dataclass
+class Rewrite:
+    """What came out of an EditJob: the window's new text. A cancelled or expired job, and one where
+    nothing was surprising, gives the window back unchanged (changed == 0)."""
+
+    text: str
+    confidence: float = 1.0  # geometric mean of the committed (rewritten) tokens' probabilities (1.0: none)
+    steps: int = 0  # denoising steps (the surprise scoring forward is not one: `scored`)
+    cancelled: bool = False
+    deadline_hit: bool = False  # the remaining masks were committed in one last step
+    expired: bool = False  # its deadline had passed while it was queued: answered unchanged, never run
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    changed: int = 0  # window tokens changed: per differing run of a token diff, the longer side's length
+    # the gate's inputs: the probabilities of the tokens the rewrite wrote into changed runs (a run that
+    # only deletes counts the confidence of the slots it emptied)
+    min_confidence: float = 1.0
+    mean_confidence: float = 1.0
+    remasked: int = 0  # window tokens masked on the canvas (every one for "window")
+    memory_remasked: int = 0  # ... of them because an edit's old token stood there
+    slots: int = 0  # masked slots on the canvas (padding room included)
+    scored: bool = False  # a surprise scoring forward ran
+    window_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # the new window's ids
+
+    @property
+    def latency_ms(self) -> float:
+        return self.queue_ms + self.compute_ms

@@ -196,6 +196,9 @@ class Canvas:
     # (engine.decode.reuse.ReuseCache, session key): approximate context reuse (None: off)
     reuse: tuple[ReuseCache, str] | None = None
     reused: int = 0  # context rows whose K/V the first forward took from the session (Fill.reused_tokens)
+    # a next edit's edit memory (engine/bias/edits.py EditBias, attached by engine/decode/rewrite.py):
+    # (canvas, predicted slots (M,)) -> their (M, V) bias; None: off
+    edit_bias: Callable[[Canvas, torch.Tensor], torch.Tensor] | None = None
 
     @classmethod
     def build(

@@ -20,7 +20,8 @@ instead of the fused slot statistics, and applies, in this order:
      healing restrictions; where it chains (a slot reads its left neighbour's pick of this step),
      that pick is taken from the neighbour's row with those restrictions applied (`restrict`)
   3. the n-gram memories (engine/bias/ngram.py): the corpus's, then the fill's own, or the
-     workspace's where the fill's own has no context; all read the committed left runs, not chained
+     workspace's where the fill's own has no context; all read the committed left runs, not chained;
+     then a next edit's edit memory (engine/bias/edits.py, engine/decode/rewrite.py)
   4. temperature, then the restrictions: never a mask, no DreamOn expand at its longest middle, the
      healed slot only among its candidates (engine/decode/canvas.py, token healing). Restricting
      last makes the healed slot's distribution the biased one renormalised over its candidates.
@@ -182,6 +183,7 @@ def slot_predictions(
         or c.ngram is not None
         or c.local is not None
         or c.workspace is not None
+        or c.edit_bias is not None
     ):  # full rows
         return row_predictions(c, biased_logits(model, c, slot_idx, h, final))
     if c.middle is not None and c.middle.expand_banned(c.n, final):  # DreamOn's middle at its longest
@@ -219,6 +221,8 @@ def biased_logits(model: Transformer, c: Canvas, slot_idx: torch.Tensor, h: torc
             c.add_ngram(logits, slot_idx, left)
         if c.local is not None or c.workspace is not None:  # the fill's own n-gram (the workspace's where it has none)
             c.add_local(logits, slot_idx, left)
+    if c.edit_bias is not None:  # a next edit's edit memory (engine/bias/edits.py)
+        logits += c.edit_bias(c, slot_idx).to(logits.device, logits.dtype)
     if o.temperature > 0:
         logits = logits / o.temperature
     logits[:, cfg.mask_token_id] = float("-inf")  # a slot may never be filled with a mask

@@ -88,6 +88,7 @@ def takes(c: Canvas) -> bool:
         and c.ngram is None
         and c.local is None
         and c.workspace is None
+        and c.edit_bias is None
     )
 
 

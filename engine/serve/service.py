@@ -1,12 +1,18 @@
 """The resident engine: one worker thread owns the model and runs every job.
 
-submit(job) -> Future[Fill]. Jobs that are waiting when a step begins join the batch; finished and
+submit(job) -> Future[Fill] (an EditJob: Future[Rewrite], see below). Jobs that are waiting when a step begins join the batch; finished and
 cancelled jobs leave it between steps, so several documents or clients share each forward pass.
 Cancel and deadline are checked between steps: a cancelled job stops within one step; a job whose
 next step would pass its deadline commits all its remaining masks in that step. A job that fails
 (bad input, an exception while decoding, out of memory) fails alone: its future raises EngineError,
 the batch and the worker go on. A job whose deadline has passed while it was queued is answered at
 once with an empty Fill (`expired`), without running.
+
+Next edits: an EditJob goes through the same queue and worker. Its run (engine/decode/rewrite.py: a
+surprise scoring forward, then denoising steps on its own canvas) takes one forward per turn of the
+worker's loop, after the fills' batched step, with the fills' checks between: a cancelled edit comes
+back at once (cancelled, the window unchanged), the forward that would pass its deadline is its last,
+one whose deadline passed in the queue is answered unchanged (`expired`) without running.
 
 The worker is watched: if it dies (an exception escaping its loop, a BaseException in a step) its
 jobs in flight fail with an error saying so and the next submit() starts a new worker; if one step
@@ -51,14 +57,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 
-from engine.api import DecodeOptions, EngineError, Fill, FillJob, context_budget
+from engine.api import DecodeOptions, EditJob, EngineError, Fill, FillJob, Rewrite, context_budget, with_model_defaults
 from engine.bias import names, ngram
+from engine.bias.edits import word_edits
 from engine.decode import forward as fwd
 from engine.decode import levers, reuse, sampler, static
+from engine.decode import rewrite as rw
 from engine.decode.cache import BatchContext, Rows
 from engine.decode.canvas import Canvas
 from engine.decode.forward import build_canvas
@@ -136,6 +144,17 @@ class _Active:
     heal_text: str = ""  # token healing: the prefix's tail the fill re-types (cut from its text)
 
 
+@dataclass
+class _EditActive:
+    """A next edit in flight (EditJob): its run (engine/decode/rewrite.py) is stepped on the worker
+    between fill batches, one forward per turn, so a cancel or a newer job stops it within one step."""
+
+    job: EditJob
+    run: rw.EditRun
+    future: Future
+    started: float
+
+
 WARM_UP_SLOTS = (16, 5, 1)  # the warm-up's fills (EngineService.warm_up)
 RESERVED_SLOTS = 65  # the fixed-shape step's slots reserved at warm-up: a 64-token fill and its healed slot
 
@@ -200,7 +219,7 @@ class EngineService:
         self._gen = 0  # the current worker's generation; an older worker that wakes up leaves
         self._dead_gen = -1  # the generation of a worker that died (replaced at the next submit)
         self._busy: tuple[int, float] | None = None  # (generation, monotonic start) of the step running now
-        self._jobs: list[_Active] = []  # the current worker's jobs in flight
+        self._jobs: list[_Active | _EditActive] = []  # the current worker's jobs in flight
         self._slowest_step_s = 0.0
         self._batch_ctx = BatchContext()
         self._sessions = SessionCache()  # per document: the last context's K/V (reorder layout only)
@@ -225,6 +244,8 @@ class EngineService:
             "restarts": 0,
             "forwarded_tokens": 0,
             "reused_tokens": 0,  # rows run / context rows reused (Fill's)
+            "edit_jobs": 0,  # next edits answered (EditJob), and their denoising steps
+            "edit_steps": 0,
             "warmup_fills": 0,
             "warmup_ms": 0.0,
         }  # the worker's own fills before its first job
@@ -434,8 +455,9 @@ class EngineService:
 
     # ------------------------------------------------------------ jobs
 
-    def submit(self, job: FillJob) -> Future:
-        """Queues a job; the future resolves to a Fill (cancelled ones too) or raises EngineError."""
+    def submit(self, job: FillJob | EditJob) -> Future:
+        """Queues a job; the future resolves to a Fill (an EditJob: a Rewrite; cancelled ones too) or
+        raises EngineError."""
         fut: Future = Future()
         if self.state == "error":
             fut.set_exception(EngineError(self.message or "engine failed to load"))
@@ -480,19 +502,25 @@ class EngineService:
         """Forgets the workspace memory `space` (its window closed)."""
         self.workspaces.pop(space, None)
 
-    def run_now(self, job: FillJob) -> Fill:
+    @overload
+    def run_now(self, job: FillJob) -> Fill: ...
+    @overload
+    def run_now(self, job: EditJob) -> Rewrite: ...
+    def run_now(self, job: FillJob | EditJob) -> Fill | Rewrite:
         """Runs one job on the calling thread (headless commands, benchmarks); the model must be loaded."""
         fut: Future = Future()
         act = self._admit(job, fut)
-        batch = [act] if act is not None else []
+        batch: list[_Active | _EditActive] = [act] if act is not None else []
         ctx = BatchContext()
         while batch:
             batch = self._step_batch(batch, ctx)
         return fut.result()
 
-    def _admit(self, job: FillJob, fut: Future) -> _Active | None:
+    def _admit(self, job: FillJob | EditJob, fut: Future) -> _Active | _EditActive | None:
         """Tokenizes a job and builds its canvas, every lever attached (engine/decode/levers.py); a bad
         job fails its future here and returns None."""
+        if isinstance(job, EditJob):
+            return self._admit_edit(job, fut)
         started = time.monotonic()
         try:
             if self.model is None:
@@ -507,6 +535,79 @@ class EngineService:
                 self.stats["failed_jobs"] += 1
             return None
         return _Active(job, canvas, fut, started, heal_text)
+
+    def _admit_edit(self, job: EditJob, fut: Future) -> _EditActive | None:
+        """Tokenizes an edit job (its edits with their renamed words, engine/bias/edits.py word_edits)
+        and starts its run, the model's tuned decoding under the job's options; a bad job fails here."""
+        started = time.monotonic()
+        try:
+            _, tok, cfg, device = self._loaded()
+            p_ids, w_ids, s_ids = tok.encode_batch([job.prefix, job.window, job.suffix])
+            pairs = [(o, n) for old, new in job.edits for o, n in [(old, new), *word_edits(old, new)]]
+            flat = tok.encode_batch([t for pair in pairs for t in pair]) if pairs else []
+            edits = list(zip(flat[0::2], flat[1::2]))
+            run = rw.EditRun(
+                p_ids,
+                w_ids,
+                s_ids,
+                edits,
+                job.approach,
+                cfg,
+                with_model_defaults(job.options, self.serving.get("decode", {})),
+                max_tokens=job.max_tokens,
+                context_tokens=job.context_tokens,
+                device=device,
+                surprise=job.surprise,
+                spread=job.spread,
+                growth=job.growth,
+                memory=job.memory,
+                score=job.score,
+            )
+            run.full_ms = self._full_ms_per_token * (len(p_ids) + len(w_ids) + len(s_ids))
+            if run.canvas is not None:
+                run.canvas.full_ms = run.full_ms
+        except Exception as e:  # noqa: BLE001
+            _resolve(fut, exc=e if isinstance(e, EngineError) else EngineError(f"bad edit job: {e}"))
+            with self._stats_lock:
+                self.stats["failed_jobs"] += 1
+            return None
+        return _EditActive(job, run, fut, started)
+
+    def _step_edit(self, e: _EditActive, ctx: BatchContext) -> bool:
+        """One forward of an edit job, after the fills' checks (cancelled: answered now; the forward
+        that would pass its deadline is its last); True while it has more to run."""
+        if e.job.cancelled or e.future.cancelled():
+            e.run.cancelled = True
+            self._finish_edit(e)
+            return False
+        try:
+            model = self._loaded()[0]
+            with torch.inference_mode():
+                e.run.step(model, e.run.deadline_due(e.job.deadline))
+        except Exception as ex:  # noqa: BLE001 - the job fails alone
+            self._fail(e, ex)
+            if is_out_of_memory(ex):
+                self._release_memory(ctx)
+            return False
+        if e.run.done:
+            self._finish_edit(e)
+            return False
+        return True
+
+    def _finish_edit(self, e: _EditActive) -> None:
+        try:
+            r = e.run.rewrite(self._loaded()[1].decode, e.job.window)
+            r.queue_ms = (e.started - e.job.submitted_at) * 1000
+            r.compute_ms = (time.monotonic() - e.started) * 1000
+        except Exception as ex:  # noqa: BLE001
+            self._fail(e, ex)
+            return
+        with self._stats_lock:
+            self.stats["edit_jobs"] += 1
+            self.stats["edit_steps"] += r.steps
+            if r.cancelled:
+                self.stats["cancelled_jobs"] += 1
+        _resolve(e.future, r)
 
     def _owned(self) -> levers.Owned:
         """What the levers read from this service, as it stands now (a job's estimate, memories, caches)."""
@@ -584,7 +685,7 @@ class EngineService:
                 self.stats["cancelled_steps"] += c.steps
         _resolve(a.future, fill)
 
-    def _fail(self, a: _Active, e: BaseException) -> None:
+    def _fail(self, a: _Active | _EditActive, e: BaseException) -> None:
         oom = is_out_of_memory(e)
         log.error("job %s failed%s: %s", a.job.job_id, " (out of memory)" if oom else "", e, exc_info=e)
         with self._stats_lock:
@@ -628,8 +729,16 @@ class EngineService:
                 out.append(e)
         return out
 
+    def _step_batch(self, batch: list[_Active | _EditActive], ctx: BatchContext) -> list[_Active | _EditActive]:
+        """One turn of the worker: the fills' batched step, then one forward of each edit job;
+        returns the jobs with more to run."""
+        fills = [a for a in batch if isinstance(a, _Active)]
+        rest: list[_Active | _EditActive] = list(self._step_fills(fills, ctx)) if fills else []
+        rest += [e for e in batch if isinstance(e, _EditActive) and self._step_edit(e, ctx)]
+        return rest
+
     @torch.inference_mode()
-    def _step_batch(self, batch: list[_Active], ctx: BatchContext) -> list[_Active]:
+    def _step_fills(self, batch: list[_Active], ctx: BatchContext) -> list[_Active]:
         """Drops cancelled jobs, runs one step for the rest, resolves finished ones; returns the rest."""
         live = []
         for a in batch:
@@ -703,13 +812,20 @@ class EngineService:
             return [], [a for a, _ in taken], is_out_of_memory(e)
         return [a for a, _ in taken], [], False
 
-    def _expired(self, job: FillJob, fut: Future) -> bool:
-        """Answers a job whose deadline passed while it was queued with an empty Fill; True if so."""
+    def _expired(self, job: FillJob | EditJob, fut: Future) -> bool:
+        """Answers a job whose deadline passed while it was queued with an empty Fill (an unchanged
+        Rewrite); True if so."""
         now = time.monotonic()
         if job.deadline is None or now < job.deadline or job.cancelled:
             return False
         with self._stats_lock:
             self.stats["expired_jobs"] += 1
+        if isinstance(job, EditJob):
+            _resolve(
+                fut,
+                Rewrite(text=job.window, deadline_hit=True, expired=True, queue_ms=(now - job.submitted_at) * 1000),
+            )
+            return True
         _resolve(
             fut,
             Fill(
@@ -724,7 +840,7 @@ class EngineService:
         )
         return True
 
-    def _drain(self, active: list[_Active], block: bool, gen: int) -> bool:
+    def _drain(self, active: list[_Active | _EditActive], block: bool, gen: int) -> bool:
         """Admits every queued job into `active`; returns False when close() was asked for or this
         worker was replaced."""
         try:
@@ -768,8 +884,8 @@ class EngineService:
                     return
                 _resolve(item[1], exc=EngineError(self.message or "engine failed to load"))
             return
-        active: list[_Active] = []
-        batch: list[_Active] = []
+        active: list[_Active | _EditActive] = []
+        batch: list[_Active | _EditActive] = []
         try:
             self._jobs = active
             while self._drain(active, block=not active, gen=gen):
@@ -803,12 +919,16 @@ class EngineService:
         if gen != self._gen:
             return
         for a in active:
+            if isinstance(a, _EditActive):
+                a.run.cancelled = True
+                self._finish_edit(a)
+                continue
             a.canvas.cancelled = True
             self._finish(a)
         # jobs queued after close() was asked for: answer them, never leave them hanging
         self._fail_queued(EngineError("the engine is shut down"))
 
-    def _died(self, gen: int, e: BaseException, jobs: list[_Active]) -> None:
+    def _died(self, gen: int, e: BaseException, jobs: list[_Active | _EditActive]) -> None:
         log.critical("engine worker %d died: %r; it restarts with the next job", gen, e, exc_info=e)
         with self._stats_lock:
             self.stats["worker_deaths"] += 1
