@@ -23,7 +23,17 @@ from dataclasses import dataclass, field
 # handled by indentation alone.
 GRAMMAR_LANGUAGES = ("python", "javascript", "javascriptreact", "typescript", "typescriptreact", "go", "rust")
 DEFAULT_LANGUAGES = [*GRAMMAR_LANGUAGES, "*"]
-CONTEXT_TOKENS_RANGE = (64, 32768)  # contextTokens: room for a 64-slot block hole, up to the longest windows
+CONTEXT_TOKENS_RANGE = (64, 32768)
+# dlm_lsp.fill.suggest.APPROACHES (engine.api.EDIT_APPROACHES and "propagate"), spelled here so the
+# options never import the engine's types
+NEXT_EDIT_APPROACHES = (
+    "window",
+    "window+memory",
+    "surprise",
+    "memory",
+    "surprise+memory",
+    "propagate",
+)  # contextTokens: room for a 64-slot block hole, up to the longest windows
 
 
 @dataclass
@@ -61,6 +71,11 @@ class InitializationOptions:
     # the code at the cursor, read locally, given to the engine with the fill; and the files themselves
     # to the engine's workspace memory, DecodeOptions.workspace_ngram); false: the other open documents only
     workspace_context: bool = True
+    # next edits (dlm/nextEdit): how the window near the cursor is rewritten (dlm_lsp.fill.suggest.APPROACHES:
+    # the engine's layouts, or "propagate", the recent renames applied without a model), and the
+    # confidence a rewrite needs to be shown
+    next_edit_approach: str = "surprise+memory"
+    next_edit_min_confidence: float = 0.0
 
     def serves(self, language_id: str) -> bool:
         """True when fills are offered for documents of `language_id`."""
@@ -85,6 +100,8 @@ _CHECKS = {
     "workspace_context": lambda v: isinstance(v, bool),
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
     "engine": lambda v: v is None or v in ("inproc", "shared") or isinstance(v, dict),
+    "next_edit_approach": lambda v: v in NEXT_EDIT_APPROACHES,
+    "next_edit_min_confidence": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
     "min_confidence": lambda v: v is None
     or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
 }

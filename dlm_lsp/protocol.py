@@ -35,6 +35,7 @@ from pygls.exceptions import JsonRpcInternalError, JsonRpcMethodNotFound
 from pygls.io_ import StdoutWriter
 from pygls.protocol import JsonRPCNotification, JsonRPCRequestMessage, LanguageServerProtocol
 from pygls.protocol.json_rpc import RPCRequest
+from pygls.protocol.language_server import lsp_method
 
 from dlm_lsp.fill.documents import ContentChange
 
@@ -245,6 +246,16 @@ class DlmProtocol(LanguageServerProtocol):
         self.exit_code: int | None = None  # set by `exit`: the loop stops
         self._initialized_seen = False
         self._read = 0  # messages handed to handlers so far (READ_ORDER)
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams) -> Any:
+        """pygls's initialize, its capabilities with ours under `experimental` (the server's
+        `experimental_capabilities`: the dlm/... requests a client may look for)."""
+        result = yield from super().lsp_initialize(params)
+        extra = getattr(self._server, "experimental_capabilities", None)
+        if extra:
+            result.capabilities.experimental = dict(extra)
+        return result
 
     def send_error(self, msg_id: int | str | None, code: int, message: str) -> None:
         """Sends an error response; `msg_id` may be None (pygls would drop the id key)."""

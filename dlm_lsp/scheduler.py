@@ -292,7 +292,8 @@ class Scheduler:
             self.stats.engine_jobs += 1
             self.stats.engine_steps += steps
             if steps:  # it ran: book its rows (an expired job, or one cancelled before its first step, ran none)
-                fwd, reused = fill.forwarded_tokens, fill.reused_tokens
+                # (a next edit's Rewrite reports no rows)
+                fwd, reused = getattr(fill, "forwarded_tokens", 0), getattr(fill, "reused_tokens", 0)
                 self.stats.forwarded_tokens += fwd
                 self.stats.reused_tokens += reused
                 self.stats.reuse_jobs += reused > 0

@@ -40,8 +40,9 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from dlm_lsp.engines import EarlyEngine, default_engine_factory, engine_args, machine_key, release_logs, take_early
-from dlm_lsp.fill import context, gate, postprocess
+from dlm_lsp.fill import context, gate, postprocess, suggest
 from dlm_lsp.fill.documents import Document, DocumentStore, uri_key
+from dlm_lsp.fill.history import EditHistory
 from dlm_lsp.fill.positions import UTF16, units_len
 from dlm_lsp.fill.retrieval import SNIPPET_CHARS
 from dlm_lsp.fill.workspace import FilesSink, WorkspaceIndex, root_paths
@@ -65,6 +66,11 @@ VERSION = "0.1.0"
 STATUS = "dlm/status"
 STATS = "dlm/stats"
 DOCUMENT_TEXT = "dlm/documentText"
+NEXT_EDIT = "dlm/nextEdit"
+# a next edit's deadline is this many fill budgets after its request: the client asks after an idle
+# pause, not per keystroke, and a window rewrite runs more slots than a line fill
+NEXT_EDIT_BUDGETS = 2
+HISTORY_MAX_CHARS = 500_000  # a document longer than this keeps no edit history (its diffs cost a keystroke too much)
 # After a client's $/cancelRequest the request answers RequestCancelled at once, but its engine job
 # gets this long before the cancel reaches the engine: VS Code cancels the previous request at every
 # keystroke, and when the next request types along the job (the same rule as without a client
@@ -110,6 +116,12 @@ class DlmServer(LanguageServer):
         # per document key: the read order (protocol.read_order) of its latest didOpen/didChange, so a
         # request read before it (its position is in a text that is gone) is answered as stale
         self.changed_at: dict[str, int] = {}
+        # next edits: each document's recent edits (from didChange), and their own latest-wins queue and
+        # counters, apart from fills' so that neither supersedes the other and dlm/stats keeps them apart
+        self.history = EditHistory()
+        self.experimental_capabilities = {"dlm": {"nextEdit": True}}  # under `experimental` at initialize
+        self.edit_stats = Stats()
+        self.edit_scheduler = Scheduler(self._submit, self.edit_stats)
         self.engine_factory: EngineFactory = engine_factory or default_engine_factory
         self.engine: Engine | None = None
         self.engine_gen = 0
@@ -126,7 +138,8 @@ class DlmServer(LanguageServer):
 
     # ------------------------------------------------------------------ engine
 
-    def _submit(self, job: FillJob) -> Future[Fill]:
+    def _submit(self, job: Any) -> Future[Any]:
+        """The engine's future for a FillJob (a Fill) or an EditJob (a Rewrite)."""
         assert self.engine is not None  # the scheduler runs jobs only once _wait_ready saw an engine
         return self.engine.submit(job)
 
@@ -597,6 +610,105 @@ class DlmServer(LanguageServer):
         rng = types.Range(types.Position(line, char), types.Position(line, end_char))
         return text, rng
 
+    # ------------------------------------------------------------------ next edits
+
+    def record_edit(self, key: str, before: str | None, index: Any, changes: object, doc: Document | None) -> None:
+        """Adds a didChange's change to the document's edit history: one ranged change (a keystroke,
+        a paste) by its offsets in the text before it; anything else (several changes, the full text)
+        as the region where the texts differ. A document over HISTORY_MAX_CHARS keeps none."""
+        if doc is None or before is None or before == doc.text:
+            return
+        if len(doc.text) > HISTORY_MAX_CHARS:
+            self.history.drop(key)
+            return
+        now = time.monotonic()
+        if isinstance(changes, list) and len(changes) == 1 and getattr(changes[0], "start", None) is not None:
+            ch = changes[0]
+            a, b = sorted((index.offset(*ch.start), index.offset(*ch.end)))
+            if before[:a] + ch.text + before[b:] == doc.text:  # no surrogate halves joined on the way
+                self.history.record(key, a, before[a:b], ch.text, now, text=before)
+                return
+        a, b_old, b_new = _differing(before, doc.text)
+        self.history.record(key, a, before[a:b_old], doc.text[a:b_new], now, text=before)
+
+    async def next_edit_at(self, uri: str, version: object, position: types.Position) -> dict | None:
+        """{"edits": [TextEdit...], "confidence"} for the document at exactly `version`, or None:
+        nothing worth proposing, a newer version, an unknown document, no recent edit, or a job that a
+        keystroke (or a newer request) superseded. Never raises except CancelledError."""
+        doc = self.documents.get(uri)
+        if doc is None or not isinstance(version, int) or isinstance(version, bool) or version != doc.version:
+            return None
+        key = self.documents.key(uri)
+        idx = doc.index(self.encoding)
+        if position.line >= idx.line_count():
+            return None  # past the end: nothing there to rewrite
+        offset = idx.offset(position.line, position.character)
+        try:
+            req = suggest.edit_request(
+                doc.text,
+                offset,
+                self.history.recent(key, suggest.RECENT_EDITS),
+                self.options.next_edit_approach,
+                context_tokens=self.context_tokens(),
+            )
+        except ValueError as e:
+            log.warning("next edit not asked: %s", e)
+            return None
+        if req is None:
+            return None
+        ticket = self.edit_scheduler.begin(key, doc.version, self.options.budget_ms * NEXT_EDIT_BUDGETS)
+        outcome, result = "empty", None
+        try:
+            outcome, result = await self._next_edit_steps(uri, doc, req, ticket)
+            return result
+        except (Late, Superseded):
+            outcome = "cancelled"
+            return None
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as e:  # noqa: BLE001 - one failed request must not affect the others
+            outcome = "errors"
+            log.warning("next edit failed for %s: %s", uri, e, exc_info=not _is_engine_error(e))
+            return None
+        finally:
+            self.edit_scheduler.end(ticket)
+            with self.edit_stats._lock:
+                setattr(self.edit_stats, outcome, getattr(self.edit_stats, outcome) + 1)
+
+    async def _next_edit_steps(
+        self, uri: str, doc: Document, req: suggest.EditRequest, ticket: Ticket
+    ) -> tuple[str, dict | None]:
+        """(outcome, result): the engine's rewrite (or the baseline's), judged; None when stale."""
+        if req.job is None:
+            new_window, confidence = suggest.baseline(req), 1.0
+        else:
+            if not await self._wait_ready(ticket):
+                return "empty", None
+            req.job.deadline = ticket.deadline
+            rewrite = await self.edit_scheduler.run(ticket, req.job)  # type: ignore[arg-type]
+            if rewrite.cancelled:
+                return "cancelled", None
+            new_window, confidence = rewrite.text, rewrite.confidence
+        if not self._is_current(uri, doc, ticket):
+            return "stale", None
+        found = suggest.judge(req, new_window, confidence, self.options.next_edit_min_confidence)
+        if found.silent is not None:
+            log.debug("next edit at %s: silent (%s)", uri, found.silent)
+            return "empty", None
+        idx = doc.index(self.encoding)
+        edits = [
+            {
+                "range": {
+                    "start": dict(zip(("line", "character"), idx.position(a), strict=True)),
+                    "end": dict(zip(("line", "character"), idx.position(b), strict=True)),
+                },
+                "newText": text,
+            }
+            for a, b, text in found.edits
+        ]
+        return "answered", {"edits": edits, "confidence": round(found.confidence, 4)}
+
     # ------------------------------------------------------------------ configuration
 
     def apply_options(self, raw: object, initial: bool = False) -> None:
@@ -691,11 +803,18 @@ def _register_document_sync(server: DlmServer) -> None:
         """Applies edits (the tree re-parses when next used) and cancels the document's now-stale
         job (unless the edit only typed along it)."""
         uri = params.text_document.uri
-        doc = ls.documents.change(
-            uri, params.text_document.version, content_changes(params.content_changes), ls.encoding
-        )
+        changes = content_changes(params.content_changes)
+        was = ls.documents.get(uri) if isinstance(uri, str) else None
+        before, index = (was.text, was.index(ls.encoding)) if was is not None else (None, None)
+        doc = ls.documents.change(uri, params.text_document.version, changes, ls.encoding)
         key = ls.documents.key(uri)
         ls.changed_at[key] = read_order() or 0
+        ls.edit_scheduler.cancel_document(key)  # a keystroke makes any next edit in flight stale
+        try:
+            ls.record_edit(key, before, index, changes, doc)
+        except Exception:  # noqa: BLE001 - the history is context for next edits, never a reason to fail a change
+            log.exception("edit history not updated for %s", uri)
+            ls.history.drop(key)
         inflight = ls.scheduler.inflight(key)
         typing_along = inflight is not None and doc is not None and inflight.typed_along(doc.text)
         ls.scheduler.cancel_document(key, spare=inflight if typing_along else None)
@@ -709,6 +828,8 @@ def _register_document_sync(server: DlmServer) -> None:
         ls.scheduler.cancel_document(key)
         ls.typing.forget(key)
         ls.changed_at.pop(key, None)
+        ls.edit_scheduler.cancel_document(key)
+        ls.history.drop(key)
         ls.documents.close(uri)
         if ls.workspace_index is not None and isinstance(uri, str):
             ls.workspace_index.closed(uri)
@@ -805,6 +926,25 @@ def _register_dlm_requests(server: DlmServer) -> None:
         doc = ls.documents.get(uri)
         return None if doc is None else {"uri": uri, "version": doc.version, "text": doc.text}
 
+    @server.feature(NEXT_EDIT)
+    async def next_edit(ls: DlmServer, params: object = None) -> dict | None:
+        """The rewrite of the code near the cursor after the user's recent edits: {"edits": [TextEdit],
+        "confidence"} for exactly that document version, or None (docs/lsp-extensions.md)."""
+
+        def field(obj: object, name: str) -> Any:  # pygls hands params of non-LSP methods over as namedtuples
+            return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+        doc_id, pos = field(params, "textDocument"), field(params, "position")
+        uri, version = field(doc_id, "uri"), field(doc_id, "version")
+        line, char = field(pos, "line"), field(pos, "character")
+        if not isinstance(uri, str) or not all(type(v) is int and v >= 0 for v in (line, char)):
+            from pygls.exceptions import JsonRpcInvalidParams
+
+            raise JsonRpcInvalidParams(
+                f'{NEXT_EDIT} needs {{"textDocument": {{"uri", "version"}}, "position": {{"line", "character"}}}}'
+            )
+        return await ls.next_edit_at(uri, version, types.Position(line, char))
+
     @server.feature(STATS)
     def stats(ls: DlmServer, params: object = None) -> dict:
         """Counters since start (requests, cancelled, typed-through, engine steps, wasted steps...)."""
@@ -817,9 +957,31 @@ def _register_dlm_requests(server: DlmServer) -> None:
                 "threads": ls.engine_info.get("threads"),
                 "message": ls.engine_info.get("message"),
                 "contextTokens": ls.context_tokens(),
+                "nextEdit": {k: v for k, v in ls.edit_stats.as_json().items() if k != "engineJobRows"},
             }
         )
         return out
+
+
+def _differing(a: str, b: str) -> tuple[int, int, int]:
+    """(start, end in a, end in b) of the region where `a` and `b` differ: the common head and tail
+    found by halving (slice comparisons run in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest common head: a[:lo] == b[:lo]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    head = lo
+    lo, hi = 0, min(len(a), len(b)) - head
+    while lo < hi:  # the longest common tail not overlapping the head
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return head, len(a) - lo, len(b) - lo
 
 
 def _supports_configuration(ls: DlmServer) -> bool:

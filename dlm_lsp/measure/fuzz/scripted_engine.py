@@ -32,6 +32,8 @@ The server passes its `model` option to the engine factory, so a test picks the 
   follow    a text: the fill is what follows the job's prefix in it (the prefix's end found by its
             longest tail the text holds; "" when none): a fill that proposes what the user types next
             whichever keystroke's job runs, however a slow machine spreads the keystrokes over jobs
+  rewrite   a next edit's (EditJob's) answer: "old>new;old2>new2", whole-word substitutions made in
+            its window (default: none, the window unchanged)
   hold      a folder: job N writes N to DIR/started-N when it takes its first step, and before it
             resolves waits until DIR/release-N or DIR/release exists (or it is cancelled, its deadline
             passes, or the engine closes): a test orders "this job is running" and "now let it end"
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 import urllib.parse
@@ -52,7 +55,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypedDict
 
-from engine.api import EngineError, Fill, FillJob
+from engine.api import EditJob, EngineError, Fill, FillJob, Rewrite
 
 
 def parse_script(model: str | None) -> dict[str, str]:
@@ -78,6 +81,7 @@ def parse_script(model: str | None) -> dict[str, str]:
         "broken": "0",
         "follow": "",
         "hold": "",
+        "rewrite": "",
     }
     body = (model or "").split(":", 1)[1] if ":" in (model or "") else ""
     for part in filter(None, body.split(",")):
@@ -116,7 +120,7 @@ class ScriptedEngine:
         self.made_ms = (time.monotonic() - _T0) * 1000
         log.info("scripted engine %d made", self.ordinal)
         self.state = "idle"
-        self._inbox: queue.Queue[tuple[FillJob, Future[Fill]] | None] = queue.Queue()
+        self._inbox: queue.Queue[tuple[FillJob | EditJob, Future[Any]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.jobs_seen = 0
         self._sessions: set[str | None] = set()  # session keys that ran a job (their next job "reuses")
@@ -148,8 +152,9 @@ class ScriptedEngine:
         self._thread.start()
         return self
 
-    def submit(self, job: FillJob) -> Future[Fill]:
-        fut: Future[Fill] = Future()
+    def submit(self, job: FillJob | EditJob) -> Future[Any]:
+        """A Future of the job's Fill (FillJob) or Rewrite (EditJob)."""
+        fut: Future[Any] = Future()
         self._inbox.put((job, fut))
         return fut
 
@@ -193,6 +198,9 @@ class ScriptedEngine:
                 steps += 1
             if not cancelled and not hit and self.p["hold"]:
                 cancelled, hit = self._held(job, self.jobs_seen)
+            if isinstance(job, EditJob):
+                fut.set_result(self._rewrite(job, steps, cancelled, hit, started))
+                continue
             n = int(self.p["echo"])
             text = job.prefix[-n:].replace("\n", "\u23ce") if n > 0 else self.p["text"]
             if int(self.p["lookup"]) > 0:
@@ -227,12 +235,30 @@ class ScriptedEngine:
                 )
             )
 
+    def _rewrite(self, job: EditJob, steps: int, cancelled: bool, hit: bool, started: float) -> Rewrite:
+        """A next edit's answer: the window with `rewrite`'s whole-word substitutions (old>new, ";"
+        between pairs) made, at the script's confidence; the window unchanged when cancelled."""
+        text = job.window
+        if not cancelled:
+            for pair in filter(None, self.p["rewrite"].split(";")):
+                old, _, new = pair.partition(">")
+                text = re.sub(rf"(?<!\w){re.escape(old)}(?!\w)", new.replace("\\", "\\\\"), text)
+        return Rewrite(
+            text=text,
+            confidence=float(self.p["confidence"]),
+            steps=steps,
+            cancelled=cancelled,
+            deadline_hit=hit,
+            queue_ms=(started - job.submitted_at) * 1000,
+            compute_ms=(time.monotonic() - started) * 1000,
+        )
+
     def _started(self, n: int) -> None:
         """Tells a `hold` folder that job `n` took its first step."""
         if self.p["hold"]:
             (Path(self.p["hold"]) / f"started-{n}").write_text(str(n))
 
-    def _held(self, job: FillJob, n: int) -> tuple[bool, bool]:
+    def _held(self, job: FillJob | EditJob, n: int) -> tuple[bool, bool]:
         """(cancelled, deadline hit): waits for the `hold` folder's release of job `n`."""
         folder = Path(self.p["hold"])
         while not ((folder / f"release-{n}").exists() or (folder / "release").exists()):

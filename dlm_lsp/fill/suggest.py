@@ -1,0 +1,108 @@
+"""A next-edit suggestion from a document, its cursor and its recent edits: the engine's EditJob for the
+window around the cursor, and the engine's Rewrite judged into edits or silence.
+
+One path for the server (dlm/nextEdit), the headless command and the eval: the window is computed
+in one place (nextedit.window_lines), the rewrite becomes minimal replacements (nextedit.line_edits),
+and the restraint rules hold for every caller:
+  - nothing when the window comes back unchanged, or changed in whitespace only;
+  - nothing that would take back the user's last edit (nextedit.is_reversal);
+  - nothing below the confidence gate.
+The propagation-only baseline ("propagate": the recent edits' identifier renames applied to the window,
+no model) goes through the same judgement, so it is compared on equal terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dlm_lsp.fill.history import Edit
+from dlm_lsp.fill.nextedit import is_reversal, is_whitespace_only, line_edits, propagate, window_lines
+from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EditJob
+
+# the approaches a client may ask for: the engine's layouts, and the baseline without a model
+APPROACHES = (*EDIT_APPROACHES, "propagate")
+DEFAULT_APPROACH = "surprise+memory"
+RECENT_EDITS = 3  # the edits the engine sees: the last few, as the eval's cases replay
+
+
+@dataclass
+class EditRequest:
+    """The window around the cursor and what the engine is asked to do with it."""
+
+    start: int  # the window's str offsets in the document
+    end: int
+    window: str
+    recent: list[Edit]
+    job: EditJob | None  # None for "propagate" (no engine)
+    approach: str
+
+
+@dataclass
+class Suggestion:
+    """A judged rewrite: `edits` (document str offsets, non-overlapping, in order) when shown, else
+    empty with `silent` saying why ("unchanged", "whitespace", "reversal", "unsure", "no edits")."""
+
+    edits: list[tuple[int, int, str]] = field(default_factory=list)
+    confidence: float = 0.0
+    silent: str | None = None
+    new_window: str | None = None
+
+
+def edit_pairs(recent: Sequence[Edit]) -> list[tuple[str, str]]:
+    """Each edit as (old line, new line) text: the line around it as it was and as it became, so the
+    engine's token diff sees whole tokens (the edit memory's substitutions)."""
+    return [(e.before + e.old_text + e.after, e.before + e.new_text + e.after) for e in recent]
+
+
+def edit_request(
+    text: str,
+    offset: int,
+    recent: Sequence[Edit],
+    approach: str = DEFAULT_APPROACH,
+    deadline: float | None = None,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    max_tokens: int = 256,
+) -> EditRequest | None:
+    """The request for a suggestion at `offset`, or None when there is nothing to go on (no recent
+    edit). ValueError for an approach not in APPROACHES."""
+    if approach not in APPROACHES:
+        raise ValueError(f"next-edit approach must be one of {APPROACHES}, got {approach!r}")
+    if not recent:
+        return None
+    start, end = window_lines(text, offset)
+    window = text[start:end]
+    job = None
+    if approach != "propagate":
+        job = EditJob(
+            prefix=text[:start],
+            window=window,
+            suffix=text[end:],
+            edits=edit_pairs(recent),
+            approach=approach,
+            max_tokens=max_tokens,
+            deadline=deadline,
+            context_tokens=context_tokens,
+        )
+    return EditRequest(start, end, window, list(recent), job, approach)
+
+
+def baseline(req: EditRequest) -> str:
+    """The propagation-only rewrite of the request's window (the window itself when nothing applies)."""
+    return propagate(req.recent, req.window) or req.window
+
+
+def judge(req: EditRequest, new_window: str, confidence: float, gate: float = 0.0) -> Suggestion:
+    """The suggestion a rewrite of the request's window makes, or silence and why."""
+    if new_window == req.window:
+        return Suggestion(confidence=confidence, silent="unchanged", new_window=new_window)
+    if is_whitespace_only(req.window, new_window):
+        return Suggestion(confidence=confidence, silent="whitespace", new_window=new_window)
+    if is_reversal(req.recent, req.window, new_window, req.start):
+        return Suggestion(confidence=confidence, silent="reversal", new_window=new_window)
+    if confidence < gate:
+        return Suggestion(confidence=confidence, silent="unsure", new_window=new_window)
+    edits = [(req.start + a, req.start + b, t) for a, b, t in line_edits(req.window, new_window)]
+    if not edits:
+        return Suggestion(confidence=confidence, silent="no edits", new_window=new_window)
+    return Suggestion(edits, confidence, None, new_window)
