@@ -66,7 +66,7 @@ COMMANDS = {
         "compare two eval --samples runs on the same holes, hole by hole (kept chars, exact fills won / lost)",
     ),
     "corpus": (
-        "engine.train.corpus_build",
+        "engine.train.corpus_cli",
         "add_corpus_args",
         "run_corpus",
         "build the training corpus (stdlib + the pinned package manifest, fetched with pip)",

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import engine.train.edit_pairs as ep
-from engine.train.corpus_build import Pin, add_corpus_args, run_corpus
+from engine.train.corpus_build import Pin
+from engine.train.corpus_cli import add_corpus_args, run_corpus
 from engine.train.edit_pairs import (
     MAX_HUNK_LINES,
     REACH,

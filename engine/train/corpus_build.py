@@ -22,7 +22,6 @@ do not count as shared.
 
 from __future__ import annotations
 
-import argparse
 import email.parser
 import hashlib
 import json
@@ -423,53 +422,3 @@ def _collect_dir(label: str, root: Path) -> list[corpus.SourceFile]:
         if "__pycache__" not in f.parts and "site-packages" not in f.relative_to(root).parts
     ]
     return sorted(files, key=lambda s: s.key)
-
-
-# ---------------------------------------------------------------------- CLI
-
-
-def add_corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/corpus", help="folder to build into (wheels are cached in OUT/wheels)")
-    p.add_argument("--manifest", default=str(MANIFEST), help="pinned packages, one `name==version [heldout]` a line")
-    p.add_argument(
-        "--extra-manifest",
-        default=None,
-        help="more pinned packages after --manifest's (engine/train/data/ngram_extra_manifest.txt: the n-gram table's corpus)",
-    )
-    p.add_argument("--no-stdlib", dest="stdlib", action="store_false", help="leave the stdlib out")
-    p.add_argument(
-        "--edits",
-        metavar="OUT_DIR",
-        default=None,
-        help="build next-edit cases from each package's previous release into OUT_DIR instead (engine/train/edit_pairs.py)",
-    )
-    p.add_argument("--held-out-only", action="store_true", help="with --edits: the held-out packages only")
-    p.add_argument("--max-cases", type=int, default=None, help="with --edits: at most N cases a side")
-    p.add_argument(
-        "--edit-pairs", type=int, default=1, help="with --edits: release pairs a package, walking back from its pin"
-    )
-
-
-def run_corpus(args: argparse.Namespace) -> int:
-    if args.edits:
-        from engine.train.edit_pairs import run_edits  # it imports this module
-
-        return run_edits(args)
-    out = Path(args.out)
-    try:
-        s = build(
-            out,
-            Path(args.manifest),
-            include_stdlib=args.stdlib,
-            extra_manifest=Path(args.extra_manifest) if args.extra_manifest else None,
-        )
-    except CorpusError as e:
-        print(f"dlm-lsp corpus: {e}", file=sys.stderr)
-        return 2
-    b = s["bytes"]
-    print(
-        f"{out}/corpus.json: {len(s['train'])} train files ({b['train'] / 1e6:.1f} MB), {len(s['heldout'])} held out "
-        f"({b['heldout'] / 1e6:.1f} MB), {len(s['heldout_packages'])} in held-out packages ({b['heldout_packages'] / 1e6:.1f} MB); "
-        f"{len(s['packages'])} packages; dropped {s['dropped']}"
-    )
-    return 0
