@@ -4,6 +4,8 @@ export const COMMANDS = {
   toggle: 'dlm.toggleCompletions',
   showLog: 'dlm.showLog',
   setEngineKey: 'dlm.setEngineApiKey',
+  acceptNextEdit: 'dlm.nextEdit.accept',
+  dismissNextEdit: 'dlm.nextEdit.dismiss',
 } as const;
 
 export type CommandName = keyof typeof COMMANDS;

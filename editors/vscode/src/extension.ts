@@ -10,6 +10,7 @@ import {
 } from 'vscode-languageclient/node';
 import { COMMANDS, CommandName } from './commands';
 import { LaunchError, resolveLaunch } from './launch';
+import { NextEditUI } from './nextEdit';
 import { documentSelector, ENGINE_SECRET, engineLaunch, extraInitOptions, prestartEnv, serverOptions } from './settings';
 import { ClientState, EngineStatus, statusView } from './status';
 
@@ -18,6 +19,8 @@ let log: vscode.LogOutputChannel;
 let statusItem: vscode.StatusBarItem;
 let lastStatus: EngineStatus | ClientState = 'stopped';
 let secrets: vscode.SecretStorage | undefined;
+let nextEdits: NextEditUI | undefined;
+let selector: vscode.DocumentSelector | undefined;
 
 const config = () => vscode.workspace.getConfiguration('dlm');
 const enabled = () => config().get<boolean>('enable', true);
@@ -70,8 +73,14 @@ async function start(): Promise<void> {
     outputChannel: log,
     middleware: {
       // Returning without calling next() sends no request, so "off" costs the server nothing.
-      provideInlineCompletionItems: (document, position, context, token, next) =>
-        enabled() ? next(document, position, context, token) : null,
+      // A fill shown as ghost text holds off next edits for that version (the completion wins).
+      provideInlineCompletionItems: async (document, position, context, token, next) => {
+        if (!enabled()) return null;
+        const result = await next(document, position, context, token);
+        const items = Array.isArray(result) ? result : result?.items;
+        if (items && items.length > 0 && !token.isCancellationRequested) nextEdits?.completionShown(document);
+        return result;
+      },
       // VS Code shows fills as ghost text; the server's textDocument/completion fallback would repeat the
       // same fill in the suggest widget and cost a second model run per keystroke.
       provideCompletionItem: () => null,
@@ -98,6 +107,7 @@ async function start(): Promise<void> {
     else if (typeof lastStatus === 'string') showStatus('starting');
   });
   client = c;
+  selector = clientOptions.documentSelector as vscode.DocumentSelector;
   try {
     await c.start();
   } catch (e) {
@@ -118,6 +128,7 @@ function askAgain(selector: vscode.DocumentSelector): void {
 async function stop(): Promise<void> {
   const c = client;
   client = undefined;
+  nextEdits?.dismiss();
   if (!c) return;
   try {
     await c.dispose(5000);
@@ -143,6 +154,7 @@ export function activate(context: vscode.ExtensionContext): void {
   statusItem.name = 'dlm-lsp';
   showStatus('stopped');
   statusItem.show();
+  nextEdits = new NextEditUI(() => client, () => selector, log);
 
   // A Record over CommandName makes the compiler insist that every declared command has a handler.
   const handlers: Record<CommandName, () => unknown> = {
@@ -153,6 +165,8 @@ export function activate(context: vscode.ExtensionContext): void {
       return config().update('enable', !enabled(), target);
     },
     showLog: () => log.show(),
+    acceptNextEdit: () => nextEdits?.accept(),
+    dismissNextEdit: () => nextEdits?.dismiss(),
     setEngineKey: async () => {
       const key = await vscode.window.showInputBox({
         title: 'dlm-lsp: API key of the dlm.engine endpoint',
@@ -173,6 +187,7 @@ export function activate(context: vscode.ExtensionContext): void {
   context.subscriptions.push(
     log,
     statusItem,
+    nextEdits,
     vscode.workspace.onDidGrantWorkspaceTrust(() => restart()), // the workspace's .venv may now be used
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (!e.affectsConfiguration('dlm')) return;

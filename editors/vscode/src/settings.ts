@@ -38,8 +38,8 @@ export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
   'engine',
 ];
 
-/** Settings only the extension reads: how to launch the server and the on/off switch. */
-export const CLIENT_SETTINGS = ['enable', 'server.path', 'server.args', 'server.pythonPath'] as const;
+/** Settings only the extension reads: how to launch the server, the on/off switch, next edits. */
+export const CLIENT_SETTINGS = ['enable', 'server.path', 'server.args', 'server.pythonPath', 'nextEdit.enabled', 'nextEdit.delayMs'] as const;
 
 /** Read by vscode-languageclient itself because the client id is `dlm`. */
 export const LIBRARY_SETTINGS = ['trace.server'] as const;

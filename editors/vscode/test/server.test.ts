@@ -11,6 +11,7 @@ import {
   CompletionRequest,
   createProtocolConnection,
   DidChangeConfigurationNotification,
+  DidChangeTextDocumentNotification,
   DidOpenTextDocumentNotification,
   ExitNotification,
   InitializedNotification,
@@ -25,6 +26,7 @@ import {
   StreamMessageReader,
   StreamMessageWriter,
 } from 'vscode-languageserver-protocol/node';
+import { applyEdits, parseNextEdit } from '../src/nextEditModel';
 import type { EngineStatus } from '../src/status';
 
 const repo = path.resolve(__dirname, '../../../..');
@@ -37,7 +39,11 @@ const text = 'import os\n\n\ndef total(items):\n    s = 0\n    for x in items:\n
 const cursor = { line: 6, character: 8 }; // the empty line in the loop body: a block hole
 // postprocess=false (a server test hook) keeps a small model's fill from being filtered to nothing:
 // these tests check the client's protocol path, not the fill. The budget allows for a busy 2-core CPU.
-const initializationOptions = { device: 'cpu', budgetMs: 2000, postprocess: false, model: process.env.DLM_LSP_MODEL || null };
+// nextEditApproach 'propagate': next edits without the model (the recent renames applied near the
+// cursor), so the dlm/nextEdit test knows the answer.
+const initializationOptions = {
+  device: 'cpu', budgetMs: 2000, postprocess: false, model: process.env.DLM_LSP_MODEL || null, nextEditApproach: 'propagate',
+};
 
 let server: ChildProcess;
 let conn: ProtocolConnection;
@@ -198,4 +204,21 @@ test('didChangeConfiguration is accepted', async () => {
   await conn.sendNotification(DidChangeConfigurationNotification.type, { settings: { dlm: { budgetMs: 500 } } });
   const result = await within(inlineCompletion(), SLOW_MS, 'request after didChangeConfiguration');
   assert.ok(result && Array.isArray(items(result)), JSON.stringify(result));
+});
+
+test('dlm/nextEdit follows a rename through the window, for that version only', async () => {
+  assert.equal((init.capabilities.experimental as { dlm?: { nextEdit?: boolean } })?.dlm?.nextEdit, true);
+  const area = 'file:///tmp/dlm-vscode-test/area.py';
+  const before = 'def area(width, height):\n    w = width * 2\n    return width * height + w\n';
+  await conn.sendNotification(DidOpenTextDocumentNotification.type, { textDocument: { uri: area, languageId: 'python', version: 1, text: before } });
+  const rename = { range: { start: { line: 0, character: 9 }, end: { line: 0, character: 14 } }, text: 'size' };
+  await conn.sendNotification(DidChangeTextDocumentNotification.type, { textDocument: { uri: area, version: 2 }, contentChanges: [rename] });
+  const renamed = before.replace('width', 'size');
+  const target = { uri: area, version: 2, position: { line: 0, character: 13 } };
+  const ask = (version: number) => conn.sendRequest('dlm/nextEdit', { textDocument: { uri: area, version }, position: target.position });
+  const result = await within(ask(2), SLOW_MS, 'dlm/nextEdit');
+  const edit = parseNextEdit(result, target);
+  assert.ok(edit, JSON.stringify(result));
+  assert.equal(applyEdits(renamed, edit.edits), 'def area(size, height):\n    w = size * 2\n    return size * height + w\n');
+  assert.equal(await within(ask(1), SLOW_MS, 'dlm/nextEdit for a stale version'), null);
 });
