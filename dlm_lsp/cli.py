@@ -21,6 +21,12 @@ COMMANDS = {
         "run the shared engine daemon every serve of this user connects to (--status: what it runs)",
     ),
     "complete": ("dlm_lsp.headless", "add_complete_args", "run_complete", "print the fill at PATH:LINE:COL (1-based)"),
+    "next-edit": (
+        "dlm_lsp.headless_edit",
+        "add_next_edit_args",
+        "run_next_edit",
+        "print the next edit suggested at PATH:LINE:COL after the edits --before OLDFILE -> PATH",
+    ),
     "demo": ("dlm_lsp.headless", "add_demo_args", "run_demo", "show fills for a few positions of an example file"),
     "replay": (
         "dlm_lsp.measure.replay",

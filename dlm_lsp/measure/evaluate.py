@@ -886,7 +886,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         help="cross-file context as the snippets most like the cursor's code (dlm_lsp.fill.retrieval) "
         "from the --neighbours files or from the package's other evaluated files",
     )
-    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hole kinds")
+    p.add_argument(
+        "--kinds", default=",".join(KINDS), help="comma-separated hole kinds; `edit` alone: the next-edit eval"
+    )
     p.add_argument("--limit-files", type=int, default=None, help="use only the first N files (by key)")
     p.add_argument("--seed", type=int, default=0, help="hole-cutting seed")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -933,11 +935,18 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="give each fill the server's deadline (default: none, so results do not depend on load)",
     )
+    from dlm_lsp.measure.edit_eval import add_edit_eval_args
+
+    add_edit_eval_args(p)  # --kinds edit: dlm_lsp/measure/edit_eval.py
 
 
 def run_eval(args: argparse.Namespace) -> int:
     t_start = time.time()
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if "edit" in kinds:  # next edits on edit cases, not fills on holes
+        from dlm_lsp.measure.edit_eval import run_edit_eval
+
+        return run_edit_eval(args)
     files = load_files(args.source, args.limit_files, getattr(args, "corpus", None), getattr(args, "heldout", "all"))
     if not files:
         print("no Python files to cut holes from", file=sys.stderr)
