@@ -20,9 +20,11 @@ state) over a FIM HTTP endpoint, so the language server's scheduler runs unchang
   then cancels its own engine job within a step). The request's own timeout is the job's deadline
   + REQUEST_GRACE_S, so nothing waits forever even without a scheduler.
 - Every job is answered: a Fill, Fill(cancelled=True), or EngineError with the endpoint's status
-  and message. Answers over MAX_RESPONSE_BYTES, or not in the shape, are errors. A request whose
-  backend went away behind a proxy (a Ray Serve replica killed: 500/502/503 without this API's
-  error object, or the connection dropped mid-answer) is sent once more if the deadline allows.
+  and message. A next edit (EditJob) is refused at once with EngineError (NO_EDITS): a FIM endpoint
+  fills at a cursor, it cannot rewrite a window. Answers over MAX_RESPONSE_BYTES, or not in the
+  shape, are errors. A request whose backend went away behind a proxy (a Ray Serve replica killed:
+  500/502/503 without this API's error object, or the connection dropped mid-answer) is sent once
+  more if the deadline allows.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING
 
-from engine.api import EngineError, Fill, FillJob
+from engine.api import EditJob, EngineError, Fill, FillJob
 from engine.clients.remote import _ForwardingEvent  # a cancel event that also aborts the request
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ PROBE_TIMEOUT_S = 5.0
 PROBE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 RETRY_STATUSES = (500, 502, 503)  # from a proxy whose backend went away (no error object of this API)
 RETRY_MIN_LEFT_S = 0.05
+NO_EDITS = "next edits need dlm-lsp's own engine (shared or inproc), not a FIM endpoint"
 
 
 def _api_error(raw: bytes) -> bool:
@@ -302,9 +305,13 @@ class HttpEngine:
 
     # ------------------------------------------------------------ jobs
 
-    def submit(self, job: FillJob) -> Future:
-        """Sends a job; the future resolves to a Fill (cancelled ones too) or raises EngineError."""
+    def submit(self, job: FillJob | EditJob) -> Future:
+        """Sends a job; the future resolves to a Fill (cancelled ones too) or raises EngineError (at
+        once for an EditJob: NO_EDITS)."""
         fut: Future = Future()
+        if isinstance(job, EditJob):
+            fut.set_exception(EngineError(NO_EDITS))
+            return fut
         if self._closed.is_set() or self._loop is None:
             fut.set_exception(
                 EngineError("the engine is shut down" if self._closed.is_set() else "the engine is not started")

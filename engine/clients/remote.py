@@ -1,8 +1,11 @@
 """RemoteEngine: what `dlm-lsp serve` holds when the engine is shared - EngineService's interface
-(start(), submit(job) -> Future[Fill], close(), on_state, state) over one connection to the user's
-engine daemon (engine/serve/daemon.py), which it starts when none is running. No torch is imported here.
+(start(), submit(job) -> Future[Fill] or, for an EditJob, Future[Rewrite], close(), on_state, state)
+over one connection to the user's engine daemon (engine/serve/daemon.py), which it starts when none
+is running. No torch is imported here.
 
-- submit() sends the job and returns at once; the Future resolves when the daemon answers.
+- submit() sends the job and returns at once; the Future resolves when the daemon answers. Fills and
+  next edits (EditJob) share everything below; a daemon older than next edits (its hello's version
+  below wire.EDITS_VERSION) has its edit jobs failed here with an EngineError that says so.
 - job.cancel() (the scheduler's latest-wins and deadline cancels) is forwarded: the job's cancel
   event is replaced by one that sends a cancel message when set, so the daemon's worker stops the
   job within one step, as in-process.
@@ -27,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 
-from engine.api import EngineError, Fill, FillJob
+from engine.api import EditJob, EngineError, Fill, FillJob, Rewrite
 from engine.clients import wire
 from engine.paths import REPO_ROOT
 
@@ -57,6 +60,20 @@ class _ForwardingEvent(threading.Event):
         super().set()
         if first:
             self._on_set()
+
+
+def _cancelled(job: FillJob | EditJob) -> Fill | Rewrite:
+    """A job's answer when it is cancelled before the daemon ran it: an empty Fill, an unchanged Rewrite."""
+    if isinstance(job, EditJob):
+        return Rewrite(text=job.window, cancelled=True)
+    return Fill(text="", tokens=0, steps=0, slots=job.max_tokens, cancelled=True)
+
+
+def _old_daemon(pid: int | None, version: object) -> EngineError:
+    return EngineError(
+        f"the shared engine (pid {pid}) speaks protocol version {version}, older than next edits "
+        f"(version {wire.EDITS_VERSION}); stop it with `dlm-lsp engine --stop` and a new one starts"
+    )
 
 
 def _log_tail(path: str | os.PathLike[str], n: int = 1500) -> str:
@@ -106,6 +123,7 @@ class RemoteEngine:
         self.state = "idle"
         self.message: str | None = None
         self.daemon_pid: int | None = None
+        self.daemon_version: object = None  # the protocol version the daemon's hello said (None: none)
         self.connections = 0  # connections made (1 + restarts seen)
         self.started_daemons = 0  # daemons this client spawned
         self._jobs: dict[int, list] = {}  # wire id -> [job, future, sent]
@@ -162,7 +180,7 @@ class RemoteEngine:
         if chan is not None:
             chan.close()
         for job, fut, _ in jobs:
-            _resolve(fut, Fill(text="", tokens=0, steps=0, slots=job.max_tokens, cancelled=True))
+            _resolve(fut, _cancelled(job))
         self._fail_status(EngineError("the engine is shut down"))
 
     def wait_ready(self, timeout: float | None = None) -> bool:
@@ -300,17 +318,25 @@ class RemoteEngine:
         """Makes the connection current, sends the jobs that waited for it, reports the daemon's state."""
         chan: wire.Channel  # its on_close names it
         chan = wire.Channel(sock, self._on_message, lambda: self._dropped(chan), name="dlm-remote")
+        refused: list[list] = []
         with self._lock:
             self._chan = chan
             self.daemon_pid = hello.get("pid")
+            self.daemon_version = hello.get("version")
             self.connections += 1
             for space, files in self._spaces.items():  # a new daemon learns the workspaces first
                 for part in _chunks(files):
                     chan.send({"op": "workspace", "id": next(self._space_ids), "space": space, "files": part})
-            for jid, entry in self._jobs.items():
-                if not entry[2]:
-                    chan.send({"op": "submit", "id": jid, "job": wire.job_message(entry[0])})
-                    entry[2] = True
+            for jid, entry in list(self._jobs.items()):
+                if entry[2]:
+                    continue
+                if isinstance(entry[0], EditJob) and not self._runs_edits():
+                    refused.append(self._jobs.pop(jid))
+                    continue
+                chan.send({"op": "submit", "id": jid, "job": wire.job_message(entry[0])})
+                entry[2] = True
+        for _, fut, _ in refused:
+            _resolve(fut, exc=_old_daemon(self.daemon_pid, self.daemon_version))
         # the hello's state before any message read after it: a state the daemon sends next (its
         # model just loaded) must not be overwritten by the older one in the hello
         self._set_state(hello.get("state") or "loading", (hello.get("info") or {}).get("message"), hello.get("info"))
@@ -347,18 +373,12 @@ class RemoteEngine:
                 _resolve(waiter, m.get("result")) if op == "workspace" else _resolve(
                     waiter, exc=EngineError(str(m.get("message") or "the shared engine refused the files"))
                 )
-        elif op in ("fill", "error") and isinstance(m.get("id"), int):
+        elif op in ("fill", "rewrite", "error") and isinstance(m.get("id"), int):
             with self._lock:
                 entry = self._jobs.pop(m["id"], None)
             if entry is None:
                 return
-            if op == "fill":
-                try:
-                    _resolve(entry[1], wire.fill_from_message(m.get("fill") or {}))
-                except TypeError as e:
-                    _resolve(entry[1], exc=EngineError(f"bad fill from the shared engine: {e}"))
-            else:
-                _resolve(entry[1], exc=EngineError(str(m.get("message") or "the shared engine failed this job")))
+            self._answer(entry[0], entry[1], m)
         elif op == "state":
             info = m.get("info") or {}
             self._set_state(str(m.get("state")), info.get("message"), info)
@@ -367,6 +387,31 @@ class RemoteEngine:
                 waiter = self._status_waiters.pop(0) if self._status_waiters else None
             if waiter is not None:
                 _resolve(waiter, m)
+
+    def _answer(self, job: FillJob | EditJob, fut: Future, m: dict) -> None:
+        """Resolves a job's future with the daemon's answer: a Fill for a fill job, a Rewrite for an
+        edit job; an error, or an answer of the other kind, fails that job only."""
+        op, edit = m.get("op"), isinstance(job, EditJob)
+        if op == "error":
+            _resolve(fut, exc=EngineError(str(m.get("message") or "the shared engine failed this job")))
+        elif op == "fill" and not edit:
+            try:
+                _resolve(fut, wire.fill_from_message(m.get("fill") or {}))
+            except TypeError as e:
+                _resolve(fut, exc=EngineError(f"bad fill from the shared engine: {e}"))
+        elif op == "rewrite" and edit:
+            try:
+                _resolve(fut, wire.rewrite_from_message(m.get("rewrite")))
+            except (TypeError, ValueError) as e:
+                _resolve(fut, exc=EngineError(f"bad rewrite from the shared engine: {e}"))
+        else:
+            kind = "an edit" if edit else "a fill"
+            _resolve(fut, exc=EngineError(f"the shared engine answered {kind} job with {op!r}"))
+
+    def _runs_edits(self) -> bool:
+        """True when the connected daemon's protocol runs edit jobs (its hello's version)."""
+        v = self.daemon_version
+        return isinstance(v, int) and not isinstance(v, bool) and v >= wire.EDITS_VERSION
 
     def _fail_unsent(self, err: EngineError) -> None:
         with self._lock:
@@ -383,8 +428,9 @@ class RemoteEngine:
 
     # ------------------------------------------------------------ jobs
 
-    def submit(self, job: FillJob) -> Future:
-        """Sends a job; the future resolves to a Fill (cancelled ones too) or raises EngineError."""
+    def submit(self, job: FillJob | EditJob) -> Future:
+        """Sends a job; the future resolves to a Fill (an EditJob: a Rewrite; cancelled ones too) or
+        raises EngineError."""
         fut: Future = Future()
         if self._closed.is_set():
             fut.set_exception(EngineError("the engine is shut down"))
@@ -399,6 +445,9 @@ class RemoteEngine:
             threading.Event.set(forwarding)
         job.cancel_event = forwarding
         with self._lock:
+            if isinstance(job, EditJob) and self._chan is not None and not self._runs_edits():
+                fut.set_exception(_old_daemon(self.daemon_pid, self.daemon_version))
+                return fut
             self._jobs[jid] = entry = [job, fut, False]
             if self._chan is not None and not was_cancelled:
                 entry[2] = self._chan.send({"op": "submit", "id": jid, "job": wire.job_message(job)})
@@ -419,7 +468,7 @@ class RemoteEngine:
             if entry[2]:
                 return  # its connection is gone: _dropped answers it
             del self._jobs[jid]
-        _resolve(entry[1], Fill(text="", tokens=0, steps=0, slots=entry[0].max_tokens, cancelled=True))
+        _resolve(entry[1], _cancelled(entry[0]))
 
     def workspace_files(self, space: str, files: Mapping[str, str | None]) -> Future:
         """EngineService.workspace_files on the shared engine: the files ({key: text or None}) go

@@ -9,13 +9,20 @@ the resolved model path and the device, so each model/device pair has one daemon
 
 Frames: a 4-byte big-endian length, then that many bytes of one UTF-8 JSON object (never pickle).
 Messages, each an object with "op":
-  client -> daemon  hello {pid}; submit {id, job}; cancel {id}; status {}; workspace {id, space,
-                    files: {key: text or null}} (the connection's workspace memory `space`, for
-                    jobs naming it: FillJob.workspace, DecodeOptions.workspace_ngram)
-  daemon -> client  hello {state, info, pid}; fill {id, fill}; error {id, message}; state {state,
-                    info}; status {...}; refused {message}; workspace {id, result}
-A job carries FillJob's fields, its deadline as `remaining_s` (seconds left when sent, null for
-none) and its age (`age_s`, for queue_ms); a fill carries Fill's fields.
+  client -> daemon  hello {pid, version}; submit {id, job}; cancel {id}; status {}; workspace {id,
+                    space, files: {key: text or null}} (the connection's workspace memory `space`,
+                    for jobs naming it: FillJob.workspace, DecodeOptions.workspace_ngram)
+  daemon -> client  hello {state, info, pid, version}; fill {id, fill}; rewrite {id, rewrite};
+                    error {id, message}; state {state, info}; status {...}; refused {message};
+                    workspace {id, result}
+A job says what it is in "type": "edit" for an EditJob (answered rewrite {id, rewrite}), "fill" or
+absent for a FillJob (answered fill {id, fill}; what every client before next edits sends). ("kind"
+is FillJob's hole kind, so the job's own type has another name.) A fill job carries FillJob's
+fields; an edit job EditJob's, its edits as [old, new] pairs, its numbers within EDIT_NUMBERS; both
+carry DecodeOptions' fields as `options` (each of its field's type), the deadline as `remaining_s` (seconds left when sent, null for none) and their age
+(`age_s`, for queue_ms). A fill carries Fill's fields, a rewrite Rewrite's. A job the daemon cannot
+decode is answered error {id, message}, that job only. `version` (PROTOCOL_VERSION) is 2 since
+next edits: a client does not send edit jobs to a daemon whose hello says less (or nothing).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import queue
 import socket
@@ -30,14 +38,17 @@ import stat
 import struct
 import threading
 import time
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.api import DecodeOptions, EngineError, Fill, FillJob
+from engine.api import SEED_RANGE, DecodeOptions, EditJob, EngineError, Fill, FillJob, Rewrite, edit_flags
 from engine.paths import DEFAULT_MODEL_DIR
 
 MAX_FRAME = 64 * 1024 * 1024
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: edit jobs (EditJob -> Rewrite)
+EDITS_VERSION = 2  # the first version whose daemon runs edit jobs
 _HEADER = struct.Struct(">I")
 
 
@@ -281,8 +292,11 @@ class Channel:
 # ----------------------------------------------------------------------------- jobs and fills
 
 
-def job_message(job: FillJob, now: float | None = None) -> dict:
-    """FillJob -> its wire form; the deadline goes as the seconds left."""
+def job_message(job: FillJob | EditJob, now: float | None = None) -> dict:
+    """A job -> its wire form (an EditJob: edit_job_message's); the deadline goes as the seconds left.
+    A FillJob's has no "type" (as before next edits: an older daemon reads it unchanged)."""
+    if isinstance(job, EditJob):
+        return edit_job_message(job, now)
     now = time.monotonic() if now is None else now
     return {
         "prefix": job.prefix,
@@ -302,29 +316,102 @@ def job_message(job: FillJob, now: float | None = None) -> dict:
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(DecodeOptions)}
 _FILL_FIELDS = {f.name for f in dataclasses.fields(Fill)}
+_REWRITE_FIELDS = {f.name for f in dataclasses.fields(Rewrite)}
+_EDIT_DEFAULTS = EditJob(prefix="", window="")
+SCORES = ("auto", "visible", "masked")  # EditJob.score (engine/decode/rewrite.py SCORES, which imports torch)
+OPTION_INT_LIMIT = 2**31 - 1  # an integer decode option past this is no setting anyone meant
+# an edit job's numbers: (type, least, most). Wider ones are refused on the wire: the daemon would
+# build canvases (or widen loops) that size on its one worker, stalling every window it serves.
+EDIT_NUMBERS: dict[str, tuple[type, float, float]] = {
+    "max_tokens": (int, 1, 1 << 14),
+    "context_tokens": (int, 1, 1 << 20),
+    "spread": (int, 0, 1 << 14),
+    "surprise": (float, 0.0, 1.0),
+    "growth": (float, 0.0, 64.0),
+    "memory": (float, 0.0, 1e4),
+}
 
 
-def job_from_message(m: object, now: float | None = None) -> FillJob:
-    """The wire form -> a FillJob with a deadline on this process's clock. Raises ValueError."""
-    now = time.monotonic() if now is None else now
-    if not isinstance(m, dict):
-        raise ValueError("job must be an object")
-    opts = m.get("options") or {}
+def _hints(cls: type) -> dict[str, object]:
+    """A dataclass's field types, evaluated; {} when one cannot be (every value is then let through)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a field annotated with a name only type checkers see
+        return {}
+
+
+_OPTION_HINTS, _REWRITE_HINTS = _hints(DecodeOptions), _hints(Rewrite)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fits(value: object, hint: object, finite: bool) -> bool:
+    """True when `value` (from JSON) is of the annotated type `hint` (None, bool, int, float, str or
+    a union of them; an int is a float too). Other types are not checked here: they are let through."""
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if not set(allowed) <= {type(None), bool, int, float, str}:
+        return True
+    for t in allowed:
+        if (t is type(None) and value is None) or (t is bool and isinstance(value, bool)):
+            return True
+        if t is str and isinstance(value, str):
+            return True
+        if isinstance(value, bool):
+            continue
+        if t is int and isinstance(value, int):
+            return True
+        if t is float and isinstance(value, (int, float)) and (not finite or math.isfinite(value)):
+            return True
+    return False
+
+
+def options_from_message(opts: object) -> DecodeOptions:
+    """A job's `options` (DecodeOptions' fields, any left out at their defaults) -> DecodeOptions.
+    Raises ValueError for an unknown key, a value of another type than the field's, a float that is
+    not finite, an integer past OPTION_INT_LIMIT or a seed outside SEED_RANGE."""
+    opts = opts or {}
     if not isinstance(opts, dict) or set(opts) - _OPTION_FIELDS:
         raise ValueError(
             f"unknown decode options {sorted(set(opts) - _OPTION_FIELDS) if isinstance(opts, dict) else opts}"
         )
+    for k, v in opts.items():
+        if k in _OPTION_HINTS and not _fits(v, _OPTION_HINTS[k], finite=True):
+            raise ValueError(f"decode option {k} must be {_OPTION_HINTS[k]}, got {v!r}"[:200])
+        if isinstance(v, int) and not isinstance(v, bool):
+            lo, hi = SEED_RANGE if k == "seed" else (-OPTION_INT_LIMIT, OPTION_INT_LIMIT)
+            if not lo <= v <= hi:
+                raise ValueError(f"decode option {k} is out of range [{lo}, {hi}]")
+    return DecodeOptions(**opts)
+
+
+def _timing(m: dict) -> tuple[float | None, float]:
+    """(remaining_s, age_s) of a job message: finite numbers (remaining_s may be null). Raises ValueError."""
+    remaining, age = m.get("remaining_s"), m.get("age_s", 0.0)
+    if remaining is not None and not (_is_number(remaining) and math.isfinite(remaining)):
+        raise ValueError("remaining_s must be a finite number or null")
+    if not (_is_number(age) and math.isfinite(age)):
+        raise ValueError("age_s must be a finite number")
+    return remaining, age
+
+
+def job_from_message(m: object, now: float | None = None) -> FillJob:
+    """The wire form -> a FillJob with a deadline on this process's clock. Raises ValueError (an
+    edit job's message among others: any_job_from_message takes both)."""
+    now = time.monotonic() if now is None else now
+    if not isinstance(m, dict):
+        raise ValueError("job must be an object")
+    if m.get("type", "fill") != "fill":
+        raise ValueError(f"not a fill job: type {m.get('type')!r}"[:200])
+    opts = options_from_message(m.get("options"))
     prefix, suffix = m.get("prefix"), m.get("suffix", "")
     if not isinstance(prefix, str) or not isinstance(suffix, str):
         raise ValueError("prefix and suffix must be strings")
     ints = {k: m.get(k, d) for k, d in (("max_tokens", 32), ("context_tokens", 512))}
     if any(not isinstance(v, int) or isinstance(v, bool) for v in ints.values()):
         raise ValueError("max_tokens and context_tokens must be integers")
-    remaining, age = m.get("remaining_s"), m.get("age_s", 0.0)
-    if remaining is not None and not isinstance(remaining, (int, float)):
-        raise ValueError("remaining_s must be a number or null")
-    if not isinstance(age, (int, float)):
-        raise ValueError("age_s must be a number")
+    remaining, age = _timing(m)
     session = m.get("session")
     if session is not None and not isinstance(session, str):
         raise ValueError("session must be a string or null")
@@ -338,7 +425,7 @@ def job_from_message(m: object, now: float | None = None) -> FillJob:
     return FillJob(
         prefix=prefix,
         suffix=suffix,
-        options=DecodeOptions(**opts),
+        options=opts,
         session=session,
         lookup=lookup,
         kind=names["kind"],
@@ -351,9 +438,119 @@ def job_from_message(m: object, now: float | None = None) -> FillJob:
     )
 
 
+def edit_job_message(job: EditJob, now: float | None = None) -> dict:
+    """EditJob -> its wire form ("type": "edit"; the edits as [old, new] pairs; the deadline as the seconds left)."""
+    now = time.monotonic() if now is None else now
+    return {
+        "type": "edit",
+        "prefix": job.prefix,
+        "window": job.window,
+        "suffix": job.suffix,
+        "edits": [[old, new] for old, new in job.edits],
+        "approach": job.approach,
+        "max_tokens": job.max_tokens,
+        "context_tokens": job.context_tokens,
+        "options": dataclasses.asdict(job.options),
+        "surprise": job.surprise,
+        "spread": job.spread,
+        "growth": job.growth,
+        "memory": job.memory,
+        "score": job.score,
+        "remaining_s": None if job.deadline is None else job.deadline - now,
+        "age_s": max(0.0, now - job.submitted_at),
+    }
+
+
+def edit_job_from_message(m: object, now: float | None = None) -> EditJob:
+    """The wire form -> an EditJob with a deadline on this process's clock. `prefix` and `window` are
+    required, any other field left out takes EditJob's default. Raises ValueError for anything else
+    than the shape edit_job_message writes, and for numbers outside EDIT_NUMBERS."""
+    now = time.monotonic() if now is None else now
+    if not isinstance(m, dict):
+        raise ValueError("job must be an object")
+    if m.get("type") != "edit":
+        raise ValueError(f"not an edit job: type {m.get('type')!r}"[:200])
+    texts: dict[str, str] = {}
+    for k in ("prefix", "window", "suffix"):
+        v = m.get(k, "" if k == "suffix" else None)
+        if not isinstance(v, str):
+            raise ValueError(f"{k} must be a string")
+        texts[k] = v
+    edits = m.get("edits", [])
+    if not isinstance(edits, list) or any(
+        not isinstance(e, list) or len(e) != 2 or not all(isinstance(t, str) for t in e) for e in edits
+    ):
+        raise ValueError("edits must be a list of [old, new] string pairs")
+    approach = m.get("approach", _EDIT_DEFAULTS.approach)
+    if not isinstance(approach, str):
+        raise ValueError("approach must be a string")
+    edit_flags(approach)  # ValueError naming the approaches
+    score = m.get("score", _EDIT_DEFAULTS.score)
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}"[:200])
+    numbers: dict[str, int | float] = {}
+    for k, (kind, lo, hi) in EDIT_NUMBERS.items():
+        v = m.get(k, getattr(_EDIT_DEFAULTS, k))
+        if not _is_number(v) or (kind is int and not isinstance(v, int)) or not lo <= v <= hi:
+            raise ValueError(
+                f"{k} must be {'an integer' if kind is int else 'a number'} in [{lo}, {hi}], got {v!r}"[:200]
+            )
+        numbers[k] = v if kind is int else float(v)
+    opts = options_from_message(m.get("options"))
+    remaining, age = _timing(m)
+    return EditJob(
+        prefix=texts["prefix"],
+        window=texts["window"],
+        suffix=texts["suffix"],
+        edits=[(old, new) for old, new in edits],
+        approach=approach,
+        options=opts,
+        score=score,
+        deadline=None if remaining is None else now + remaining,
+        submitted_at=now - max(0.0, age),
+        max_tokens=int(numbers["max_tokens"]),
+        context_tokens=int(numbers["context_tokens"]),
+        spread=int(numbers["spread"]),
+        surprise=numbers["surprise"],
+        growth=numbers["growth"],
+        memory=numbers["memory"],
+    )
+
+
+def any_job_from_message(m: object, now: float | None = None) -> FillJob | EditJob:
+    """A job's wire form -> the FillJob or EditJob its "type" says (absent: a fill). Raises ValueError."""
+    if not isinstance(m, dict):
+        raise ValueError("job must be an object")
+    kind = m.get("type", "fill")
+    if kind == "edit":
+        return edit_job_from_message(m, now)
+    if kind == "fill":
+        return job_from_message(m, now)
+    raise ValueError(f"unknown job type {kind!r}; known: 'fill', 'edit'"[:200])
+
+
 def fill_message(fill: Fill) -> dict:
     return dataclasses.asdict(fill)
 
 
 def fill_from_message(m: dict) -> Fill:
     return Fill(**{k: v for k, v in m.items() if k in _FILL_FIELDS})
+
+
+def rewrite_message(rewrite: Rewrite) -> dict:
+    return dataclasses.asdict(rewrite)
+
+
+def rewrite_from_message(m: object) -> Rewrite:
+    """A rewrite's wire form -> Rewrite (unknown fields left out, missing ones at their defaults).
+    Raises ValueError when it is not an object with a text, or a field is of another type."""
+    if not isinstance(m, dict) or not isinstance(m.get("text"), str):
+        raise ValueError("a rewrite must be an object with a text")
+    known = {k: v for k, v in m.items() if k in _REWRITE_FIELDS}
+    for k, v in known.items():
+        if k in _REWRITE_HINTS and not _fits(v, _REWRITE_HINTS[k], finite=False):
+            raise ValueError(f"rewrite field {k} must be {_REWRITE_HINTS[k]}, got {v!r}"[:200])
+    ids = known.get("token_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError("rewrite field token_ids must be a list of integers")
+    return Rewrite(**known)

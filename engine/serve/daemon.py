@@ -2,10 +2,12 @@
 window over a Unix socket (engine/clients/wire.py says where, and what the messages are).
 
 Each window's `dlm-lsp serve` holds one connection (engine/clients/remote.py). The daemon runs each job it
-is sent on its one EngineService, so jobs of every window share its batches; a cancel message
-cancels the job (the worker stops it within one step, as in-process); a window whose connection
-ends has its jobs cancelled. State changes (loading / ready / error) go to every window. A peer of
-another uid is refused (SO_PEERCRED). With no window connected for `idle_s` the daemon exits.
+is sent (a fill, or a next edit: an EditJob, answered with its Rewrite) on its one EngineService, so
+jobs of every window share its batches; a message it cannot read is answered with an error for that
+message only, never by ending the connection or the daemon; a cancel message cancels the job (the
+worker stops it within one step, as in-process); a window whose connection ends has its jobs
+cancelled. State changes (loading / ready / error) go to every window. A peer of another uid is
+refused (SO_PEERCRED). With no window connected for `idle_s` the daemon exits.
 
 Starting is race-free: binding the socket happens under an fcntl.flock on the daemon's lock file,
 after a check that no live daemon answers on it; a serve that starts a daemon takes the lock first
@@ -31,7 +33,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
 
-from engine.api import EngineError, FillJob
+from engine.api import EditJob, EngineError, FillJob, Rewrite
 from engine.clients import wire
 
 log = logging.getLogger("dlm.daemon")
@@ -70,7 +72,7 @@ class Service(Protocol):
 
     def close(self) -> None: ...
 
-    def submit(self, job: FillJob) -> Future: ...
+    def submit(self, job: FillJob | EditJob) -> Future: ...
 
     def workspace_files(self, space: str, files: dict) -> dict: ...
 
@@ -87,7 +89,7 @@ class _Client:
     def __init__(self, sock: socket.socket, pid: int):
         self.pid, self.since = pid, time.monotonic()
         self.window = False
-        self.jobs: dict[int, FillJob] = {}  # wire id -> FillJob in flight
+        self.jobs: dict[int, FillJob | EditJob] = {}  # wire id -> job in flight
         self.submitted = 0
         self.lock = threading.Lock()
         self.closed = False
@@ -355,6 +357,18 @@ class EngineDaemon:
             log.info("window pid %d left%s", c.pid, f"; {len(jobs)} job(s) cancelled" if jobs else "")
 
     def _on_message(self, c: _Client, m: dict) -> None:
+        """One message of a connection; one it cannot read is answered with an error and counted,
+        and the connection goes on (an exception here would end its reader)."""
+        try:
+            self._dispatch(c, m)
+        except Exception as e:  # noqa: BLE001 - a hostile or broken message fails itself only
+            log.warning("bad message from pid %d: %s", c.pid, e)
+            with self._lock:
+                self.counters["bad_messages"] += 1
+            jid = m.get("id")
+            c.send({"op": "error", "id": jid if isinstance(jid, int) else None, "message": f"bad message: {e}"[:500]})
+
+    def _dispatch(self, c: _Client, m: dict) -> None:
         op = m.get("op")
         if op == "hello":
             with self._state_lock:
@@ -376,8 +390,9 @@ class EngineDaemon:
         elif op == "submit":
             self._submit(c, m)
         elif op == "cancel":
+            jid = m.get("id")
             with c.lock:
-                job = c.jobs.get(m["id"]) if "id" in m else None
+                job = c.jobs.get(jid) if isinstance(jid, int) else None
             if job is not None:
                 job.cancel()
         elif op == "workspace":
@@ -437,11 +452,13 @@ class EngineDaemon:
                 self.counters["bad_messages"] += 1
             return
         try:
-            job = wire.job_from_message(m.get("job"))
+            job = wire.any_job_from_message(m.get("job"))
         except (ValueError, TypeError) as e:
+            with self._lock:
+                self.counters["bad_messages"] += 1
             c.send({"op": "error", "id": jid, "message": f"bad job: {e}"})
             return
-        if job.workspace is not None:  # the connection's own memory of that name
+        if isinstance(job, FillJob) and job.workspace is not None:  # the connection's own memory of that name
             job.workspace = self._space(c, job.workspace)
         with c.lock:
             c.jobs[jid] = job
@@ -462,8 +479,15 @@ class EngineDaemon:
         e = fut.exception()
         if e is not None:
             c.send({"op": "error", "id": jid, "message": str(e) or type(e).__name__})
-        else:
-            c.send({"op": "fill", "id": jid, "fill": wire.fill_message(fut.result())})
+            return
+        result = fut.result()
+        try:
+            if isinstance(result, Rewrite):
+                c.send({"op": "rewrite", "id": jid, "rewrite": wire.rewrite_message(result)})
+            else:
+                c.send({"op": "fill", "id": jid, "fill": wire.fill_message(result)})
+        except Exception as e:  # noqa: BLE001 - an answer that cannot be sent (too big): the job fails, never hangs
+            c.send({"op": "error", "id": jid, "message": f"the job's answer could not be sent: {e}"[:500]})
 
     def status(self) -> dict:
         """Model, state, windows, queue and counters (what `dlm-lsp engine --status` prints)."""
