@@ -2,12 +2,15 @@
 
   POST /v1/completions       OpenAI completions shape (prompt + suffix = fill in the middle)
   POST /v1/fim/completions   Inception Mercury's FIM shape
+  POST /v1/edit/completions  Inception Mercury's next-edit shape (what Continue's Next Edit sends)
   GET  /v1/models            the one model served (+ a `dlm` field: its gate, the server's limits)
   GET  /health               {"status": "loading" | "ready" | "error", ...}; 200 only when ready
 
 What the request fields mean and the `dlm` extension field of each answer: dlm_lsp/http/fim.py and
 docs/serving.md. Fills go through the language server's own pipeline (context windows, hole kind,
-post-processing) and its engine (`--engine inproc`, the default, or the user's `shared` daemon).
+post-processing) and its engine (`--engine inproc`, the default, or the user's `shared` daemon);
+next edits through the language server's (dlm_lsp/fill/suggest.py: the EditJob, the judgement),
+for the region the request marks (dlm_lsp/http/nextedit.py).
 
 Safety, by construction (docs/reliability.md lists each threat and the test that shows it):
 - bound to 127.0.0.1 unless --host says otherwise; a bearer token (read from the environment
@@ -42,7 +45,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -55,21 +58,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dlm_lsp.fill import suggest
 from dlm_lsp.http import fim as fim_api
-from dlm_lsp.http.fim import ApiError, Completed, FimPipeline, Limits, Prepared
+from dlm_lsp.http import nextedit as edit_api
+from dlm_lsp.http.fim import ApiError, Completed, FimPipeline, Limits
 from dlm_lsp.options import CONTEXT_TOKENS_RANGE
 from engine.api import DEFAULT_CONTEXT_TOKENS, reported_context_tokens
 
 if TYPE_CHECKING:
     from dlm_lsp.fill.gate import Calibrator
     from dlm_lsp.http.guard import ConnectionGuard
-    from engine.api import Fill, FillJob
+    from engine.api import EditJob, FillJob, Rewrite
     from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger("dlm.http")
 
 DEFAULT_PORT = 8765
 DEFAULT_TOKEN_ENV = "DLM_HTTP_TOKEN"
+NEXT_EDIT_BUDGETS = 2  # a next edit's default deadline in --budget-ms, as the language server gives it
 # How long past its deadline a request waits for the engine (which commits everything at the
 # deadline, so only a stuck or overloaded engine is this late) before it is answered 504.
 DEADLINE_GRACE_S = 0.25
@@ -127,7 +133,7 @@ class FimEngine(Protocol):
 
     def close(self) -> None: ...
 
-    def submit(self, job: FillJob) -> Future[Fill]: ...
+    def submit(self, job: FillJob | EditJob) -> Future[Any]: ...
 
     def wait_ready(self, timeout: float | None = None) -> bool: ...
 
@@ -157,8 +163,14 @@ class FimServer:
         tokenizer: TextTokenizer | None = None,
         context_tokens: int | None = None,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        next_edit_approach: str = suggest.DEFAULT_APPROACH,
+        next_edit_min_confidence: float = 0.0,
     ):
         self.model_id, self.token = model_id, token or None
+        if next_edit_approach not in suggest.APPROACHES:
+            raise ValueError(f"next-edit approach must be one of {suggest.APPROACHES}, got {next_edit_approach!r}")
+        # the language server's nextEditApproach and nextEditMinConfidence, for /v1/edit/completions
+        self.next_edit_approach, self.next_edit_min_confidence = next_edit_approach, next_edit_min_confidence
         self.limits = limits or Limits()
         self.language, self.budget_ms, self.max_inflight = language, budget_ms, max_inflight
         self.body_timeout_s = body_timeout_s
@@ -188,6 +200,7 @@ class FimServer:
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.openai_completions, methods=["POST"]),
                 Route("/v1/fim/completions", self.mercury_completions, methods=["POST"]),
+                Route("/v1/edit/completions", self.edit_completions, methods=["POST"]),
             ],
             middleware=[Middleware(TokenGate, server=self)],
             lifespan=self._lifespan,
@@ -294,21 +307,21 @@ class FimServer:
             if msg["type"] == "http.disconnect":
                 return
 
-    async def _await_fill(self, request: Request, prep: Prepared, fut: Future[Fill]) -> Fill:
-        """The job's Fill; raises ClientGone (job cancelled), ApiError 504 (late: job cancelled) or
-        ApiError 500 (the engine failed the job)."""
+    async def _await_job(self, request: Request, job: FillJob | EditJob, fut: Future[Any], deadline_ms: int) -> Any:
+        """The job's Fill (an EditJob's Rewrite); raises ClientGone (job cancelled), ApiError 504 (late:
+        job cancelled) or ApiError 500 (the engine failed the job)."""
         from engine.api import EngineError
 
         afut = asyncio.wrap_future(fut)
         gone = asyncio.ensure_future(self._disconnected(request))
-        deadline = prep.job.deadline
-        assert deadline is not None  # FimPipeline.prepare gives every job one
+        deadline = job.deadline
+        assert deadline is not None  # both routes give every job one
         limit = max(0.0, deadline + DEADLINE_GRACE_S - time.monotonic())
         waiting: set[asyncio.Future[Any]] = {afut, gone}
         try:
             done, _ = await asyncio.wait(waiting, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            prep.job.cancel()
+            job.cancel()
             raise
         finally:
             gone.cancel()
@@ -319,7 +332,7 @@ class FimServer:
                 raise ApiError(
                     500, f"the engine failed this request: {e}", type="server_error", code="engine_error"
                 ) from None
-        prep.job.cancel()
+        job.cancel()
         afut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
         if gone in done:
             raise ClientGone()
@@ -327,19 +340,20 @@ class FimServer:
             self.counters["late"] += 1
         raise ApiError(
             504,
-            f"no fill within the deadline ({prep.params.deadline_ms} ms) + "
+            f"no answer within the deadline ({deadline_ms} ms) + "
             f"{DEADLINE_GRACE_S * 1000:.0f} ms; the job was cancelled",
             type="server_error",
             code="deadline_exceeded",
         )
 
-    def _prompt_tokens(self, prep: Prepared) -> int:
+    def _tokens(self, *texts: str) -> int:
+        """The tokens of the texts by the model's tokenizer, for `usage`; 0 without one."""
         tok = self.tokenizer or getattr(self.engine, "tok", None)
         if tok is None:
             return 0
         try:
-            return sum(len(ids) for ids in tok.encode_batch([prep.request.prefix, prep.request.suffix]))
-        except Exception:  # noqa: BLE001 - usage is informative; never fail a fill over it
+            return sum(len(ids) for ids in tok.encode_batch(list(texts)))
+        except Exception:  # noqa: BLE001 - usage is informative; never fail a request over it
             return 0
 
     # ------------------------------------------------------------ handlers
@@ -377,6 +391,7 @@ class FimServer:
                             "max_deadline_ms": self.limits.max_deadline_ms,
                             "default_deadline_ms": self.budget_ms,
                             "language": self.language,
+                            "next_edit": True,
                         },
                     }
                 ],
@@ -391,10 +406,15 @@ class FimServer:
         """POST /v1/fim/completions (Mercury's FIM shape)."""
         return await self._complete(request, "mercury")
 
+    async def edit_completions(self, request: Request) -> Response:
+        """POST /v1/edit/completions (Mercury's next-edit shape, as Continue's Next Edit sends it)."""
+        return await self._serve(request, lambda raw, arrival: self._next_edit(request, raw, arrival))
+
     def _error(self, e: ApiError) -> Response:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
-    def _take_slot(self) -> None:
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
         """One of --max-inflight slots for a request whose body is in; raises ApiError 503 when none is free."""
         with self._lock:
             busy = self.inflight >= self.max_inflight
@@ -410,41 +430,33 @@ class FimServer:
                 code="overloaded",
                 headers={"Retry-After": "1"},
             )
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.inflight -= 1
 
-    async def _complete(self, request: Request, flavour: str) -> Response:
+    def _check_model(self, model: str | None) -> None:
+        if model not in (None, "", self.model_id):
+            raise ApiError(
+                404,
+                f"model {model!r} not found; this server serves {self.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def _serve(self, request: Request, answer: Callable[[bytes, float], Awaitable[Response]]) -> Response:
+        """Reads the body and answers it with `answer(body, arrival)`; every failure becomes its answer
+        (ApiError its status, a client gone 499, anything else 500) and is counted."""
         arrival = time.monotonic()
         with self._lock:
             self.counters["requests"] += 1
-        slot = False
         try:
             raw = await self._read_body(request, arrival + self.body_timeout_s)
-            p = fim_api.parse_body(raw, flavour, self.limits, self.language, self.budget_ms)
-            if p.model not in (None, "", self.model_id):
-                raise ApiError(
-                    404,
-                    f"model {p.model!r} not found; this server serves {self.model_id!r}",
-                    param="model",
-                    code="model_not_found",
-                )
-            self._take_slot()
-            slot = True
-            await self._wait_ready(arrival + p.deadline_ms / 1000.0)
-            prep = self.pipeline.prepare(p, arrival)
-            fut = self.engine.submit(prep.job)
-            fill = await self._await_fill(request, prep, fut)
-            done = self.pipeline.complete(prep, fill, self.gate(prep.request.hole_kind), self.calibrator)
-            use = fim_api.usage(self._prompt_tokens(prep), fill.tokens, flavour)
-            dlm = fim_api.timing(prep, fill, done)
-            cid = fim_api.completion_id()
+            response = await answer(raw, arrival)
             with self._lock:
                 self.counters["answered"] += 1
-            if p.stream:
-                return StreamingResponse(
-                    self._events(cid, done, use, dlm, p.include_usage),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                )
-            return JSONResponse(fim_api.response(cid, self.model_id, done.text, done.finish_reason, use, dlm))
+            return response
         except ApiError as e:
             if e.status >= 500:
                 log.warning("request answered %d: %s", e.status, e.message)
@@ -461,10 +473,74 @@ class FimServer:
             with self._lock:
                 self.counters["errors"] += 1
             return self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
-        finally:
-            if slot:
-                with self._lock:
-                    self.inflight -= 1
+
+    async def _complete(self, request: Request, flavour: str) -> Response:
+        return await self._serve(request, lambda raw, arrival: self._fill(request, raw, arrival, flavour))
+
+    async def _fill(self, request: Request, raw: bytes, arrival: float, flavour: str) -> Response:
+        """A completion: the body parsed, the fill through the language server's pipeline, the answer."""
+        p = fim_api.parse_body(raw, flavour, self.limits, self.language, self.budget_ms)
+        self._check_model(p.model)
+        with self._slot():
+            await self._wait_ready(arrival + p.deadline_ms / 1000.0)
+            prep = self.pipeline.prepare(p, arrival)
+            fill = await self._await_job(request, prep.job, self.engine.submit(prep.job), p.deadline_ms)
+            done = self.pipeline.complete(prep, fill, self.gate(prep.request.hole_kind), self.calibrator)
+        use = fim_api.usage(self._tokens(prep.request.prefix, prep.request.suffix), fill.tokens, flavour)
+        dlm = fim_api.timing(prep, fill, done)
+        cid = fim_api.completion_id()
+        if p.stream:
+            return StreamingResponse(
+                self._events(cid, done, use, dlm, p.include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return JSONResponse(fim_api.response(cid, self.model_id, done.text, done.finish_reason, use, dlm))
+
+    async def _next_edit(self, request: Request, raw: bytes, arrival: float) -> Response:
+        """A next edit: the prompt read back into a document, its region rewritten through the language
+        server's path (suggest: the EditJob, the judgement) and answered as Mercury answers."""
+        p = edit_api.parse_body(raw, self.limits, self.budget_ms * NEXT_EDIT_BUDGETS)
+        self._check_model(p.model)
+        prompt = edit_api.parse_prompt(p.prompt)
+        deadline = arrival + p.deadline_ms / 1000.0
+        with self._slot():
+            req = edit_api.edit_request(prompt, self.next_edit_approach, deadline, self.pipeline.context_tokens, p)
+            rewrite: Rewrite | None = None
+            if not req.recent:  # nothing to go on (suggest.edit_request's None)
+                found = suggest.Suggestion(silent="no recent edits", new_window=req.window)
+            else:
+                if req.job is None:
+                    new_window, confidence = suggest.baseline(req), 1.0
+                else:
+                    self._check_region_fits(req.job)
+                    await self._wait_ready(deadline)
+                    rewrite = await self._await_job(request, req.job, self.engine.submit(req.job), p.deadline_ms)
+                    new_window, confidence = rewrite.text, rewrite.confidence
+                gate = p.min_confidence if p.min_confidence is not None else self.next_edit_min_confidence
+                found = suggest.judge(req, new_window, confidence, gate)
+        text = edit_api.content(edit_api.new_region(req, found))
+        use = fim_api.usage(self._tokens(p.prompt), self._tokens(text), "openai")
+        dlm = edit_api.timing(req, found, rewrite, arrival)
+        cid = edit_api.completion_id()
+        if p.stream:
+            return StreamingResponse(
+                self._edit_events(cid, text, use, dlm, p.include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return JSONResponse(edit_api.response(cid, self.model_id, text, use, dlm))
+
+    def _check_region_fits(self, job: EditJob) -> None:
+        """Raises ApiError 400 when the model's tokenizer (if at hand) counts more tokens in the region
+        than the job's slots: the engine would refuse the job."""
+        tokens = self._tokens(job.window)
+        if tokens > job.max_tokens:
+            raise ApiError(
+                400,
+                f"the editable region is {tokens} tokens; at most {job.max_tokens} are rewritten: mark fewer lines",
+                param="messages",
+            )
 
     async def _events(
         self, cid: str, done: Completed, use: dict, dlm: dict, include_usage: bool
@@ -475,6 +551,16 @@ class FimServer:
         yield fim_api.sse(fim_api.chunk(cid, self.model_id, "", done.finish_reason, {"dlm": dlm}))
         if include_usage:
             yield fim_api.sse(fim_api.chunk(cid, self.model_id, None, None, {"usage": use}, choices=False))
+        yield fim_api.SSE_DONE
+
+    async def _edit_events(
+        self, cid: str, text: str, use: dict, dlm: dict, include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """A next edit's answer as chat-completion events: the message, the finish reason (+ dlm), usage, [DONE]."""
+        yield fim_api.sse(edit_api.chunk(cid, self.model_id, {"role": "assistant", "content": text}, None))
+        yield fim_api.sse(edit_api.chunk(cid, self.model_id, {}, "stop", {"dlm": dlm}))
+        if include_usage:
+            yield fim_api.sse(edit_api.chunk(cid, self.model_id, None, None, {"usage": use}))
         yield fim_api.SSE_DONE
 
 

@@ -141,6 +141,39 @@ def _is_num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _bad(param: str, what: str) -> NoReturn:
+    raise ApiError(400, f"{param!r} must be {what}", param=param)
+
+
+def check_numbers(body: dict, limits: Limits, keys: tuple[str, ...] | None = None) -> dict[str, int | float]:
+    """The NUMERIC_FIELDS the body sets (of `keys`, default all), each checked for its type and
+    range (deadline_ms's top is limits.max_deadline_ms); raises ApiError 400 naming a bad one."""
+    numbers: dict[str, int | float] = {}
+    for key, integer, low, high in NUMERIC_FIELDS:
+        v = body.get(key)
+        if v is None or (keys is not None and key not in keys):
+            continue
+        if key == "deadline_ms":
+            high = limits.max_deadline_ms
+        if key in ("n", "best_of") and _is_int(v) and v != 1:
+            raise ApiError(400, f"{key!r} other than 1 is not supported: one answer per request", param=key)
+        if not (_is_int(v) if integer else _is_num(v)) or not low <= v <= high:
+            _bad(key, f"an integer from {low} to {high}" if integer else f"a number from {low:g} to {high:g}")
+        numbers[key] = v if integer else float(v)
+    return numbers
+
+
+def check_stop(v: object, lone_string: bool, limits: Limits) -> list[str]:
+    """A `stop` value as a list: non-empty strings within the limits (a lone string where
+    `lone_string`, OpenAI's shape); raises ApiError 400 otherwise."""
+    stops = [v] if isinstance(v, str) and lone_string else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        _bad("stop", "a list of non-empty strings" + (" or a string" if lone_string else ""))
+    if len(stops) > limits.max_stop or any(len(s) > limits.max_stop_chars for s in stops):
+        _bad("stop", f"at most {limits.max_stop} strings of at most {limits.max_stop_chars} characters")
+    return list(stops)
+
+
 def parse_body(
     raw: bytes, flavour: str, limits: Limits, language: str = "python", deadline_ms: int = 1000
 ) -> FimParams:
@@ -173,18 +206,7 @@ def parse_body(
         bad("suffix", "a string")
     p = FimParams(prompt=prompt, suffix=suffix, language=language, deadline_ms=deadline_ms)
 
-    numbers: dict[str, int | float] = {}
-    for key, integer, low, high in NUMERIC_FIELDS:
-        v = body.get(key)
-        if v is None:
-            continue
-        if key == "deadline_ms":
-            high = limits.max_deadline_ms
-        if key in ("n", "best_of") and _is_int(v) and v != 1:
-            raise ApiError(400, f"{key!r} other than 1 is not supported: one fill per request", param=key)
-        if not (_is_int(v) if integer else _is_num(v)) or not low <= v <= high:
-            bad(key, f"an integer from {low} to {high}" if integer else f"a number from {low:g} to {high:g}")
-        numbers[key] = v if integer else float(v)
+    numbers = check_numbers(body, limits)
     if "max_tokens" in numbers:
         p.max_tokens = int(numbers["max_tokens"])
     if "temperature" in numbers:
@@ -200,12 +222,7 @@ def parse_body(
 
     v = body.get("stop")
     if v is not None:
-        stops = [v] if isinstance(v, str) and flavour == "openai" else v
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            bad("stop", "a list of non-empty strings" + (" or a string" if flavour == "openai" else ""))
-        if len(stops) > limits.max_stop or any(len(s) > limits.max_stop_chars for s in stops):
-            bad("stop", f"at most {limits.max_stop} strings of at most {limits.max_stop_chars} characters")
-        p.stop = list(stops)
+        p.stop = check_stop(v, flavour == "openai", limits)
     v = body.get("stream")
     if v is not None:
         if not isinstance(v, bool):
