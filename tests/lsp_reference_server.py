@@ -17,6 +17,10 @@ Defects:
   early_answer  requests before initialize are answered normally
   drop_fill     every 7th inlineCompletion is never answered (for `dlm-lsp soak`)
   slow_fill     every 10th inlineCompletion is answered 0.7 s late (for `dlm-lsp soak`)
+  stale_next_edit         dlm/nextEdit answers an edit for any version, not only the current one
+  next_edit_out_of_range  dlm/nextEdit's edit stands past the document's last line
+dlm/nextEdit answers the current version with an empty edit at the start, any other (or a position
+past the last line) with null.
 """
 
 import json
@@ -209,10 +213,28 @@ class Server:
             uri = _uri(params)
             doc = self.docs.get(uri)
             return {"uri": uri, "text": doc[0], "version": doc[1]} if doc else None
+        elif method == "dlm/nextEdit":
+            return self.next_edit(params)
         elif method == "$/cancelRequest" or method == "workspace/didChangeConfiguration":
             pass
         elif is_request or not method.startswith("$/"):
             raise LookupError(method)
+
+    def next_edit(self, params):
+        """An empty edit at the start for the current version, else null (or the defect's answer)."""
+        uri = _uri(params)
+        version = params["textDocument"].get("version")
+        if not _is_uint(version):
+            raise ValueError("bad version")
+        line, _ = _pos(params.get("position"))
+        doc = self.docs.get(uri)
+        if doc is None or line >= len(fuzz.RefText(doc[0])):
+            return None
+        if version != doc[1] and DEFECT != "stale_next_edit":
+            return None
+        line = doc[0].count("\n") + 5 if DEFECT == "next_edit_out_of_range" else 0
+        zero = {"line": line, "character": 0}
+        return {"edits": [{"range": {"start": zero, "end": zero}, "newText": ""}]}
 
     def did_change(self, params):
         uri = _uri(params)

@@ -34,6 +34,7 @@ async def test_soak_scripted_engine():
     assert rep["requests"] >= 200 and rep["lost"] == 0 and rep["late"] == 0
     assert rep["errors"] == 0, summary
     assert rep["fills"] > 0 and rep["cancelled"] > 0  # some jobs finish between keystrokes, others are cancelled
+    assert rep["next_edits"] >= 10  # next edits mixed in, every one answered (lost == 0)
     check_shape(rep)
     assert rep["rss_growth_pct"] < 25, summary
 

@@ -118,8 +118,10 @@ class Soak:
         log_path: str | None = None,
         options: dict[str, Any] | None = None,
         engine: str = "inproc",
+        next_edit_rate: float = 0.1,
     ) -> None:
         self.seconds, self.cps, self.n_docs, self.cancel_rate = seconds, cps, docs, cancel_rate
+        self.next_edit_rate = next_edit_rate  # the share of keystrokes also followed by a dlm/nextEdit
         self.model, self.late_ms, self.grace_s = model, late_ms, grace_s
         self.warmup_s = warmup_s if warmup_s is not None else min(60.0, seconds * 0.2)
         self.rng = random.Random(seed)
@@ -235,13 +237,25 @@ class Soak:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             self.records.append(rec)
             prev = (msg_id, fut)
+            if self.rng.random() < self.next_edit_rate:  # a next edit asked too, as after an idle pause
+                _, nfut = client.send_request(
+                    "dlm/nextEdit",
+                    {
+                        "textDocument": {"uri": d["uri"], "version": d["version"]},
+                        "position": {"line": d["line"], "character": d["char"]},
+                    },
+                )
+                nrec: dict[str, Any] = {"sent": time.monotonic(), "future": nfut, "next_edit": True}
+                nfut.add_done_callback(stamp_done(nrec))
+                nfut.add_done_callback(lambda f: f.cancelled() or f.exception())
+                self.records.append(nrec)
             if client.process.returncode is not None or client.gone:
                 return
 
     def report(
         self, status: dict[str, Any], stats: dict[str, Any], typed_s: float, exited: int | None
     ) -> dict[str, Any]:
-        lat, fills, cancelled, errors, lost = [], 0, 0, 0, 0
+        lat, fills, cancelled, errors, lost, next_edits_shown = [], 0, 0, 0, 0, 0
         error_kinds: dict[str, int] = {}
         for r in self.records:
             fut = r["future"]
@@ -261,6 +275,9 @@ class Soak:
                     error_kinds[str(exc)] = error_kinds.get(str(exc), 0) + 1
                 continue
             res = fut.result()
+            if r.get("next_edit"):
+                next_edits_shown += bool(isinstance(res, dict) and res.get("edits"))
+                continue
             items = res.get("items", []) if isinstance(res, dict) else (res or [])
             fills += bool(items and items[0].get("insertText"))
         late = sum(1 for x in lat if x > self.late_ms)
@@ -285,6 +302,8 @@ class Soak:
             "model": status.get("model"),
             "device": status.get("device"),
             "requests": len(self.records),
+            "next_edits": sum(1 for r in self.records if r.get("next_edit")),
+            "next_edits_shown": next_edits_shown,
             "answered": len(lat),
             "fills": fills,
             "cancelled": cancelled,
@@ -329,6 +348,12 @@ def add_soak_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="share of keystrokes that cancel the previous unanswered request (default 1: VS Code)",
     )
+    p.add_argument(
+        "--next-edit-rate",
+        type=float,
+        default=0.1,
+        help="share of keystrokes also followed by a dlm/nextEdit request (default 0.1)",
+    )
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument(
         "--model",
@@ -368,6 +393,7 @@ def run_soak(args: argparse.Namespace) -> int:
         cps=args.cps,
         docs=args.docs,
         cancel_rate=args.cancel_rate,
+        next_edit_rate=args.next_edit_rate,
         model=args.model,
         sources=[Path(s) for s in args.sources] if args.sources else None,
         warmup_s=args.warmup_s,

@@ -68,6 +68,32 @@ def check_answer(method: str, result: Any, ref: RefText, cursor: list[int]) -> s
     return None
 
 
+def check_next_edit(result: Any, ref: RefText) -> str | None:
+    """None when a dlm/nextEdit answer is null or {"edits": [TextEdit...], ...} whose ranges lie inside
+    `ref` (the document at the version asked), in order and not overlapping; else what is wrong."""
+    if result is None:
+        return None
+    edits = result.get("edits") if isinstance(result, dict) else None
+    if not isinstance(edits, list) or not edits:
+        return f"next edit is neither null nor {{edits: [...]}}: {_brief(result)}"
+    last = -1
+    for e in edits:
+        rng = e.get("range") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or not isinstance(e.get("newText"), str) or not isinstance(rng, dict):
+            return f"malformed TextEdit {_brief(e)}"
+        s, t = rng.get("start"), rng.get("end")
+        if not isinstance(s, dict) or not isinstance(t, dict):
+            return f"malformed range {_brief(rng)}"
+        for p in (s, t):
+            if not ref.is_valid(p.get("line"), p.get("character")):
+                return f"next edit range {_fmt(rng)} has a position outside the document ({len(ref)} lines)"
+        a, b = ref.offsets(s["line"], s["character"])[0], ref.offsets(t["line"], t["character"])[0]
+        if b < a or a < last:
+            return f"next edit ranges out of order or overlapping at {_fmt(rng)}"
+        last = b
+    return None
+
+
 def _fmt(rng: dict[str, Any]) -> str:
     s, e = rng["start"], rng["end"]
     return f"{s.get('line')}:{s.get('character')}-{e.get('line')}:{e.get('character')}"

@@ -8,13 +8,15 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from dlm_lsp.measure.fuzz.checks import _brief, _expect_code, _no_items
+from dlm_lsp.measure.fuzz.checks import _brief, _expect_code, _no_items, check_next_edit
 from dlm_lsp.measure.fuzz.client import DOC_TEXT, PING, _frame, _inline_params
 from dlm_lsp.measure.fuzz.reference import UINT_MAX, RefText, apply_change, edit_outcomes, utf16_len
 from dlm_lsp.measure.fuzz.state import URIS, FuzzerState, Pending
 
 if TYPE_CHECKING:
     from dlm_lsp.measure.replay import LspError
+
+NEXT_EDIT = "dlm/nextEdit"
 
 # every Unicode line break; only the first three end a line in LSP
 LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
@@ -42,6 +44,7 @@ CLASSES = {
     "lifecycle": 1,
     "storm": 3,
     "cancel_random": 5,
+    "next_edits": 6,
 }
 
 
@@ -547,3 +550,46 @@ class InputsMixin(FuzzerState):
                     ),
                 )
         self.ping()
+
+    async def next_edits(self) -> None:
+        """An edit, then dlm/nextEdit at the current version (null or edits valid in that text), at an
+        older and a future version (null), and with params of the wrong shape (InvalidParams)."""
+        doc = self.any_doc()
+        off = doc.ref.random_offset(self.rng)
+        b = self._boundary(doc, min(len(doc.text), off + self.rng.randint(0, 12)))
+        await self.change(doc, [self.range_change(doc, min(off, b), max(off, b), self.snippet(10))])
+        await self.sync(doc)  # the server's version and text, whatever the edit's outcome was
+        ref, version = doc.ref, doc.version
+        line, char = ref.position(doc.ref.random_offset(self.rng))
+
+        def valid(res: Any, e: LspError | None, ref: RefText = ref) -> tuple[str, str] | None:
+            problem = None if e is not None else check_next_edit(res, ref)
+            return None if problem is None else ("bad_ranges", problem)
+
+        def null(res: Any, e: LspError | None) -> tuple[str, str] | None:
+            return (
+                None
+                if e is not None or res is None
+                else ("protocol", f"next edit for a version not current: {_brief(res)}")
+            )
+
+        def params(v: Any, ln: Any = line, ch: Any = char) -> dict[str, Any]:
+            return {"textDocument": {"uri": doc.uri, "version": v}, "position": {"line": ln, "character": ch}}
+
+        self.request(NEXT_EDIT, params(version), check=valid, doc=doc)
+        if isinstance(version, int) and not isinstance(version, bool):
+            self.request(NEXT_EDIT, params(version - 1), check=null, doc=doc)
+            self.request(NEXT_EDIT, params(version + 10**6), check=null, doc=doc)
+        self.request(NEXT_EDIT, params(version, 10**9, 0), check=null, doc=doc)  # past the end
+        bad: Any = self.rng.choice([None, [], {"textDocument": 5}, params(version, -1, 0), params(version, "1", 0)])
+
+        def invalid(res: Any, e: LspError | None) -> tuple[str, str] | None:
+            return (
+                None
+                if e is not None and e.code == -32602
+                else ("protocol", f"malformed nextEdit answered {_brief(res)}")
+            )
+
+        self.request(NEXT_EDIT, bad, check=invalid, doc=doc)
+        if self.rng.random() < 0.5:
+            await self.type_text(doc, doc.ref.random_offset(self.rng), self.snippet(6))  # a keystroke storm behind it
