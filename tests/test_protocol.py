@@ -487,7 +487,8 @@ async def test_exit_with_a_fill_in_flight_and_end_of_input(tmp_path):
     async with server(options={"model": scripted(hold=str(hold)), "budgetMs": 60_000}) as c:
         open_doc(c, URI, SRC)
         c.send_request(
-            "textDocument/inlineCompletion", {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}}
+            "textDocument/inlineCompletion",
+            {"textDocument": {"uri": URI}, "position": {"line": 1, "character": 4}, "context": {"triggerKind": 2}},
         )
         await until(lambda: (hold / "started-1").exists(), what="the fill's job to run")  # held: never ends
         c.notify("exit")
