@@ -625,7 +625,8 @@ class DlmServer(LanguageServer):
         if isinstance(changes, list) and len(changes) == 1 and getattr(changes[0], "start", None) is not None:
             ch = changes[0]
             a, b = sorted((index.offset(*ch.start), index.offset(*ch.end)))
-            if before[:a] + ch.text + before[b:] == doc.text:  # no surrogate halves joined on the way
+            # the splice as sent (no surrogate halves joined on the way): checked on the edit, not the text
+            if len(doc.text) == len(before) - (b - a) + len(ch.text) and doc.text[a : a + len(ch.text)] == ch.text:
                 self.history.record(key, a, before[a:b], ch.text, now, text=before)
                 return
         a, b_old, b_new = _differing(before, doc.text)

@@ -177,3 +177,22 @@ async def test_a_long_history_and_a_huge_line_lose_nothing():
         assert await ask(c, version + 1, 0, 10) is None  # a 2 MB document keeps no history: nothing to follow
         got = await c.request("dlm/documentText", {"textDocument": {"uri": URI}}, timeout=60)
         assert got["text"] == doc
+
+
+def test_the_region_two_texts_differ_in_is_found_exactly():
+    # the history's record of a didChange that is not one ranged change (several, or the full text)
+    import random
+
+    from dlm_lsp.server import _differing
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        a = "".join(rng.choice("ab\n") for _ in range(rng.randrange(0, 30)))
+        i, j = sorted(rng.randrange(0, len(a) + 1) for _ in range(2))
+        b = a[:i] + "".join(rng.choice("ab\n") for _ in range(rng.randrange(0, 6))) + a[j:]
+        start, end_a, end_b = _differing(a, b)
+        assert a[:start] + b[start:end_b] + a[end_a:] == b
+        assert a[:start] == b[:start] and a[end_a:] == b[end_b:] and start <= min(end_a, end_b)
+        # the head is as long as it can be, then the tail as long as it can be after it
+        assert start == min(len(a), len(b)) or a[start] != b[start]
+        assert start in (end_a, end_b) or a[end_a - 1] != b[end_b - 1]
