@@ -125,6 +125,7 @@ def test_opening_python_file_starts_server(vs):
     assert vs.sent("initialize"), "the extension never started the server"
     options = vs.sent("initialize")[0]["params"]["initializationOptions"]
     assert options["model"] == vs.model and options["postprocess"] is False, options
+    assert options["nextEditApproach"] == "propagate", options
     # the server was told the engine's options as its process started (DLM_LSP_PRESTART), so it
     # started the engine before the handshake
     tee = vs.lsp()[0]["pid"]
@@ -281,6 +282,62 @@ def test_toggle_command(vs):
     vs.palette("DLM: Toggle Completions")
     wait_for(lambda: "(off)" not in vs.status(), 10, "the status bar to lose (off)")
     assert vs.read_settings().get("dlm.enable") is True
+
+
+# The next edit's decorations as drawn: the text shown struck through (removed) and the ghost text
+# after it (a decoration's `after` content is CSS ::after content, not text in the DOM).
+NEXT_EDIT_DOM = """() => {
+  const struck = [], added = [];
+  for (const e of document.querySelectorAll('.monaco-editor .view-lines span')) {
+    if (e.children.length === 0 && getComputedStyle(e).textDecorationLine.includes('line-through')) struck.push(e.textContent);
+    const after = getComputedStyle(e, '::after').content;
+    if (after && after !== 'none' && after !== 'normal') added.push(after.replace(/^"|"$/g, ''));
+  }
+  return { struck: struck.join('|'), added: added.join('|') };
+}"""
+AREA = "def area(width, height):\n    w = width * 2\n    return width * height + w\n"
+
+
+def test_next_edit_after_a_rename(vs):
+    """Rename a parameter, pause: the server's next edit (nextEditApproach "propagate": the rename
+    applied to the other uses) is drawn as decorations, the old name struck through and the new one
+    as ghost text after it; Tab applies all of it. Completions are off for this test: the tiny
+    model's ghost text would hold off next edits (a shown completion wins)."""
+    needs("ready_s")
+    area = vs.workspace / "src" / "area.py"
+    area.write_text(AREA)
+    vs.explorer_row("area.py").click()
+    vs.page.locator(".monaco-editor .view-lines", has_text="def area").first.wait_for(state="visible")
+    vs.palette("DLM: Toggle Completions")
+    wait_for(lambda: "(off)" in vs.status(), 10, "the status bar to say (off)")
+    try:
+        vs.focus_editor()
+        vs.go_to(1, 10)  # before `width` in the parameter list
+        vs.page.keyboard.press("Control+Shift+ArrowRight")  # selects `width`
+        vs.page.keyboard.type("size")
+
+        def drawn():
+            d = vs.page.evaluate(NEXT_EDIT_DOM)
+            return d if d["struck"] == "width|width" and d["added"] == "size|size" else None
+
+        drawn_now = wait_for(drawn, FILL_S, "the next edit drawn (width struck through twice, size after each)")
+        vs.page.screenshot(path=str(ARTIFACTS / "next-edit.png"))
+        asked = vs.sent("dlm/nextEdit")
+        assert asked and asked[-1]["params"]["position"]["line"] == 0, asked
+        vs.page.keyboard.press("Tab")
+        # the edit goes through the extension host (a WorkspaceEdit), so it lands after the key: wait
+        # for the editor to show it before saving
+        shown = lambda: vs.page.locator(".editor-instance .monaco-editor .view-lines").first.inner_text().replace("\u00a0", " ")  # noqa: E731
+        wait_for(lambda: "width" not in shown() and "w = size * 2" in shown(), 10, "the editor to show the edit applied")
+        vs.page.keyboard.press("Control+s")
+        want = AREA.replace("width", "size")
+        wait_for(lambda: area.read_text() == want, 10, f"area.py to be saved as {want!r}")
+        wait_for(lambda: not vs.page.evaluate(NEXT_EDIT_DOM)["struck"], 5, "the decorations to go")
+        facts["next_edit"] = drawn_now
+    finally:
+        vs.palette("DLM: Toggle Completions")
+        wait_for(lambda: "(off)" not in vs.status(), 10, "the status bar to lose (off)")
+        vs.palette("View: Revert and Close Editor")  # back to example.py, where the next tests type
 
 
 def test_restart_command(vs):

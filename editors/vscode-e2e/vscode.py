@@ -150,8 +150,10 @@ class VSCode:
     def env(self) -> dict[str, str]:
         env = dict(os.environ, XDG_DATA_HOME=str(self.root / "xdg-data"), XDG_CONFIG_HOME=str(self.root / "xdg-config"))
         # postprocess=false (a server test hook) keeps the tiny model's fill from being filtered to
-        # nothing; the extension passes DLM_LSP_INIT_OPTIONS through to initializationOptions.
-        env["DLM_LSP_INIT_OPTIONS"] = json.dumps({"postprocess": False})
+        # nothing; nextEditApproach "propagate" makes next edits the user's recent renames applied
+        # near the cursor, without the model, so a test knows what dlm/nextEdit proposes. The
+        # extension passes DLM_LSP_INIT_OPTIONS through to initializationOptions.
+        env["DLM_LSP_INIT_OPTIONS"] = json.dumps({"postprocess": False, "nextEditApproach": "propagate"})
         env.setdefault("DLM_ENGINE", "inproc")  # an engine inside the server: dies with the process group
         return env
 
