@@ -14,7 +14,10 @@ local cmd = vim.split(os.getenv('DLM_LSP_CMD') or 'dlm-lsp serve', '%s+', { trim
 local mode = os.getenv('DLM_TEST_SETUP') or 'setup'
 -- postprocess=false (a server test hook) keeps a small model's fill from being filtered to nothing:
 -- these tests check the client, not the fill. The budget leaves room for a busy 2-core machine.
-local init_options = { device = 'cpu', budgetMs = 2000, postprocess = false, model = os.getenv('DLM_LSP_MODEL') }
+-- nextEditApproach 'propagate': next edits are the user's recent renames applied near the cursor, no
+-- model, so the next-edit tests know what the server proposes.
+local init_options =
+  { device = 'cpu', budgetMs = 2000, postprocess = false, model = os.getenv('DLM_LSP_MODEL'), nextEditApproach = 'propagate' }
 -- The cursor goes to the end of the empty line in the loop body (row 7, col 8): a block hole.
 local SOURCE = { 'import os', '', '', 'def total(items):', '    s = 0', '    for x in items:', '        ', '    return s' }
 local ROW, COL = 7, 8
@@ -134,6 +137,8 @@ local function show_ghost(client)
     feed('<Esc>')
   end
 end
+
+local next_edits
 
 local function test()
   if vim.fn.executable(cmd[1]) == 0 then
@@ -264,6 +269,93 @@ local function test()
     check('moving on cancels the in-flight request', cancelled > 0)
     client.cancel_request = nil
   end
+
+  next_edits(dir)
+end
+
+-- Next edits: rename a parameter and pause; the server's suggestion (the rename applied to the other
+-- uses) is drawn with extmarks; a change clears it; accept applies it only to the version it was for.
+local AREA = { 'def area(width, height):', '    w = width * 2', '    return width * height + w' }
+local ne_ns = api.nvim_create_namespace('dlm.nextedit')
+
+--- The next edit as drawn: "text@row" of the highlighted (removed) text and of the virtual text.
+local function drawn()
+  local removed, added = {}, {}
+  for _, m in ipairs(api.nvim_buf_get_extmarks(0, ne_ns, 0, -1, { details = true })) do
+    local d = m[4]
+    if d.hl_group == 'DlmNextEditDelete' then
+      removed[#removed + 1] = api.nvim_buf_get_text(0, m[2], m[3], d.end_row, d.end_col, {})[1] .. '@' .. m[2]
+    end
+    if d.virt_text then
+      added[#added + 1] = d.virt_text[1][1] .. '@' .. m[2]
+    end
+  end
+  return table.concat(removed, ' '), table.concat(added, ' ')
+end
+
+local function rename_drawn()
+  local removed, added = drawn()
+  return removed == 'width@1 width@2' and added == 'size@1 size@2'
+end
+
+next_edits = function(dir)
+  local ne = require('dlm.nextedit')
+  feed('<Esc>') -- keys still queued from the tests above end in normal mode
+  wait_for(function()
+    return api.nvim_get_mode().mode == 'n' and vim.fn.getchar(1) == 0
+  end, 5000)
+  vim.fn.writefile(AREA, dir .. '/area.py')
+  vim.cmd.edit(dir .. '/area.py')
+  local bufnr = api.nvim_get_current_buf()
+  local client
+  wait_for(function()
+    client = vim.lsp.get_clients({ bufnr = bufnr, name = 'dlm' })[1]
+    return client ~= nil
+  end, SLOW_MS)
+  local caps = client and client.server_capabilities.experimental
+  check('next edit: the server advertises dlm/nextEdit', caps and caps.dlm and caps.dlm.nextEdit == true, caps)
+  api.nvim_win_set_cursor(0, { 1, 9 })
+  feed('ciwsize<Esc>') -- the rename, typed
+  check('next edit: drawn after a rename (old text highlighted, new as virtual text)', wait_for(rename_drawn, SLOW_MS), { drawn() })
+  local removed = api.nvim_buf_get_extmarks(0, ne_ns, 0, -1, { details = true })[1]
+  check('next edit: removed text struck through', removed and removed[4].hl_group == 'DlmNextEditDelete'
+    and api.nvim_get_hl(0, { name = 'DlmNextEditDelete', link = false }).strikethrough == true, removed)
+
+  -- any change clears it (the suggestion was for the version before); after the pause it comes again
+  local ids = vim.tbl_map(function(m)
+    return m[1]
+  end, api.nvim_buf_get_extmarks(0, ne_ns, 0, -1, {}))
+  feed('Go<Esc>')
+  check('next edit: a change clears it', wait_for(function()
+    for _, id in ipairs(ids) do
+      if #api.nvim_buf_get_extmark_by_id(0, ne_ns, id, {}) > 0 then
+        return false
+      end
+    end
+    return true
+  end, 5000), ids)
+  check('next edit: asked again after the pause', wait_for(rename_drawn, SLOW_MS), { drawn() })
+
+  -- accept refuses a suggestion whose buffer changed since (before TextChanged has even cleared it)
+  api.nvim_buf_set_lines(0, 3, 4, false, { '# end' })
+  local lines = api.nvim_buf_get_lines(0, 0, -1, true)
+  check('next edit: not applied to a changed buffer', ne.accept() == false and vim.deep_equal(api.nvim_buf_get_lines(0, 0, -1, true), lines))
+  check('next edit: shown again for the new version', wait_for(function()
+    return rename_drawn() and ne.get() and ne.get().tick == api.nvim_buf_get_changedtick(0)
+  end, SLOW_MS), { drawn() })
+
+  -- the jump key goes to it, the accept key applies all its edits
+  api.nvim_win_set_cursor(0, { 4, 0 })
+  feed('<S-Tab>')
+  check('next edit: the jump key moves to the first edit', wait_for(function()
+    return vim.deep_equal(api.nvim_win_get_cursor(0), { 2, 8 })
+  end, 2000), api.nvim_win_get_cursor(0))
+  feed('<Tab>')
+  local want = { 'def area(size, height):', '    w = size * 2', '    return size * height + w', '# end' }
+  check('next edit: accept applies every edit', wait_for(function()
+    return vim.deep_equal(api.nvim_buf_get_lines(0, 0, -1, true), want)
+  end, 5000), api.nvim_buf_get_lines(0, 0, -1, true))
+  check('next edit: gone once applied', #api.nvim_buf_get_extmarks(0, ne_ns, 0, -1, {}) == 0, { drawn() })
 end
 
 co = coroutine.create(test)

@@ -14,6 +14,17 @@ M.defaults = {
   accept_key = '<Tab>', -- insert-mode key that accepts the ghost text; false: map nothing
   debounce_ms = 150, -- 0.11 ghost text only: 0.12's inline completion has its own 200 ms debounce
   ghost_text = 'auto', -- 'auto': Neovim's inline completion where it exists; 'extmark': always ours
+  -- Next edits (dlm/nextEdit, lua/dlm/nextedit.lua): after a change and `delay_ms` without another,
+  -- a suggestion near the cursor drawn with extmarks. Keys (false: map nothing) act only while one is
+  -- shown, else do what they did: accept in normal and insert mode (after ghost text, which wins),
+  -- jump and dismiss in normal mode.
+  next_edit = {
+    enabled = true,
+    delay_ms = 400,
+    accept_key = '<Tab>', -- applies it (jumps to it first when it is off-screen)
+    jump_key = '<S-Tab>', -- moves the cursor to it
+    dismiss_key = '<Esc>', -- hides it
+  },
 }
 
 M.config = vim.deepcopy(M.defaults)
@@ -89,14 +100,41 @@ function M.on_attach(client, bufnr)
   else
     require('dlm.ghost').attach(client, bufnr, M)
   end
+  local ne = M.config.next_edit or {}
+  local nextedit = ne.enabled ~= false and (client.server_capabilities.experimental or {}).dlm
+    and client.server_capabilities.experimental.dlm.nextEdit == true
+  if nextedit then
+    require('dlm.nextedit').attach(client, bufnr, M)
+  end
+  -- the next edit's accept key in insert mode, when it is the ghost text's too: ghost text first
+  local shared = nextedit and ne.accept_key == M.config.accept_key
   local key = M.config.accept_key
   if key then
     vim.keymap.set('i', key, function()
       if builtin_inline() then
-        return vim.lsp.inline_completion.get() and '' or key
+        if vim.lsp.inline_completion.get() then
+          return ''
+        end
+      else
+        local keys = require('dlm.ghost').accept_keys(bufnr)
+        if keys then
+          return keys
+        end
       end
-      return require('dlm.ghost').accept_keys(bufnr) or key
-    end, { buffer = bufnr, expr = true, desc = 'Accept dlm-lsp ghost text' })
+      return shared and require('dlm.nextedit').keys(bufnr, 'accept') or key
+    end, { buffer = bufnr, expr = true, desc = 'Accept dlm-lsp ghost text (or next edit)' })
+  end
+  if nextedit then
+    local function map(modes, lhs, fn, desc)
+      if lhs then
+        vim.keymap.set(modes, lhs, function()
+          return require('dlm.nextedit').keys(bufnr, fn) or lhs
+        end, { buffer = bufnr, expr = true, desc = desc })
+      end
+    end
+    map(shared and 'n' or { 'n', 'i' }, ne.accept_key, 'accept', 'Accept the dlm-lsp next edit')
+    map('n', ne.jump_key, 'jump', 'Go to the dlm-lsp next edit')
+    map('n', ne.dismiss_key, 'dismiss', 'Dismiss the dlm-lsp next edit')
   end
 end
 
@@ -143,6 +181,14 @@ local function create_commands()
     vim.notify('dlm-lsp completions ' .. (M.enabled and 'on' or 'off'))
   end, { desc = 'Turn dlm-lsp completions on/off' })
   cmd('DlmRestart', M.restart, { desc = 'Restart dlm-lsp' })
+  cmd('DlmNextEdit', function()
+    require('dlm.nextedit').request()
+  end, { desc = 'Ask dlm-lsp for a next edit at the cursor now' })
+  for name, fn in pairs({ Accept = 'accept', Jump = 'jump', Dismiss = 'dismiss' }) do
+    cmd('DlmNextEdit' .. name, function()
+      require('dlm.nextedit')[fn]()
+    end, { desc = fn:gsub('^%l', string.upper) .. ' the dlm-lsp next edit' })
+  end
   cmd('DlmStatus', function()
     local line = M.statusline()
     for _, client in ipairs(vim.lsp.get_clients({ name = 'dlm' })) do
