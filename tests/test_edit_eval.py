@@ -178,6 +178,8 @@ def test_the_command_writes_json_and_samples(cases, tmp_path, monkeypatch, capsy
     assert all(need <= set(r) for r in lines)
     printed = capsys.readouterr().out
     assert "| repeat | window | 1 | 1 | 1 | 100% | 1 |" in printed and "| noise | silent |" in printed
+    again = edit_eval.report(edit_eval.read_samples(rows), ALL)  # the samples alone give the same report
+    assert json.loads(json.dumps(again)) == {k: report[k] for k in ("results", "curves")}
 
 
 def test_a_pick_of_cases_and_the_approaches_asked_for(cases, tmp_path, monkeypatch):

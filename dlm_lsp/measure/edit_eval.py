@@ -102,8 +102,8 @@ class Sample:
 
 
 def read_cases(folder: Path, max_cases: int | None = None) -> list[EditCase]:
-    """The held-out cases under `folder` (SIDES' JSONL files), every one or a stable pick of
-    `max_cases` (by a hash of the id: the categories and packages in about their proportions)."""
+    """The held-out cases under `folder` (SIDES' JSONL files), every one in file order, or a stable
+    pick of `max_cases` with each category in its share (_pick)."""
     from engine.train.edit_pairs import load_case
 
     rows: list[dict] = []
@@ -215,13 +215,9 @@ def score(
     lo, hi = req.start, req.end
     if case.truth is not None:
         lo, hi = min(lo, case.truth[0]), max(hi, case.truth[0] + len(case.truth[1]))
-    before = distance(
-        case.document[lo:hi], case.truth_document[lo : hi + len(case.truth_document) - len(case.document)]
-    )
-    now = distance(
-        after[lo : hi + len(after) - len(case.document)],
-        case.truth_document[lo : hi + len(case.truth_document) - len(case.document)],
-    )
+    truth = case.truth_document[lo : hi + len(case.truth_document) - len(case.document)]
+    before = distance(case.document[lo:hi], truth)
+    now = distance(after[lo : hi + len(after) - len(case.document)], truth)
     return Sample(
         case.id,
         approach,
@@ -340,6 +336,12 @@ def curve(samples: Sequence[Sample]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """The samples a --samples file holds (several runs' files together make one report)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [Sample(**json.loads(ln)) for ln in lines if ln.strip()]
 
 
 def report(samples: Sequence[Sample], approaches: Sequence[str]) -> dict[str, Any]:
@@ -498,8 +500,9 @@ def run_edit_eval(args: argparse.Namespace, engine: EditEngine | None = None) ->
             samples_out.close()
     rep = report(samples, approaches)
     print(table(rep["results"]))
-    print()
-    print(curve_table(rep["curves"]))
+    if any(a not in BASELINES for a in approaches):
+        print()
+        print(curve_table(rep["curves"]))
     out = {
         **rep,
         "meta": {
