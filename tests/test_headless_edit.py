@@ -1,5 +1,5 @@
 """`dlm-lsp next-edit FILE:L:C --before OLD` end to end (dlm_lsp/headless_edit.py): a rename carried
-to its other uses by the propagation baseline (the diff and the JSON, exactly), the default approach
+to its other uses by the propagation baseline (the diff and the JSON, exactly), an engine approach
 on the default model, the history the diff replays, and every bad input as one line and exit code 2."""
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def test_silence_says_why(files):
     assert json.loads(r.stdout)["silent"] == "unchanged" and json.loads(r.stdout)["edits"] == []
 
 
-def test_the_default_approach_on_the_default_model(files):
-    r = _run(files, "new.py:2:6", "--before", "old.py", "--json")
+def test_an_engine_approach_on_the_default_model(files):
+    # the default approach (propagate) needs no model: the engine's layout runs the embedded model
+    r = _run(files, "new.py:2:6", "--before", "old.py", "--approach", "surprise+memory", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) == {"edits", "confidence", "latency_ms", "silent"}
@@ -109,7 +110,10 @@ BAD = {  # argv -> words the one line must hold
     "column past the line": (["new.py:1:40", "--before", "old.py"], "column 40 is outside"),
     "no --before": (["new.py:1:1"], "--before"),
     "unknown approach": (["new.py:1:1", "--before", "old.py", "--approach", "guess"], "invalid choice"),
-    "model not found": (["new.py:2:6", "--before", "old.py", "--model", "/no/such/folder"], "/no/such/folder"),
+    "model not found": (
+        ["new.py:2:6", "--before", "old.py", "--approach", "surprise+memory", "--model", "/no/such/folder"],
+        "/no/such/folder",
+    ),
 }
 
 

@@ -46,6 +46,11 @@ CURSOR = (2, 4)  # line, character: the start of "for" on the line after the ren
 SYSTEM = "You are Mercury, a coding assistant by Inception Labs: rewrite the code between the markers."
 
 
+ENGINE = (
+    "surprise+memory"  # an engine layout: the scripted engine's rewrite comes back (the default, propagate, needs none)
+)
+
+
 def create_patch(path: str, before: str, after: str) -> str:
     """npm `diff`'s createPatch(path, before, after, "before", "after", {context: 3}), as Continue
     builds it: both texts end with a break; an Index line and a rule, then the unified diff with
@@ -236,7 +241,7 @@ def test_continues_request_is_answered_with_the_rename_propagated():
     """Exactly Continue's request (system + user message, every marker, a rename in the history,
     stream true): the streamed message, cut out Continue's way, is the region with the rename carried
     through it; stream false gives the same as one chat.completion object."""
-    with Running("scripted:rewrite=total>acc") as s:
+    with Running("scripted:rewrite=total>acc", next_edit_approach=ENGINE) as s:
         assert httpx.get(s.url + "/v1/models").json()["data"][0]["dlm"]["next_edit"] is True
         body = continue_body(continue_prompt(RENAMED, CURSOR, REGION, HISTORY))
         expected = region_of(RENAMED, REGION).replace("total", "acc")
@@ -268,7 +273,7 @@ def test_continues_request_is_answered_with_the_rename_propagated():
 def test_nothing_worth_proposing_answers_the_region_unchanged():
     prompt = continue_prompt(RENAMED, CURSOR, REGION, HISTORY)
     region = region_of(RENAMED, REGION)
-    with Running("scripted:steps=1") as s:  # the engine gives the window back as it was
+    with Running("scripted:steps=1", next_edit_approach=ENGINE) as s:  # the engine gives the window back as it was
         text, chunks = stream_content(s.url, continue_body(prompt))
         assert extract(text) == region and chunks[-1]["dlm"]["silent"] == "unchanged"
         jobs = len(s.engine.jobs)
@@ -276,13 +281,15 @@ def test_nothing_worth_proposing_answers_the_region_unchanged():
         r = post(s.url, continue_body(continue_prompt(RENAMED, CURSOR, REGION, []), stream=False), path=PATH)
         assert extract(r.json()["choices"][0]["message"]["content"]) == region
         assert r.json()["dlm"]["silent"] == "no recent edits" and len(s.engine.jobs) == jobs
-    with Running("scripted:rewrite=total>acc,confidence=0.4") as s:  # below the gate: unsure
+    with Running("scripted:rewrite=total>acc,confidence=0.4", next_edit_approach=ENGINE) as s:  # below the gate: unsure
         r = post(s.url, continue_body(prompt, stream=False, min_confidence=0.9), path=PATH)
         assert extract(r.json()["choices"][0]["message"]["content"]) == region
         assert r.json()["dlm"]["silent"] == "unsure"
         shown = post(s.url, continue_body(prompt, stream=False), path=PATH).json()  # the server's gate: 0
         assert extract(shown["choices"][0]["message"]["content"]) == region.replace("total", "acc")
-    with Running("scripted:rewrite=acc>total") as s:  # taking the user's rename back: a reversal
+    with Running(
+        "scripted:rewrite=acc>total", next_edit_approach=ENGINE
+    ) as s:  # taking the user's rename back: a reversal
         window_with_edit = (1, 6)
         cursor = (1, 4)
         r = post(
@@ -320,7 +327,7 @@ def test_malformed_prompts_are_400s_and_the_server_keeps_serving():
         ({"messages": [user], "stream": "yes"}, "'stream' must be true or false"),
         ({"messages": [user], "temperature": -1}, "'temperature' must be"),
     ]
-    with Running("scripted:rewrite=total>acc", limits=Limits(max_body_bytes=64 * 1024)) as s:
+    with Running("scripted:rewrite=total>acc", limits=Limits(max_body_bytes=64 * 1024), next_edit_approach=ENGINE) as s:
         for body, message in cases:
             r = post(s.url, body, path=PATH)
             assert r.status_code == 400, (message, r.status_code, r.text)
@@ -333,14 +340,18 @@ def test_malformed_prompts_are_400s_and_the_server_keeps_serving():
         assert s.engine.jobs == [] and s.server.counters["errors"] == 0 and s.server.inflight == 0
         text, _ = stream_content(s.url, continue_body(good))
         assert extract(text) == region_of(RENAMED, REGION).replace("total", "acc")
-    with Running("scripted:rewrite=total>acc", tokenizer=CharTokenizer()) as s:  # the region past the slots
+    with Running(
+        "scripted:rewrite=total>acc", tokenizer=CharTokenizer(), next_edit_approach=ENGINE
+    ) as s:  # the region past the slots
         r = post(s.url, continue_body(good, max_tokens=40), path=PATH)
         assert r.status_code == 400 and "tokens; at most 40 are rewritten" in r.json()["error"]["message"], r.text
         assert s.engine.jobs == [] and post(s.url, continue_body(good), path=PATH).status_code == 200
 
 
 def test_a_client_that_disconnects_cancels_the_edit_job(tmp_path: Path):
-    with Running(f"scripted:rewrite=total>acc,hold={urllib.parse.quote(str(tmp_path))}") as s:
+    with Running(
+        f"scripted:rewrite=total>acc,hold={urllib.parse.quote(str(tmp_path))}", next_edit_approach=ENGINE
+    ) as s:
         body = json.dumps(continue_body(continue_prompt(RENAMED, CURSOR, REGION, HISTORY), deadline_ms=30000)).encode()
         c = socket.create_connection(("127.0.0.1", s.port))
         c.sendall(

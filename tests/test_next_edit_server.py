@@ -11,6 +11,7 @@ from dlm_lsp.measure.replay import LspError
 from tests.lsp_helpers import FAKE_SERVER, lsp_server, open_doc, scripted, until
 
 URI = "file:///tmp/dlm-next/a.py"
+ENGINE = "surprise+memory"  # an engine layout, so the scripted engine's rewrite is what comes back
 SRC = "def area(width, height):\n    w = width * 2\n    return width * height + w\n"
 WIDTH = SRC.index("width")  # the parameter the user renames
 
@@ -65,7 +66,7 @@ async def test_the_request_is_advertised_under_experimental():
 
 
 async def test_a_rename_is_followed_at_its_other_uses():
-    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size")}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size"), "nextEditApproach": ENGINE}) as c:
         doc = await renamed(c)
         res = await ask(c, 2, 0, WIDTH + len("size"))
         assert applied(doc, res) == SRC.replace("width", "size")
@@ -94,7 +95,7 @@ async def test_the_propagation_baseline_needs_no_engine():
     ],
 )
 async def test_silence_when_the_rewrite_is_not_worth_showing(rewrite, why):
-    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite=rewrite)}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite=rewrite), "nextEditApproach": ENGINE}) as c:
         await renamed(c)
         assert await ask(c, 2, 0, WIDTH + len("size")) is None, why
         s = (await c.request("dlm/stats", {}, timeout=10))["nextEdit"]
@@ -103,16 +104,16 @@ async def test_silence_when_the_rewrite_is_not_worth_showing(rewrite, why):
 
 async def test_the_confidence_gate_keeps_an_unsure_rewrite_back():
     model = scripted(rewrite="width>size", confidence=0.3)
-    async with lsp_server(FAKE_SERVER, {"model": model, "nextEditMinConfidence": 0.5}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": model, "nextEditMinConfidence": 0.5, "nextEditApproach": ENGINE}) as c:
         await renamed(c)
         assert await ask(c, 2, 0, WIDTH + len("size")) is None
-    async with lsp_server(FAKE_SERVER, {"model": model, "nextEditMinConfidence": 0.2}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": model, "nextEditMinConfidence": 0.2, "nextEditApproach": ENGINE}) as c:
         await renamed(c)
         assert await ask(c, 2, 0, WIDTH + len("size")) is not None
 
 
 async def test_nothing_without_an_edit_an_open_document_or_the_current_version():
-    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size")}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size"), "nextEditApproach": ENGINE}) as c:
         open_doc(c, URI, SRC)
         assert await ask(c, 1, 0, 0) is None  # no edit yet: nothing to follow
         change(c, 2, WIDTH, WIDTH + len("width"), "size", SRC)
@@ -126,7 +127,7 @@ async def test_nothing_without_an_edit_an_open_document_or_the_current_version()
 
 
 async def test_malformed_params_get_an_error_and_the_server_lives():
-    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size")}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size"), "nextEditApproach": ENGINE}) as c:
         await renamed(c)
         for params in (
             {},
@@ -142,7 +143,9 @@ async def test_malformed_params_get_an_error_and_the_server_lives():
 async def test_a_keystroke_cancels_the_next_edit_in_flight(tmp_path):
     hold = tmp_path / "hold"
     hold.mkdir()
-    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size", hold=str(hold))}) as c:
+    async with lsp_server(
+        FAKE_SERVER, {"model": scripted(rewrite="width>size", hold=str(hold)), "nextEditApproach": ENGINE}
+    ) as c:
         doc = await renamed(c)
         _, fut = c.send_request(
             "dlm/nextEdit",
@@ -156,7 +159,7 @@ async def test_a_keystroke_cancels_the_next_edit_in_flight(tmp_path):
 
 
 async def test_a_long_history_and_a_huge_line_lose_nothing():
-    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size")}) as c:
+    async with lsp_server(FAKE_SERVER, {"model": scripted(rewrite="width>size"), "nextEditApproach": ENGINE}) as c:
         doc = await renamed(c)
         version, end = 2, len(doc) - 1  # the end of the last line
         for burst in range(20):  # 10,000 keystrokes, in bursts the server reads at once: 500 typed, 500 erased

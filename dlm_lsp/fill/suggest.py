@@ -22,7 +22,7 @@ from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EditJob
 
 # the approaches a client may ask for: the engine's layouts, and the baseline without a model
 APPROACHES = (*EDIT_APPROACHES, "propagate")
-DEFAULT_APPROACH = "surprise+memory"
+DEFAULT_APPROACH = "propagate"  # what the server asks by default (options.next_edit_approach)
 RECENT_EDITS = 3  # the edits the engine sees: the last few, as the eval's cases replay
 
 
@@ -62,7 +62,7 @@ def edit_request(
     approach: str = DEFAULT_APPROACH,
     deadline: float | None = None,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
-    max_tokens: int = 256,
+    max_tokens: int = 512,  # room for a 12-line window of long lines (256 refused 6 of 728 eval windows)
 ) -> EditRequest | None:
     """The request for a suggestion at `offset`, or None when there is nothing to go on (no recent
     edit). ValueError for an approach not in APPROACHES."""
