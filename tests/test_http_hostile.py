@@ -145,7 +145,9 @@ def test_well_behaved_clients_get_200s_under_every_attack(server):
     """`dlm-lsp loadtest --hostile`'s attacks, one after another, each beside two well-behaved clients
     that open new connections while it runs."""
     proc, url = server
-    report = asyncio.run(loadtest.run_hostile(url, clients=2, seconds=3, deadline_ms=1000))
+    # each fill's own deadline is generous: what is asserted is that the guard lets them through, and
+    # a 1 s deadline was answered 504 on a busy 2-core AMD EPYC with no attack at all (issue 44)
+    report = asyncio.run(loadtest.run_hostile(url, clients=2, seconds=3, deadline_ms=10_000))
     phases = {ph["attack"]: ph for ph in report["phases"]}
     assert list(phases) == ["none", *loadtest.ATTACKS]
     for name, ph in phases.items():
