@@ -83,8 +83,8 @@ def line_edits(old_window: str, new_window: str) -> list[tuple[int, int, str]]:
             old = old_window[a:b]
             if old == new:
                 continue
-            head = _common_prefix(old, new)
-            tail = _common_prefix(old[head:][::-1], new[head:][::-1])
+            head = common_prefix(old, new)
+            tail = common_prefix(old[head:][::-1], new[head:][::-1])
             a, b, new = a + head, b - tail, new[head : len(new) - tail]
             if out and out[-1][1] == a:  # edits of two neighbouring lines that meet are one
                 a, new = out[-1][0], out.pop()[2] + new
@@ -111,7 +111,8 @@ def _offsets(lines: Sequence[str]) -> list[int]:
     return out
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
+    """The length of the longest common head of `a` and `b`."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

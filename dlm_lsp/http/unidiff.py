@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from dlm_lsp.fill.history import Edit, line_context
+from dlm_lsp.fill.nextedit import common_prefix
 
 _HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 MAX_MATCHES = 256  # occurrences of a hunk's text weighed for the one nearest the cursor
@@ -120,7 +121,7 @@ def recent_edits(diffs: str, text: str, cursor: int, n: int) -> list[Edit]:
         key = id(c.hunk)
         if key not in places:
             places[key] = _place(c.hunk, text, cursor)
-        p = _common_prefix(c.old, c.new)
+        p = common_prefix(c.old, c.new)
         s = _common_suffix(c.old[p:], c.new[p:])
         old, new = c.old[p : len(c.old) - s], c.new[p : len(c.new) - s]
         before, after = line_context(c.hunk.text("-"), c.old_at + p, c.old_at + p + len(old))
@@ -158,14 +159,6 @@ def _line_offset(text: str, line: int) -> int:
             return len(text)
         at = nl + 1
     return at
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _common_suffix(a: str, b: str) -> int:
