@@ -16,7 +16,7 @@ import pytest
 
 from dlm_lsp.measure.replay import LspClient, LspError
 from dlm_lsp.protocol import MAX_HEADER_LINE, MAX_MESSAGE_BYTES, Framer, Skipped, check_envelope
-from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, inline, open_doc, scripted, until
+from tests.lsp_helpers import FAKE_SERVER, REAL_SERVER, REPO, TEST_BUDGET_MS, inline, open_doc, scripted, until
 
 URI = "file:///tmp/dlm-protocol/a.py"
 SRC = "def f():\n    \n"
@@ -218,7 +218,7 @@ async def server(cmd=FAKE_SERVER, init: bool = True, options: dict | None = None
     await c.start()
     try:
         if init:
-            c.init_result = await c.initialize(options or {"model": scripted()})
+            c.init_result = await c.initialize(options or {"model": scripted(), "budgetMs": TEST_BUDGET_MS})
             await c.wait_ready(30)
         yield c
     finally:
@@ -377,7 +377,7 @@ async def test_a_cancel_for_an_id_no_request_can_have_is_ignored_quietly(tmp_pat
         c = RawClient(FAKE_SERVER, cwd=str(REPO), stderr=log)
         await c.start()
         try:
-            await c.initialize({"model": scripted()})
+            await c.initialize({"model": scripted(), "budgetMs": TEST_BUDGET_MS})
             await c.wait_ready(30)
             for bad in ({"nested": 1}, [1, 2], True, None, 1.5):
                 before = await c.probe(frame({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": bad}}))
@@ -427,7 +427,7 @@ async def test_requests_before_initialize_get_server_not_initialized():
         with pytest.raises(LspError) as err:
             await c.request("initialize", {"capabilities": 5}, timeout=10)
         assert err.value.code == -32602
-        await c.initialize({"model": scripted()})
+        await c.initialize({"model": scripted(), "budgetMs": TEST_BUDGET_MS})
         await c.wait_ready(30)
         assert await inline(c, "file:///tmp/dlm-protocol/early.py", 1, 4) == []
         open_doc(c, URI, SRC)
