@@ -86,7 +86,10 @@ def checkout_fills(sample) -> tuple[list[str], str]:
     """The demo's fills and the sample's fill from the checkout, what every install must give."""
     demo = _run([sys.executable, "-m", "dlm_lsp", "demo", "--budget-ms", "60000"], cwd=ROOT, timeout=240, check=True)
     done = _run(
-        [sys.executable, "-m", "dlm_lsp", "complete", f"{sample}:{CURSOR}", "--json", "--budget-ms", "60000"], cwd=ROOT, timeout=120, check=True
+        [sys.executable, "-m", "dlm_lsp", "complete", f"{sample}:{CURSOR}", "--json", "--budget-ms", "60000"],
+        cwd=ROOT,
+        timeout=120,
+        check=True,
     )
     return _fills(demo.stdout), json.loads(done.stdout)["text"]
 
@@ -153,7 +156,10 @@ def test_the_tool_install_runs_from_anywhere_with_the_embedded_model(
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert _fills(demo.stdout) and _fills(demo.stdout) == demo_fills
     done = _run(
-        [str(command), "complete", f"{sample.name}:{CURSOR}", "--json", "--budget-ms", "60000"], cwd=elsewhere, env=_offline_env(), timeout=120
+        [str(command), "complete", f"{sample.name}:{CURSOR}", "--json", "--budget-ms", "60000"],
+        cwd=elsewhere,
+        env=_offline_env(),
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sample_fill and json.loads(done.stdout)["text"] == sample_fill
