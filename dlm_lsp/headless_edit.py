@@ -113,12 +113,18 @@ def cursor_offset(idx: LineIndex, path: str, line: int, col: int) -> int:
 
 
 def suggestion(
-    text: str, offset: int, recent: list, approach: str, engine: EditEngine | None, gate: float
+    text: str,
+    offset: int,
+    recent: list,
+    approach: str,
+    engine: EditEngine | None,
+    gate: float,
+    language: str | None = None,
 ) -> suggest.Suggestion | None:
     """The server's dlm/nextEdit path for one cursor: the judged rewrite, or None without a recent
     edit. An engine that refuses the job (a window over max_tokens) is silence, as the server's null."""
     tokens = getattr(engine, "context_budget", lambda: None)() or DEFAULT_CONTEXT_TOKENS
-    req = suggest.edit_request(text, offset, recent, approach, context_tokens=tokens)
+    req = suggest.edit_request(text, offset, recent, approach, context_tokens=tokens, language=language)
     if req is None:
         return None
     if req.job is None:
@@ -154,7 +160,8 @@ def next_edit(
     if recent and approach != "propagate":  # nothing to go on without an edit: no engine to load
         engine = engine or load_engine(model, device)
     t0 = time.monotonic()
-    found = suggestion(text, offset, recent, approach, engine, options.next_edit_min_confidence)
+    lang = language_id_for_path(path)
+    found = suggestion(text, offset, recent, approach, engine, options.next_edit_min_confidence, lang)
     latency = (time.monotonic() - t0) * 1000
     silent = "no recent edit" if found is None else found.silent
     edits = found.edits if found is not None and found.silent is None else []

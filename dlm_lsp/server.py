@@ -651,6 +651,7 @@ class DlmServer(LanguageServer):
                 self.history.recent(key, suggest.RECENT_EDITS),
                 self.options.next_edit_approach,
                 context_tokens=self.context_tokens(),
+                language=doc.language_id,
             )
         except ValueError as e:
             log.warning("next edit not asked: %s", e)

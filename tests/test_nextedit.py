@@ -9,13 +9,19 @@ from dlm_lsp.fill.history import Edit, EditHistory
 from dlm_lsp.fill.nextedit import (
     apply_edits,
     is_reversal,
+    comments_of,
+    in_spans,
     is_whitespace_only,
     line_edits,
+    next_run,
+    noncode_spans,
     propagate,
+    rename_edits,
     renames,
     substitutions,
     window_lines,
 )
+from dlm_lsp.fill import suggest
 
 LINES = "".join(f"line{i}\n" for i in range(20))  # "line0\n" ... "line19\n", 6 or 7 characters each
 
@@ -258,3 +264,60 @@ def test_propagate_gives_none_when_nothing_changes():
     assert propagate([e], "    return foobar\n") is None
     assert propagate([], "foo\n") is None
     assert propagate([edit("", ": int", "f(x", ")")], "x = 1\n") is None
+
+
+def test_propagate_keeps_the_next_run_of_lines():
+    e = edit("foo", "bar", "def f(", "):")
+    window = "a = foo\nx = 1\nb = foo\nc = foo\ny = 2\nd = foo\n"
+    # the cursor on line 1 (x = 1): the run at or after it is lines 2-3; line 0 and line 5 wait
+    assert propagate([e], window, cursor=window.index("x")) == "a = foo\nx = 1\nb = bar\nc = bar\ny = 2\nd = foo\n"
+    assert propagate([e], window, cursor=window.index("y")) == "a = foo\nx = 1\nb = foo\nc = foo\ny = 2\nd = bar\n"
+    # past every run: the last one above the cursor
+    up = "a = foo\nb = foo\nx = 1\nc = foo\ny = 2\n"
+    assert propagate([e], up, cursor=up.index("y")) == "a = foo\nb = foo\nx = 1\nc = bar\ny = 2\n"
+    assert propagate([e], window) == "a = bar\nx = 1\nb = foo\nc = foo\ny = 2\nd = foo\n"  # no cursor: the start
+
+
+def test_next_run_leaves_windows_of_other_line_counts_whole():
+    assert next_run("a\nb\n", "a\nc\nd\n", 0) == "a\nc\nd\n"
+    assert next_run("a\nb\nc", "A\nb\nC", 2) == "a\nb\nC"
+    assert next_run("a\nb", "a\nb", 0) == "a\nb"
+
+
+def test_strings_and_comments_are_not_code():
+    text = 'x = "a#b" # c\ny = \'\'\'doc\nmore\'\'\' + s # t\nz = "open\nw = 1'
+    spans = noncode_spans(text, comments_of("python"))
+    assert [text[a:b] for a, b in spans] == ['"a#b"', "# c", "\'\'\'doc\nmore\'\'\'", "# t", '"open']
+    assert not in_spans(spans, text.index("s #")) and in_spans(spans, text.index("more"))
+    c = 'a = "x\\"y" // c\nb = 1 /* d\n e */ + 2 # not a comment in C'
+    assert [c[a:b] for a, b in noncode_spans(c, comments_of("typescript"))] == ['"x\\"y"', "// c", "/* d\n e */"]
+    assert [c[a:b] for a, b in noncode_spans(c, comments_of("no-such-language"))] == ['"x\\"y"']  # strings only
+
+
+def test_propagate_renames_code_not_strings_or_comments():
+    e = edit("foo", "bar", "def f(", "):")
+    window = 'print(foo, "foo")  # foo\n'
+    assert propagate([e], window, noncode=noncode_spans(window, ("#",))) == 'print(bar, "foo")  # foo\n'
+    assert propagate([e], window) == 'print(bar, "bar")  # bar\n'  # no spans given: every occurrence
+
+
+def test_an_edit_inside_a_string_or_a_rewritten_line_is_no_rename():
+    in_string = edit("general", "ten", '    "months": {"', '": "{0}"},')
+    in_comment = edit("foo", "bar", "x = 1  # see ", "")
+    rewrite = edit("ProxiesTypes = Union[URL, str, Dict]", "CertTypes = Tuple[str, str]", "", "")
+    rename = edit("timer", "start", "def f(", ": float):")
+    kept = rename_edits([in_string, in_comment, rewrite, rename], ("#",))
+    assert kept == [rename]
+    assert propagate([in_string, in_comment, rewrite], 'x = form["general"] + foo\n', comments=("#",)) is None
+    # the comment opener matters: in C-like code "#" opens no comment
+    assert rename_edits([in_comment], comments_of("go")) == [in_comment]
+
+
+def test_the_request_reads_strings_opened_above_the_window():
+    doc = 'def f(x):\n    """Uses foo.\n' + "\n" * 12 + '    foo()\n    """\n    return foo\n'
+    recent = [edit("foo", "bar", "def g(", "):")]
+    cursor = doc.index("    foo()")
+    req = suggest.edit_request(doc, cursor, recent, "propagate", language="python")
+    assert req is not None and req.start > doc.index('"""')  # the string opens above the window
+    # foo() is docstring text, so the next run of code holding foo is the return line
+    assert suggest.baseline(req) == req.window.replace("return foo", "return bar")

@@ -12,6 +12,7 @@ the identifier ones to the window's other occurrences, the baseline a model has 
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import re
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ _TOKEN = re.compile(r"\w+|[^\w\s]")  # a word, or one punctuation character
 _IDENTIFIER = re.compile(r"[^\W\d]\w*")
 
 REVERSAL_SIMILARITY = 0.8  # how close to the text the user replaced a rewrite must come to be an undo
+MAX_RENAME_PAIRS = 2  # an edit making more token substitutions rewrote its line: no rename read from it
 
 
 # ----------------------------------------------------------------------------- the window
@@ -222,13 +224,118 @@ def renames(edits: Sequence[Edit]) -> dict[str, str]:
     return {k: v for k, v in names.items() if k != v}
 
 
-def propagate(edits: Sequence[Edit], window: str) -> str | None:
-    """`window` with the edits' identifier renames (`renames`) applied to every whole-word occurrence
-    (`foo` in `foo.x`, not in `foobar`), all at once, or None when that changes nothing: the
-    suggestion made without a model."""
-    names = renames(edits)
+def propagate(
+    edits: Sequence[Edit],
+    window: str,
+    cursor: int | None = None,
+    noncode: Sequence[tuple[int, int]] = (),
+    comments: Sequence[str] = (),
+) -> str | None:
+    """`window` with the edits' identifier renames applied to the next run of lines that hold them,
+    or None when that changes nothing: the suggestion made without a model.
+
+    The renames are those of `renames`, taken from the edits that read as a rename (`rename_edits`:
+    made in code, not in a string or a comment, and not a rewrite of the line). They apply to every
+    whole-word occurrence (`foo` in `foo.x`, not in `foobar`) outside the window's `noncode` spans
+    (strings and comments, window offsets: `noncode_spans`), all at once; of the lines that changes,
+    the suggestion keeps one run of consecutive lines, the first at or after the `cursor`'s line
+    (window offset; None: the window's start), else the last one above it: one suggestion is the next
+    edit, and the editor asks again once it is taken, as the user moves through the occurrences."""
+    names = renames(rename_edits(edits, comments))
     if not names:
         return None
     words = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
-    out = re.sub(rf"(?<!\w)(?:{words})(?!\w)", lambda m: names[m.group()], window)
-    return out if out != window else None
+
+    def swap(m: re.Match) -> str:
+        return m.group() if in_spans(noncode, m.start()) else names[m.group()]
+
+    out = re.sub(rf"(?<!\w)(?:{words})(?!\w)", swap, window)
+    if out == window:
+        return None
+    return next_run(window, out, 0 if cursor is None else cursor)
+
+
+def rename_edits(edits: Sequence[Edit], comments: Sequence[str] = ()) -> list[Edit]:
+    """The edits that may carry a rename: their change starts in code (not inside a string literal
+    or a comment of the line, as `noncode_spans` reads it with `comments`) and makes at most
+    MAX_RENAME_PAIRS token substitutions (more is a rewrite of the line: `x: Dict = None` ->
+    `y: list[int] = []` renames nothing)."""
+    out = []
+    for e in edits:
+        line = e.before + e.old_text + e.after
+        if in_spans(noncode_spans(line, comments), len(e.before)):
+            continue
+        if len(_token_changes(line, e.before + e.new_text + e.after)) > MAX_RENAME_PAIRS:
+            continue
+        out.append(e)
+    return out
+
+
+def next_run(old_window: str, new_window: str, cursor: int) -> str:
+    """`new_window` with only one run of consecutive changed lines kept (the rest as in `old_window`):
+    the first starting at or after the line of `cursor` (an offset into old_window), else the last
+    above it. Windows of different line counts come back whole."""
+    old_lines, new_lines = old_window.split("\n"), new_window.split("\n")
+    if len(old_lines) != len(new_lines):
+        return new_window
+    changed = [a != b for a, b in zip(old_lines, new_lines)]
+    runs: list[tuple[int, int]] = []
+    for i, c in enumerate(changed):
+        if c and (i == 0 or not changed[i - 1]):
+            runs.append((i, i + 1))
+        elif c:
+            runs[-1] = (runs[-1][0], i + 1)
+    if not runs:
+        return new_window
+    line = old_window.count("\n", 0, cursor)
+    a, b = next((r for r in runs if r[0] >= line), runs[-1])
+    return "\n".join(new_lines[i] if a <= i < b else old_lines[i] for i in range(len(old_lines)))
+
+
+# ----------------------------------------------------------------------------- code, strings, comments
+
+LINE_COMMENTS = {  # by LSP languageId; a language not here gets strings only
+    **dict.fromkeys(("python", "ruby", "shellscript", "perl", "r", "yaml", "toml", "julia", "elixir"), ("#",)),
+    **dict.fromkeys(
+        (
+            "c",
+            "cpp",
+            "csharp",
+            "java",
+            "javascript",
+            "javascriptreact",
+            "typescript",
+            "typescriptreact",
+            "go",
+            "rust",
+            "swift",
+            "kotlin",
+            "scala",
+            "php",
+            "dart",
+        ),
+        ("//", "/*"),
+    ),
+}
+
+
+def comments_of(language: str | None) -> tuple[str, ...]:
+    """The comment openers `noncode_spans` knows for an LSP languageId (none for an unknown one)."""
+    return LINE_COMMENTS.get(language or "", ())
+
+
+def noncode_spans(text: str, comments: Sequence[str] = ()) -> list[tuple[int, int]]:
+    """The (start, end) spans of `text` inside string literals (', ", and their triple forms, a
+    backslash escaping; a single-quoted one ends at its line) or comments (each opener in
+    `comments`: "#" or "//" to the end of the line, "/*" to "*/"), in order, by one regex pass (a
+    2 MB line costs milliseconds). Text that starts inside a string is read as code."""
+    alts = [r'"""[\s\S]*?(?:"""|$)', r"'''[\s\S]*?(?:'''|$)", r'"(?:\\.|[^"\\\n])*"?', r"'(?:\\.|[^'\\\n])*'?"]
+    for c in comments:
+        alts.append(r"/\*[\s\S]*?(?:\*/|$)" if c == "/*" else re.escape(c) + r"[^\n]*")
+    return [m.span() for m in re.finditer("|".join(alts), text)]
+
+
+def in_spans(spans: Sequence[tuple[int, int]], pos: int) -> bool:
+    """True when `pos` lies inside one of the sorted, non-overlapping `spans`."""
+    i = bisect.bisect_right(spans, (pos, float("inf"))) - 1
+    return i >= 0 and spans[i][0] <= pos < spans[i][1]

@@ -7,8 +7,9 @@ and the restraint rules hold for every caller:
   - nothing when the window comes back unchanged, or changed in whitespace only;
   - nothing that would take back the user's last edit (nextedit.is_reversal);
   - nothing below the confidence gate.
-The propagation-only baseline ("propagate": the recent edits' identifier renames applied to the window,
-no model) goes through the same judgement, so it is compared on equal terms.
+The propagation-only baseline ("propagate": the recent edits' identifier renames applied to the next
+run of the window's lines that hold them, in code only, no model) goes through the same judgement, so
+it is compared on equal terms.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dlm_lsp.fill.history import Edit
-from dlm_lsp.fill.nextedit import is_reversal, is_whitespace_only, line_edits, propagate, window_lines
+from dlm_lsp.fill.nextedit import (
+    comments_of,
+    is_reversal,
+    is_whitespace_only,
+    line_edits,
+    noncode_spans,
+    propagate,
+    window_lines,
+)
 from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EditJob
 
 # the approaches a client may ask for: the engine's layouts, and the baseline without a model
@@ -36,6 +45,10 @@ class EditRequest:
     recent: list[Edit]
     job: EditJob | None  # None for "propagate" (no engine)
     approach: str
+    cursor: int | None = None  # the document offset asked at (None: the window's start)
+    # for "propagate": the window's strings and comments (window offsets) and the comment openers
+    noncode: list[tuple[int, int]] = field(default_factory=list)
+    comments: tuple[str, ...] = ()
 
 
 @dataclass
@@ -63,16 +76,16 @@ def edit_request(
     deadline: float | None = None,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     max_tokens: int = 512,  # room for a 12-line window of long lines (256 refused 6 of 728 eval windows)
+    language: str | None = None,
 ) -> EditRequest | None:
-    """The request for a suggestion at `offset`, or None when there is nothing to go on (no recent
-    edit). ValueError for an approach not in APPROACHES."""
+    """The request for a suggestion at `offset` in a document of LSP `language`, or None when there
+    is nothing to go on (no recent edit). ValueError for an approach not in APPROACHES."""
     if approach not in APPROACHES:
         raise ValueError(f"next-edit approach must be one of {APPROACHES}, got {approach!r}")
     if not recent:
         return None
     start, end = window_lines(text, offset)
     window = text[start:end]
-    job = None
     if approach != "propagate":
         job = EditJob(
             prefix=text[:start],
@@ -84,12 +97,26 @@ def edit_request(
             deadline=deadline,
             context_tokens=context_tokens,
         )
-    return EditRequest(start, end, window, list(recent), job, approach)
+        return EditRequest(start, end, window, list(recent), job, approach, offset)
+    comments = comments_of(language)
+    noncode = window_noncode(text, start, end, comments)
+    return EditRequest(start, end, window, list(recent), None, approach, offset, noncode, comments)
+
+
+def window_noncode(text: str, start: int, end: int, comments: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The strings and comments of text[start:end], in window offsets, read from the document's
+    start (a string opened above the window is one inside it)."""
+    out = []
+    for a, b in noncode_spans(text[:end], comments):
+        if b > start:
+            out.append((max(a, start) - start, b - start))
+    return out
 
 
 def baseline(req: EditRequest) -> str:
     """The propagation-only rewrite of the request's window (the window itself when nothing applies)."""
-    return propagate(req.recent, req.window) or req.window
+    cursor = None if req.cursor is None else req.cursor - req.start
+    return propagate(req.recent, req.window, cursor, req.noncode, req.comments) or req.window
 
 
 def judge(req: EditRequest, new_window: str, confidence: float, gate: float = 0.0) -> Suggestion:

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dlm_lsp.fill import suggest
+from dlm_lsp.fill.documents import language_id_for_path
+from dlm_lsp.fill.nextedit import comments_of
 from dlm_lsp.http import unidiff
 from dlm_lsp.http.fim import (
     MAX_SLOTS,
@@ -270,7 +272,9 @@ def edit_request(
             options=DecodeOptions(temperature=params.temperature, seed=params.seed),
             context_tokens=context_tokens,
         )
-    return suggest.EditRequest(start, end, window, recent, job, approach)
+    comments = comments_of(language_id_for_path(prompt.path))
+    noncode = suggest.window_noncode(text, start, end, comments) if job is None else []
+    return suggest.EditRequest(start, end, window, recent, job, approach, prompt.cursor, noncode, comments)
 
 
 def _tail(prefix: str) -> str:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from dlm_lsp.fill import suggest
+from dlm_lsp.fill.documents import language_id_for_path
 from dlm_lsp.fill.history import EditHistory
 from dlm_lsp.fill.nextedit import apply_edits, is_reversal, is_whitespace_only, window_lines
 from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EngineError
@@ -77,6 +78,7 @@ class EditCase:
     cursor: int
     truth: tuple[int, str, str] | None  # in the document's offsets; None for noise
     truth_document: str
+    path: str = ""  # the file's path in its package (its language: its extension)
 
 
 @dataclass
@@ -119,7 +121,11 @@ def read_cases(folder: Path, max_cases: int | None = None) -> list[EditCase]:
         old = (Path(folder) / r["file"]).read_text(encoding="utf-8")
         truth = (int(r["truth"][0]), str(r["truth"][1]), str(r["truth"][2])) if r["truth"] else None
         edits = [(int(o), str(a), str(b)) for o, a, b in r["edits"]]
-        out.append(EditCase(r["id"], r["category"], old, edits, document, r["cursor"], truth, truth_document))
+        out.append(
+            EditCase(
+                r["id"], r["category"], old, edits, document, r["cursor"], truth, truth_document, r.get("path", "")
+            )
+        )
     return out
 
 
@@ -253,7 +259,9 @@ def run_case(
             out.append(score(case, approach, None, None, 0.0, None))
             continue
         deadline = time.monotonic() + budget_ms / 1000 if budget_ms else None
-        req = suggest.edit_request(document, case.cursor, recent, approach, deadline, context_tokens)
+        req = suggest.edit_request(
+            document, case.cursor, recent, approach, deadline, context_tokens, language=language_id_for_path(case.path)
+        )
         if req is None:
             out.append(score(case, approach, None, None, 0.0, None))
             continue
