@@ -141,3 +141,50 @@ def test_cold_start_bench_times_each_case_with_and_without_the_hint(tmp_path):
         (r,) = runs
         assert 0 < r["initialize_s"] <= r["ready_s"] <= r["first_fill_s"] < 180, (case, r)
     assert set(res["first_fill_on_over_off"]) == {"inproc", "shared", "running"}
+
+
+def test_next_edit_bench_times_each_approach_beside_the_fill(tmp_path, capsys):
+    """`bench --next-edit` on cases in the `corpus --edits` layout: every counted case timed for the
+    fill, each approach asked and propagate; ratios are each p95 over the fill's p95, from the same run."""
+    tiny = make_tiny_checkpoint(tmp_path / "tiny")
+    cases = tmp_path / "cases"
+    old = "def scale(value, factor):\n    total = value * factor\n    return total + value\n"
+    rows = []
+    for i in range(4):
+        f = f"files/heldout_packages/p/1.0/m{i}.py"
+        (cases / f).parent.mkdir(parents=True, exist_ok=True)
+        (cases / f).write_text(old)
+        doc = old.replace("(value,", "(v,")
+        rows.append(
+            {
+                "id": f"p@1.0..1.1:m{i}.py#hunk2",
+                "category": "repeat",
+                "path": f"m{i}.py",
+                "file": f,
+                "edits": [[10, "value", "v"]],
+                "cursor": 11,
+                "truth": [doc.index("value"), "value", "v"],
+            }
+        )
+    (cases / "heldout_packages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "edit.json"
+    threads = torch.get_num_threads()
+    argv = ["bench", "--next-edit", "--model", str(tiny), "--threads", "1", "--edit-cases", str(cases)]
+    try:
+        rc = main([*argv, "--cases", "3", "--warmup", "1", "--edit-approaches", "surprise", "--json", str(out)])
+        assert main([*argv, "--edit-approaches", "guess"]) == 2  # an unknown approach: a clear refusal
+        assert main([*argv, "--cases", "0", "--warmup", "4"]) == 2  # nothing left to count
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert (
+        res["mode"] == "next-edit" and res["settings"]["cases"] == 3 and res["settings"]["approaches"] == ["surprise"]
+    )
+    r = res["results"]
+    assert list(r) == ["fill", "surprise", "propagate"]
+    for k, v in r.items():
+        assert v["n"] == 3 and 0 < v["p50_ms"] <= v["p95_ms"], k
+    assert r["surprise"]["p95_vs_fill"] == round(r["surprise"]["p95_ms"] / r["fill"]["p95_ms"], 2)
+    printed = capsys.readouterr()
+    assert "| surprise | 3 |" in printed.out and "unknown next-edit approach guess" in printed.err

@@ -8,7 +8,8 @@ For fills of 16/32/64 slots at a 512-token canvas (prefix + slots + suffix, as t
 and a batch of 4 concurrent jobs through the service against the same 4 jobs one at a time.
 `--incremental` measures per-keystroke cost instead: full recompute vs context reuse on typed
 keystrokes (dlm_lsp/measure/bench_incremental.py); `--cold-start` a new server's way to its first
-fill, with and without the engine started with the process (dlm_lsp/measure/bench_cold.py).
+fill, with and without the engine started with the process (dlm_lsp/measure/bench_cold.py);
+`--next-edit` next edits beside fills at the same cursors (dlm_lsp/measure/bench_edit.py).
 Ratios are measured in the same run, side by side, because this machine's CPU is shared. Prints a
 table; --json writes the numbers and the settings.
 """
@@ -84,6 +85,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys", type=int, default=32, help="--incremental: keystrokes typed (default 32; 8 with --quick)")
     p.add_argument("--file", default=None, help="--incremental: the file typed into (default: a held-out file)")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON to this path")
+    from dlm_lsp.measure.bench_edit import add_bench_edit_args
+
+    add_bench_edit_args(p)
 
 
 # ---------------------------------------------------------------- inputs
@@ -301,6 +305,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
         try:
             return run_cold_start(args, model_path)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+    if args.next_edit:
+        from dlm_lsp.measure.bench_edit import run_bench_edit
+
+        try:
+            return run_bench_edit(args, model_path)
         finally:
             if tmp is not None:
                 tmp.cleanup()
