@@ -71,6 +71,30 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default=d.kd_weight,
         help="--distill: weight of the soft targets' cross-entropy on their rows (the hard target's gets 1 - it)",
     )
+    p.add_argument(
+        "--edit-data",
+        default=None,
+        metavar="DIR[,DIR...]",
+        help="folders of next-edit cases (dlm-lsp corpus --edits, synthetic edits): every *.jsonl in them, its cases "
+        'with side "train" only (never "heldout" or "heldout_packages")',
+    )
+    p.add_argument(
+        "--edit-share",
+        type=float,
+        default=d.edit_share,
+        help="share of the examples that are next-edit canvases from --edit-data (0: off)",
+    )
+    p.add_argument(
+        "--edit-layouts",
+        default=d.edit_layouts,
+        help='the edit canvases\' layouts and their shares: "window,surprise" (equal) or "window:3,surprise:1"',
+    )
+    p.add_argument(
+        "--correct-share",
+        type=float,
+        default=d.correct_share,
+        help="share of the examples with some visible tokens made wrong, every visible token a target (0: off)",
+    )
     p.add_argument("--val-examples", type=int, default=d.val_examples, help="held-out infill examples per validation")
     p.add_argument(
         "--objective",

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from engine.tokenizer import BOS, EOS, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, PAD, TextTokenizer, train_bpe
+from engine.tokenizer import BOS, EOS, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, PAD, SPECIALS, TextTokenizer, train_bpe
 from engine.train import corpus, reorder
 from engine.train.objective import Example, SpecialIds, collate, infill_example, mdlm_example, multi_infill_example
 from engine.weights.checkpoint import save_checkpoint
@@ -91,6 +91,13 @@ class TrainArgs:
     distill: str | None = None
     kd_share: float = 0.25
     kd_weight: float = 0.5
+    # next edits (engine/train/edit_objective.py): folders of edit cases, comma-separated (their "train"
+    # side only), the share of examples that are edit canvases, the layouts' shares among them, and the
+    # share of examples whose visible tokens are partly corrupted (C); 0: today's batches, bit for bit
+    edit_data: str | None = None
+    edit_share: float = 0.0
+    edit_layouts: str = "window,surprise"
+    correct_share: float = 0.0
     tokenizer_mb: float = 40.0  # text sample the tokenizer is trained on (whole files, spread over the corpus)
     vocab: int = 8192
     dim: int = 192
@@ -168,6 +175,48 @@ class Batches:
             if args.objective != "diffusion":
                 raise SystemExit(f"--distill trains a diffusion student; --objective {args.objective} is not one")
             self.targets = load_targets(args.distill, tok)
+        self.edit_cases: list[tuple[Path, dict]] = []
+        self.edit_layouts: dict[str, float] = {}
+        if (args.edit_share or args.correct_share) and args.objective != "diffusion":
+            raise SystemExit(
+                f"--edit-share and --correct-share train diffusion canvases, not --objective {args.objective}"
+            )
+        if args.edit_share:
+            from engine.train.edit_objective import load_edit_cases, parse_layouts
+
+            if not args.edit_data:
+                raise SystemExit("--edit-share needs --edit-data: folders of edit cases (dlm-lsp corpus --edits)")
+            try:
+                self.edit_layouts = parse_layouts(args.edit_layouts)
+                self.edit_cases = load_edit_cases([d for d in args.edit_data.split(",") if d])
+            except ValueError as e:
+                raise SystemExit(f"--edit-data / --edit-layouts: {e}") from None
+            if not self.edit_cases:
+                raise SystemExit(f'--edit-data {args.edit_data}: no case with side "train" in its *.jsonl files')
+        if args.correct_share:
+            from engine.train.edit_objective import window_pick
+
+            self.special = {i for i in (tok.token_id(t) for t in SPECIALS) if i is not None}
+            self.pick = window_pick(tok, self.special)
+
+    def edit_example(self) -> Example | None:
+        """An edit canvas of a random case in a layout drawn by its share; a case whose edits do not
+        apply to its file is dropped."""
+        from engine.train.edit_objective import case_example
+
+        k = self.rng.randrange(len(self.edit_cases))
+        layout = self.rng.choices(list(self.edit_layouts), weights=list(self.edit_layouts.values()))[0]
+        folder, case = self.edit_cases[k]
+        try:
+            return case_example(
+                folder, case, self.tok, self.args.seq_len, self.ids, self.rng, layout, self.args.infill_ordered
+            )
+        except ValueError as e:
+            print(f"edit case {case.get('id', k)} dropped: {e}", file=sys.stderr, flush=True)
+            self.edit_cases.pop(k)
+            if not self.edit_cases:
+                raise SystemExit("--edit-data: no edit case applies to its file") from None
+            return None
 
     def example(self) -> Example:
         a = self.args
@@ -195,6 +244,8 @@ class Batches:
                     )
                 else:
                     ex = reorder.window_example(self.stream, a.seq_len, self.ids, self.rng, ar_weight=a.reorder_ar)
+            elif a.edit_share and self.rng.random() < a.edit_share:  # no draw at 0: the old batches
+                ex = self.edit_example()
             elif self.rng.random() < a.infill_share:
                 text = self.rng.choices(self.texts, cum_weights=self.cum_weights)[0]
                 if a.holes > 1:
@@ -209,6 +260,10 @@ class Batches:
                 ex = kd_example(self.targets, self.ids.mask, self.rng)
             else:
                 ex = mdlm_example(self.stream, a.seq_len, self.ids, self.rng)
+            if ex is not None and a.correct_share and ex.soft is None and self.rng.random() < a.correct_share:
+                from engine.train.edit_objective import CORRUPT_TOKENS, corrupt_visible
+
+                ex = corrupt_visible(ex, self.rng, CORRUPT_TOKENS, self.pick, self.special)
             if ex is not None:
                 return ex
 
@@ -234,6 +289,23 @@ class _BatchSource(torch.utils.data.IterableDataset[Batch]):
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         while True:
             yield self.data.batch(self.n)
+
+
+def held_out_args(args: TrainArgs) -> TrainArgs:
+    """The held-out batches' arguments: server-shaped infill, one hole a window, without the AR twin's
+    whole-document loss, distillation or the edit objectives, so runs with and without them compare."""
+    return TrainArgs(
+        **{
+            **asdict(args),
+            "infill_share": 1.0,
+            "holes": 1,
+            "ar_loss": "middle",
+            "reorder_ar": 0.0,
+            "distill": None,
+            "edit_share": 0.0,
+            "correct_share": 0.0,
+        }
+    )
 
 
 def batch_stream(data: Batches, n: int, workers: int, seed: int, pin: bool = False) -> Iterator[Batch]:
@@ -543,12 +615,15 @@ def train(args: TrainArgs) -> Path:
         load_optimizer(opt, model, opt_state)
         print(f"optimizer state restored from {opt_state}: no re-warm-up", flush=True)
     data = Batches(texts, tok, args, seed=args.seed + step0)
+    if data.edit_cases:
+        print(
+            f"edit data: {len(data.edit_cases)} train cases, {args.edit_share:.0%} of the examples "
+            f"({', '.join(f'{k} {v:.0%}' for k, v in data.edit_layouts.items())})",
+            flush=True,
+        )
     batches = batch_stream(data, args.batch, args.workers, args.seed + step0, pin=device.type == "cuda")
     # fixed held-out infill examples: the same holes and masks at every evaluation
-    vargs = TrainArgs(
-        **{**asdict(args), "infill_share": 1.0, "holes": 1, "ar_loss": "middle", "reorder_ar": 0.0, "distill": None}
-    )  # server-shaped: one hole a window
-    val = Batches(held_texts or texts[:5], tok, vargs, seed=12345)
+    val = Batches(held_texts or texts[:5], tok, held_out_args(args), seed=12345)
     val_batches = [val.batch(min(16, args.val_examples)) for _ in range(max(1, args.val_examples // 16))]
 
     log = (out / "train_log.jsonl").open("a")
@@ -594,6 +669,8 @@ def train(args: TrainArgs) -> Path:
         state = {"step": step, "hours": hours_now(), "tokens": tokens, "val_loss": vl, "args": asdict(args)}
         if anneal_from is not None:
             state["anneal_from"] = anneal_from
+        if data.edit_cases:
+            state["edit_cases"] = len(data.edit_cases)
         ema_model = Transformer(cfg)
         ema_model.load_state_dict({k: v.cpu() for k, v in ema.items()})
         save_checkpoint(out / "last", ema_model, tok, state)
