@@ -1,21 +1,29 @@
-"""Synthetic next-edit cases (engine/train/synth_edits.py, synth_kinds.py, synth_source.py), on tiny
-sources written here: each kind's cases, replayed, give the fully edited file worked out here
-independently (a whole-function rename with tokenize, or the file written out by hand); strings and
-comments stay; the reach and hunk limits; noise; one seed, one set of cases."""
+"""Synthetic next-edit cases (engine/train/synth_edits.py, synth_kinds.py, synth_source.py) and their
+builder (`dlm-lsp corpus --synthetic-edits`, engine/train/edit_data.py), on tiny sources written here:
+each kind's cases, replayed, give the fully edited file worked out here independently (a whole-function
+rename with tokenize, or the file written out by hand); strings and comments stay; the reach and hunk
+limits; noise; only the train side of a fake corpus; one seed, one data set."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import builtins
 import io
+import json
 import keyword
 import random
 import re
 import tokenize
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from engine.train.edit_pairs import MAX_HUNK_LINES, REACH, apply_edits
+from engine.train import corpus
+from engine.train.corpus_cli import add_corpus_args, run_corpus
+from engine.train.edit_data import build_synthetic
+from engine.train.edit_pairs import MAX_HUNK_LINES, REACH, apply_edits, load_case
 from engine.train.synth_edits import NOISE_SHARE, intent_case, synthetic_cases
 from engine.train.synth_kinds import INTENTS, Intent, new_name
 from engine.train.synth_source import MAX_CHARS, read_source
@@ -325,3 +333,82 @@ def test_synthetic_cases_are_deterministic_for_a_seed():
     assert a == synthetic_cases(src, random.Random(7))
     assert {c["kind"] for c in a} == {"rename", "add_param", "type_hint", "quote_style", "typing_builtin"}
     assert len({c["tag"] for c in a}) == len(a)
+
+
+# ---------------------------------------------------------------------- the builder
+
+TRAIN = {"alpha:pkg/shapes.py": RENAME, "alpha:pkg/area.py": ADD_PARAM + TYPE_HINT, "beta:b.py": QUOTES + TYPING}
+SNEAKY = "alpha:pkg/m3.py"  # listed as train, but corpus.is_heldout takes it
+
+
+def _corpus(root: Path) -> Path:
+    """A corpus folder as `dlm-lsp corpus` writes it (corpus.json, files/<package>/<path>): three train
+    files, a held-out file, a held-out package's file, and two keys listed as train that are held out."""
+    assert corpus.is_heldout(SNEAKY) and not any(map(corpus.is_heldout, TRAIN))
+    files = {**TRAIN, "alpha:pkg/held.py": RENAME, "secret:s.py": RENAME, "secret:t.py": RENAME, SNEAKY: RENAME}
+    for key, text in files.items():
+        label, rel = key.split(":", 1)
+        (root / "files" / label / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "files" / label / rel).write_text(text)
+    meta = {
+        "packages": [{"name": "alpha", "heldout": False}, {"name": "beta"}, {"name": "Secret", "heldout": True}],
+        "train": [*TRAIN, SNEAKY, "secret:t.py"],
+        "heldout": ["alpha:pkg/held.py"],
+        "heldout_packages": ["secret:s.py"],
+    }
+    (root / "corpus.json").write_text(json.dumps(meta))
+    return root
+
+
+def _read(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "synthetic.jsonl").read_text().splitlines()]
+
+
+def test_builder_writes_train_cases_only_and_load_case_reads_each(tmp_path):
+    out = tmp_path / "out"
+    s = build_synthetic(out, _corpus(tmp_path / "corpus"), seed=1, log=lambda m: None)
+    cases = _read(out)
+    assert {f"{c['package']}:{c['path']}" for c in cases} == set(TRAIN)
+    assert s["files"] == {"train": 5, "skipped_heldout": 2, "with_cases": 3}
+    assert (
+        not (out / "files" / "synthetic" / "secret").exists()
+        and not (out / "files" / "synthetic" / "alpha" / "m3.py").exists()
+    )
+    for c in cases:
+        assert c["side"] == "train" and c["file"] == f"files/synthetic/{c['package']}/{c['path']}"
+        assert (out / c["file"]).read_text() == TRAIN[f"{c['package']}:{c['path']}"]
+        doc, after = load_case(out, c)
+        ast.parse(doc), ast.parse(after)
+        assert (c["truth"] is None) == (c["category"] == "noise") and (after == doc) == (c["truth"] is None)
+    counted = Counter((c["kind"], c["category"]) for c in cases)
+    assert {(k, cat): n for k, v in s["kinds"].items() for cat, n in v.items()} == counted
+    assert {k for k, _ in counted} == {"rename", "add_param", "type_hint", "quote_style", "typing_builtin"}
+    assert s["counts"]["total"] == dict(sorted(Counter(c["category"] for c in cases).items()))
+    assert json.loads((out / "synthetic.json").read_text()) == s
+
+
+def test_builder_is_deterministic_for_a_seed_and_capped_per_package(tmp_path):
+    src = _corpus(tmp_path / "corpus")
+    runs = {}
+    for name, seed in [("a", 5), ("b", 5), ("c", 6)]:
+        build_synthetic(tmp_path / name, src, seed=seed, log=lambda m: None)
+        runs[name] = [(tmp_path / name / f).read_bytes() for f in ("synthetic.jsonl", "synthetic.json")]
+    assert runs["a"] == runs["b"]
+    assert runs["a"][0] != runs["c"][0]
+    build_synthetic(tmp_path / "a", src, seed=5, log=lambda m: None)  # again into the same folder
+    assert (tmp_path / "a" / "synthetic.jsonl").read_bytes() == runs["a"][0]
+    build_synthetic(tmp_path / "cap", src, seed=5, per_package=2, per_package_noise=0, log=lambda m: None)
+    per = Counter(c["package"] for c in _read(tmp_path / "cap"))
+    assert per == {"alpha": 2, "beta": 2} and all(c["truth"] for c in _read(tmp_path / "cap"))
+
+
+def test_cli_flag_builds_synthetic_edits(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    add_corpus_args(p)
+    src = _corpus(tmp_path / "corpus")
+    args = p.parse_args(["--synthetic-edits", str(tmp_path / "out"), "--from", str(src), "--seed", "3"])
+    assert run_corpus(args) == 0
+    assert "synthetic.jsonl" in capsys.readouterr().out and _read(tmp_path / "out")
+    args = p.parse_args(["--synthetic-edits", str(tmp_path / "out2"), "--from", str(tmp_path / "none")])
+    assert run_corpus(args) == 2
+    assert "corpus.json not found" in capsys.readouterr().err

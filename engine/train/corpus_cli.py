@@ -1,5 +1,6 @@
 """`dlm-lsp corpus`: the command's arguments and its run (the corpus, engine/train/corpus_build.py; with
---edits, next-edit cases from release pairs, engine/train/edit_pairs.py)."""
+--edits, next-edit cases from release pairs, engine/train/edit_pairs.py; with --synthetic-edits,
+next-edit cases made from a built corpus's training files, engine/train/edit_data.py)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,27 @@ def add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--edit-pairs", type=int, default=1, help="with --edits: release pairs a package, walking back from its pin"
     )
+    p.add_argument(
+        "--synthetic-edits",
+        metavar="OUT_DIR",
+        default=None,
+        help="build synthetic next-edit cases from the train files of a built corpus into OUT_DIR instead (engine/train/edit_data.py)",
+    )
+    p.add_argument(
+        "--from",
+        dest="from_corpus",
+        metavar="CORPUS_DIR",
+        default=None,
+        help="with --synthetic-edits: the corpus `dlm-lsp corpus` built (default: --out)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="with --synthetic-edits: one seed, one data set")
 
 
 def run_corpus(args: argparse.Namespace) -> int:
+    if args.synthetic_edits:
+        from engine.train.edit_data import run_synthetic
+
+        return run_synthetic(args)
     if args.edits:
         from engine.train.edit_pairs import run_edits  # it imports this module
 
