@@ -5,12 +5,13 @@ propagation baseline.
 
 import random
 
+from dlm_lsp.fill import suggest
 from dlm_lsp.fill.history import Edit, EditHistory
 from dlm_lsp.fill.nextedit import (
     apply_edits,
-    is_reversal,
     comments_of,
     in_spans,
+    is_reversal,
     is_whitespace_only,
     line_edits,
     next_run,
@@ -21,7 +22,6 @@ from dlm_lsp.fill.nextedit import (
     substitutions,
     window_lines,
 )
-from dlm_lsp.fill import suggest
 
 LINES = "".join(f"line{i}\n" for i in range(20))  # "line0\n" ... "line19\n", 6 or 7 characters each
 
@@ -285,9 +285,9 @@ def test_next_run_leaves_windows_of_other_line_counts_whole():
 
 
 def test_strings_and_comments_are_not_code():
-    text = 'x = "a#b" # c\ny = \'\'\'doc\nmore\'\'\' + s # t\nz = "open\nw = 1'
+    text = "x = \"a#b\" # c\ny = '''doc\nmore''' + s # t\nz = \"open\nw = 1"
     spans = noncode_spans(text, comments_of("python"))
-    assert [text[a:b] for a, b in spans] == ['"a#b"', "# c", "\'\'\'doc\nmore\'\'\'", "# t", '"open']
+    assert [text[a:b] for a, b in spans] == ['"a#b"', "# c", "'''doc\nmore'''", "# t", '"open']
     assert not in_spans(spans, text.index("s #")) and in_spans(spans, text.index("more"))
     c = 'a = "x\\"y" // c\nb = 1 /* d\n e */ + 2 # not a comment in C'
     assert [c[a:b] for a, b in noncode_spans(c, comments_of("typescript"))] == ['"x\\"y"', "// c", "/* d\n e */"]
