@@ -21,6 +21,11 @@ let lastStatus: EngineStatus | ClientState = 'stopped';
 let secrets: vscode.SecretStorage | undefined;
 let nextEdits: NextEditUI | undefined;
 let selector: vscode.DocumentSelector | undefined;
+// The open documents VS Code has asked ghost text for (the middleware sees every ask), and the
+// pending fallback ask of a keystroke VS Code let pass without one (see typedWithoutAsk).
+const asked = new Set<string>();
+let fallback: ReturnType<typeof setTimeout> | undefined;
+const FALLBACK_ASK_MS = 1000;
 
 const config = () => vscode.workspace.getConfiguration('dlm');
 const enabled = () => config().get<boolean>('enable', true);
@@ -75,6 +80,7 @@ async function start(): Promise<void> {
       // Returning without calling next() sends no request, so "off" costs the server nothing.
       // A fill shown as ghost text holds off next edits for that version (the completion wins).
       provideInlineCompletionItems: async (document, position, context, token, next) => {
+        asked.add(document.uri.toString());
         if (!enabled()) return null;
         const result = await next(document, position, context, token);
         const items = Array.isArray(result) ? result : result?.items;
@@ -115,6 +121,29 @@ async function start(): Promise<void> {
     showStatus('stopped');
     void vscode.window.showErrorMessage(`dlm-lsp failed to start: ${e instanceof Error ? e.message : e}. See "DLM: Show Log".`);
   }
+}
+
+/** A keystroke in the active editor: VS Code asks for ghost text after it on its own, but code-server
+ * 1.139 sometimes never asks in an editor opened when the server was already ready (seen in the
+ * end-to-end suite: didChange, then no textDocument/inlineCompletion for 90 s). Until VS Code has
+ * asked once for the document, a keystroke it lets pass for FALLBACK_ASK_MS is asked for here. Once
+ * it has, it is trusted: it does not ask after Escape or an accepted fill, on purpose. */
+function typedWithoutAsk(e: vscode.TextDocumentChangeEvent): void {
+  const editor = vscode.window.activeTextEditor;
+  // a keystroke: one change of at most one character (not an accepted fill, a paste or an edit applied)
+  if (e.contentChanges.length !== 1 || e.contentChanges[0].text.length > 1) return;
+  if (!editor || editor.document !== e.document || !selector) return;
+  if (!enabled() || asked.has(e.document.uri.toString()) || !vscode.languages.match(selector, e.document)) return;
+  if (fallback !== undefined) clearTimeout(fallback);
+  const uri = e.document.uri.toString();
+  const version = e.document.version;
+  fallback = setTimeout(() => {
+    fallback = undefined;
+    const now = vscode.window.activeTextEditor?.document;
+    if (!now || now.uri.toString() !== uri || now.version !== version) return; // typed on: that asks
+    if (asked.has(uri)) return; // VS Code asks for this document itself
+    void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
+  }, FALLBACK_ASK_MS);
 }
 
 /** Asks for ghost text at the cursor once the model is ready: requests made while it loaded were
@@ -189,6 +218,8 @@ export function activate(context: vscode.ExtensionContext): void {
     statusItem,
     nextEdits,
     vscode.workspace.onDidGrantWorkspaceTrust(() => restart()), // the workspace's .venv may now be used
+    vscode.workspace.onDidChangeTextDocument(typedWithoutAsk),
+    vscode.workspace.onDidCloseTextDocument((d) => asked.delete(d.uri.toString())),
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (!e.affectsConfiguration('dlm')) return;
       // The launch command and the document selector are fixed for a client's lifetime; the server

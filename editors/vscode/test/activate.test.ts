@@ -32,6 +32,7 @@ const vscode = new Proxy(
       getConfiguration: () => ({ get: (k: string, d: unknown) => settings[k] ?? d, inspect: () => undefined, update: async () => {} }),
       onDidChangeConfiguration: () => disposable,
       onDidChangeTextDocument: () => disposable,
+      onDidCloseTextDocument: () => disposable,
     },
     commands: {
       registerCommand: (id: string, fn: Fn) => (calls.commands.set(id, fn), disposable),
