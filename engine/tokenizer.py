@@ -173,7 +173,7 @@ class TextTokenizer:
             return list(old_ids)
         if not self.edit_ok:
             return self.encode(text)
-        b = _boundary(text, _common_prefix(old_text, text))
+        b = _boundary(text, common_prefix(old_text, text))
         if b is None:
             return self.encode(text)
         nbytes = len(text[:b].encode("utf-8"))
@@ -250,7 +250,7 @@ def _no_lone_surrogates(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
     """Length of the longest common prefix of a and b (slice compares: C speed, log n of them)."""
     lo, hi = 0, min(len(a), len(b))
     if a[:hi] == b[:hi]:

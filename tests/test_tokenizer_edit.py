@@ -96,8 +96,8 @@ def test_typing_a_line_tokenizes_only_that_line(tok):
 
 
 def test_boundary_and_common_prefix():
-    assert tk._common_prefix("abcdef", "abcxyz") == 3 and tk._common_prefix("abc", "abc") == 3
-    assert tk._common_prefix("", "a") == 0 and tk._common_prefix("ab", "abc") == 2
+    assert tk.common_prefix("abcdef", "abcxyz") == 3 and tk.common_prefix("abc", "abc") == 3
+    assert tk.common_prefix("", "a") == 0 and tk.common_prefix("ab", "abc") == 2
     text = "a = 1\n    b = 2\n"
     assert tk._boundary(text, len(text)) == 9  # the indent's last space, before "b"
     assert tk._boundary(text, 10) is None  # "b" itself must be in the common part: then only line 1 is left

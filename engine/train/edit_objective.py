@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.api import EditJob
-from engine.tokenizer import TextTokenizer
+from engine.tokenizer import TextTokenizer, common_prefix
 from engine.train.edit_pairs import load_case
 from engine.train.objective import Example, SpecialIds
 
@@ -98,21 +98,9 @@ def truth_span(doc: str, after: str) -> tuple[int, int, int] | None:
     head and tail left out), or None when they are equal."""
     if doc == after:
         return None
-    head = _common_head(doc, after)
-    tail = _common_head(doc[head:][::-1], after[head:][::-1])
+    head = common_prefix(doc, after)
+    tail = common_prefix(doc[head:][::-1], after[head:][::-1])
     return head, len(doc) - head - tail, len(after) - head - tail
-
-
-def _common_head(a: str, b: str) -> int:
-    """The length of the longest common head of a and b (slice compares: C speed, log n of them)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # a[:lo] == b[:lo]; the head is at most hi
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def edit_window(doc: str, cursor: int, truth: tuple[int, int] | None) -> tuple[int, int]:
