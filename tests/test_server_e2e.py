@@ -19,6 +19,7 @@ from tests.lsp_helpers import (
     FAKE_SERVER,
     REAL_SERVER,
     REPO,
+    TEST_BUDGET_MS,
     inline,
     inline_params,
     insert,
@@ -382,6 +383,9 @@ async def test_bad_options_warn_and_fall_back():
             msgs.append(await c.wait_notification("window/showMessage", lambda p, k=key: k in p["message"], timeout=5))
         assert all(m["type"] == 2 for m in msgs)  # Warning
         assert "using 300" in msgs[0]["message"]
+        # the fallen-back defaults (languages, maxFillTokens) still fill; the budget is raised through
+        # settings so that a slow machine's first fill is not cut by the 300 ms default (issue 44)
+        c.notify("workspace/didChangeConfiguration", {"settings": {"dlm": {"budgetMs": TEST_BUDGET_MS}}})
         open_doc(c, URI, SRC)
         assert len(await inline(c, URI, LINE, COL)) == 1
 
