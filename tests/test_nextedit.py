@@ -9,6 +9,7 @@ from dlm_lsp.fill import suggest
 from dlm_lsp.fill.history import Edit, EditHistory
 from dlm_lsp.fill.nextedit import (
     apply_edits,
+    carried,
     comments_of,
     in_spans,
     is_reversal,
@@ -17,8 +18,6 @@ from dlm_lsp.fill.nextedit import (
     next_run,
     noncode_spans,
     propagate,
-    rename_edits,
-    renames,
     substitutions,
     window_lines,
 )
@@ -237,11 +236,36 @@ def test_substitutions_without_repeats_oldest_first():
     assert substitutions([a, b, a]) == [("foo", "bar"), ("Dict", "dict")]
 
 
-def test_renames_compose_and_cancel():
+def test_carried_substitutions_compose_and_cancel():
     # the b's may be a's the user renamed by hand: both go to the last name
-    assert renames([edit("a", "b", "f(", ")"), edit("b", "c", "f(", ")")]) == {"a": "c", "b": "c"}
-    assert renames([edit("foo", "bar", "f(", ")"), edit("bar", "foo", "f(", ")")]) == {}
-    assert renames([edit("", ": int", "f(x", ")")]) == {}  # not an identifier rename
+    rules = carried([edit("a", "b", "f(", ")"), edit("b", "c", "f(", ")")])
+    assert {k: c.new for k, c in rules.items()} == {"a": "c", "b": "c"}
+    assert carried([edit("foo", "bar", "f(", ")"), edit("bar", "foo", "f(", ")")]) == {}
+    assert carried([edit("", ": int", "f(x", ")")]) == {}  # an insertion says what was added, not a rename
+
+
+def test_carried_substitutions_name_something():
+    def olds(*edits):
+        return {k: c.new for k, c in carried(list(edits), ("#",)).items()}
+
+    assert olds(edit("typing.L", "l", "x: ", "ist[int] = []")) == {"typing.List": "list"}
+    assert olds(edit('"en_us"', "DEFAULT_LOCALE", "def f(locale: str = ", "):")) == {'"en_us"': "DEFAULT_LOCALE"}
+    call = edit("fb.get_invocation_str()", "invocation_str", "fb.body = 'x' % ", "")
+    assert olds(call) == {"fb.get_invocation_str()": "invocation_str"}
+    assert olds(edit("None", "bool", "def f() -> ", ":")) == {}  # a keyword: every None is not this one
+    assert olds(edit("if x >", "y =", "    ", " 1")) == {}
+    assert olds(edit("0", "1", "lower = ", "")) == {}  # a number names nothing
+    assert olds(edit("(a, b)", "(a,\n b)", "f", "")) == {}  # across lines: a rewrite, not a substitution
+
+
+def test_a_word_changed_in_strings_carries_once_the_user_repeated_it():
+    one = edit("A", "An", '    """', " IP address field.")
+    two = edit("A", "An", '    """', " IPv4 address field.")
+    window = '    """A IPv6 address field."""\n    A = 1\n'
+    noncode = noncode_spans(window, ("#",))
+    assert propagate([one], window, noncode=noncode, comments=("#",)) is None
+    got = propagate([one, two], window, noncode=noncode, comments=("#",))
+    assert got == '    """An IPv6 address field."""\n    A = 1\n'  # in the docstring, not in code
 
 
 # ----------------------------------------------------------------------------- propagate
@@ -253,10 +277,30 @@ def test_propagate_renames_whole_words_only():
     assert propagate([e], window) == ("    bar = bar + 1\n    foobar(bar.x, _foo, foo_)\n    return bar\n")
 
 
-def test_propagate_a_type_hint_rename():
-    e = edit("D", "d", "def f(x: ", "ict[str, int]):")
-    window = "def g(y: Dict[str, Dict]) -> Dict:\n    return Dictionary(y)\n"
-    assert propagate([e], window) == "def g(y: dict[str, dict]) -> dict:\n    return Dictionary(y)\n"
+def test_propagate_carries_a_use_to_uses_in_the_same_role():
+    # `int` changed in a return annotation: the next return annotation follows, a call does not
+    e = edit("int", "Any", "    def f(self) -> ", ":")
+    window = "        return int(x)\n    def g(self) -> int:\n        n: Optional[int] = 1\n"
+    assert propagate([e], window) == "        return int(x)\n    def g(self) -> Any:\n        n: Optional[int] = 1\n"
+    # the token before or the one after matching is enough: `Dict[` after `: ` and after `-> `
+    d = edit("D", "d", "def f(x: ", "ict[str, int]):")
+    hints = "def g(y: Dict[str, Dict]) -> Dict[str, int]:\n    return Dictionary(y)\n"
+    assert propagate([d], hints) == "def g(y: dict[str, Dict]) -> dict[str, int]:\n    return Dictionary(y)\n"
+
+
+def test_propagate_carries_a_definition_to_every_use():
+    window = "    total = _table[0] + len(_table)\n    return f(_table)\n"
+    assigned = edit("_", "", "    ", "table = load()")  # the assignment's target renamed
+    assert propagate([assigned], window) == window.replace("_table", "table")
+    parameter = edit("proxies", "proxy", "        self, ", ": Proxy = None,")  # an annotated parameter
+    assert propagate([parameter], "    if proxies is None:\n") == "    if proxy is None:\n"
+    method = edit("enter", "_enter", "    def ", "(path, key):")
+    assert propagate([method], "    remap(root, enter=enter)\n") == "    remap(root, _enter=_enter)\n"
+    # a sequence, not a name: carried in its role only
+    call = edit("typing.List", "list", "    x: ", "[int] = []")
+    assert propagate([call], "    y = typing.List(z)\n    w: typing.List[str]\n") == (
+        "    y = typing.List(z)\n    w: list[str]\n"
+    )
 
 
 def test_propagate_gives_none_when_nothing_changes():
@@ -306,11 +350,10 @@ def test_an_edit_inside_a_string_or_a_rewritten_line_is_no_rename():
     in_comment = edit("foo", "bar", "x = 1  # see ", "")
     rewrite = edit("ProxiesTypes = Union[URL, str, Dict]", "CertTypes = Tuple[str, str]", "", "")
     rename = edit("timer", "start", "def f(", ": float):")
-    kept = rename_edits([in_string, in_comment, rewrite, rename], ("#",))
-    assert kept == [rename]
+    assert set(carried([in_string, in_comment, rewrite, rename], ("#",))) == {"timer"}
     assert propagate([in_string, in_comment, rewrite], 'x = form["general"] + foo\n', comments=("#",)) is None
     # the comment opener matters: in C-like code "#" opens no comment
-    assert rename_edits([in_comment], comments_of("go")) == [in_comment]
+    assert set(carried([in_comment], comments_of("go"))) == {"foo"}
 
 
 def test_the_request_reads_strings_opened_above_the_window():

@@ -6,16 +6,19 @@ region is computed). Whatever proposes the rewrite (the model, or `propagate` wi
 text for the whole window; `line_edits` turns old and new window into the few replacements an editor
 shows; the gate refuses a rewrite that changes only whitespace (`is_whitespace_only`) or takes back
 the user's last edit (`is_reversal`). `substitutions` reads the recent edits (history.Edit, each with
-its line as context) as token substitutions, `Dict` -> `dict`, `foo` -> `bar`; `propagate` applies
-the identifier ones to the window's other occurrences, the baseline a model has to beat.
+its line as context) as token substitutions, `Dict` -> `dict`, `foo` -> `bar`; `propagate` carries
+the ones that name something (`carried`) to the window's other occurrences in the same role, the
+suggestion made without a model (docs/research/44-s31-propagate-roles.md).
 """
 
 from __future__ import annotations
 
 import bisect
 import difflib
+import keyword
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from dlm_lsp.fill.history import Edit
 
@@ -25,6 +28,13 @@ _IDENTIFIER = re.compile(r"[^\W\d]\w*")
 
 REVERSAL_SIMILARITY = 0.8  # how close to the text the user replaced a rewrite must come to be an undo
 MAX_RENAME_PAIRS = 2  # an edit making more token substitutions rewrote its line: no rename read from it
+MIN_TEXT_REPEATS = 2  # a word changed inside strings or comments is carried once the user changed it this often
+# words that stand in code for everything at once (Python's keywords and the C family's common ones):
+# a substitution holding one is a rewrite of its place, not something to carry
+KEYWORDS = frozenset(keyword.kwlist) | {
+    *("true", "false", "null", "nil", "undefined", "this", "void", "var", "let", "const", "function"),
+    *("new", "delete", "switch", "case", "default", "do", "goto", "typeof", "instanceof", "throw", "catch"),
+}
 
 
 # ----------------------------------------------------------------------------- the window
@@ -187,6 +197,13 @@ def substitutions(edits: Sequence[Edit]) -> list[tuple[str, str]]:
 
 
 def _token_changes(old_line: str, new_line: str) -> list[tuple[str, str]]:
+    return [(old, new) for old, new, *_ in _runs(old_line, new_line)]
+
+
+def _runs(old_line: str, new_line: str) -> list[tuple[str, str, bool, int, int]]:
+    """The changed runs of whole tokens, (old, new, anchored, start, end): `anchored` when the run was
+    only inserted or only deleted and is paired with the token before it; [start, end) is the old
+    text's place in old_line."""
     old_toks, new_toks = list(_TOKEN.finditer(old_line)), list(_TOKEN.finditer(new_line))
     matcher = difflib.SequenceMatcher(
         None, [m.group() for m in old_toks], [m.group() for m in new_toks], autojunk=False
@@ -195,33 +212,16 @@ def _token_changes(old_line: str, new_line: str) -> list[tuple[str, str]]:
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
-        if tag != "replace":  # an insertion or a deletion: anchor it on the token before
+        anchored = tag != "replace"
+        if anchored:  # an insertion or a deletion: anchor it on the token before
             if i1 == 0 or j1 == 0:
                 continue
             i1, j1 = i1 - 1, j1 - 1
-        old = old_line[old_toks[i1].start() : old_toks[i2 - 1].end()]
-        new = new_line[new_toks[j1].start() : new_toks[j2 - 1].end()]
+        start, end = old_toks[i1].start(), old_toks[i2 - 1].end()
+        old, new = old_line[start:end], new_line[new_toks[j1].start() : new_toks[j2 - 1].end()]
         if old != new and not is_whitespace_only(old, new):
-            out.append((old, new))
+            out.append((old, new, anchored, start, end))
     return out
-
-
-def renames(edits: Sequence[Edit]) -> dict[str, str]:
-    """The identifier renames the edits made, old -> new, composed in order: a rename of a rename
-    takes both names to the last (`a` -> `b`, `b` -> `c`: `a` -> `c` and `b` -> `c`), and a rename the user took back
-    (`a` -> `b`, then `b` -> `a`) cancels out."""
-    names: dict[str, str] = {}
-    for old, new in substitutions(edits):
-        if not (_IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new)):
-            continue
-        if names.get(new) == old:
-            del names[new]
-            continue
-        for k, v in list(names.items()):
-            if v == old:
-                names[k] = new
-        names[old] = new
-    return {k: v for k, v in names.items() if k != v}
 
 
 def propagate(
@@ -231,44 +231,158 @@ def propagate(
     noncode: Sequence[tuple[int, int]] = (),
     comments: Sequence[str] = (),
 ) -> str | None:
-    """`window` with the edits' identifier renames applied to the next run of lines that hold them,
-    or None when that changes nothing: the suggestion made without a model.
+    """`window` with the edits' substitutions (`carried`) applied to the next run of lines that hold
+    them, or None when that changes nothing: the suggestion made without a model.
 
-    The renames are those of `renames`, taken from the edits that read as a rename (`rename_edits`:
-    made in code, not in a string or a comment, and not a rewrite of the line). They apply to every
-    whole-word occurrence (`foo` in `foo.x`, not in `foobar`) outside the window's `noncode` spans
-    (strings and comments, window offsets: `noncode_spans`), all at once; of the lines that changes,
-    the suggestion keeps one run of consecutive lines, the first at or after the `cursor`'s line
-    (window offset; None: the window's start), else the last one above it: one suggestion is the next
-    edit, and the editor asks again once it is taken, as the user moves through the occurrences."""
-    names = renames(rename_edits(edits, comments))
-    if not names:
+    A substitution applies where its old text stands as the user's edit found it: whole tokens (`foo`
+    in `foo.x`, not in `foobar`), in code for a code substitution (a string literal it replaces
+    whole, `"en_us"` -> `DEFAULT_LOCALE`, counts as code) and inside the window's `noncode` spans
+    (strings and comments, window offsets: `noncode_spans`) for a text one, and in the same role: the
+    token just before or just after it is one it had where the user changed it (`int` changed in
+    `-> int:` carries to `Optional[int]` (before `]`), not to `return int(x)`). All apply at once,
+    the longest old text first; of the lines that changes, the suggestion keeps one run of
+    consecutive lines, the first at or after the `cursor`'s line (window offset; None: the window's
+    start), else the last one above it: one suggestion is the next edit, and the editor asks again
+    once it is taken, as the user moves through the occurrences."""
+    rules = carried(edits, comments)
+    if not rules:
         return None
-    words = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+    olds = sorted(rules, key=len, reverse=True)
+    pattern = re.compile("|".join(f"({_tokens_pattern(old)})" for old in olds))
 
     def swap(m: re.Match) -> str:
-        return m.group() if in_spans(noncode, m.start()) else names[m.group()]
+        c = rules[olds[(m.lastindex or 1) - 1]]
+        if _is_text(noncode, m.start(), m.end()) != c.text:
+            return m.group()
+        before, after = _around(window, m.start(), m.end())
+        return c.new if c.everywhere or before in c.before or after in c.after else m.group()
 
-    out = re.sub(rf"(?<!\w)(?:{words})(?!\w)", swap, window)
+    out = pattern.sub(swap, window)
     if out == window:
         return None
     return next_run(window, out, 0 if cursor is None else cursor)
 
 
-def rename_edits(edits: Sequence[Edit], comments: Sequence[str] = ()) -> list[Edit]:
-    """The edits that may carry a rename: their change starts in code (not inside a string literal
-    or a comment of the line, as `noncode_spans` reads it with `comments`) and makes at most
-    MAX_RENAME_PAIRS token substitutions (more is a rewrite of the line: `x: Dict = None` ->
-    `y: list[int] = []` renames nothing)."""
-    out = []
+@dataclass
+class Carry:
+    """What an old text becomes (`new`), where (`text`: inside strings and comments, else code), and
+    the tokens that stood just before and just after it where the user changed it ("" at the line's
+    start or end): its roles."""
+
+    new: str
+    text: bool
+    before: set[str] = field(default_factory=set)
+    after: set[str] = field(default_factory=set)
+    everywhere: bool = False  # changed where it is defined: every use in code follows, whatever its role
+
+
+def carried(edits: Sequence[Edit], comments: Sequence[str] = ()) -> dict[str, Carry]:
+    """The substitutions `propagate` carries, old text -> Carry, composed in order (a chain ends at its
+    last text: `a` -> `b`, `b` -> `c` takes both to `c`; one the user took back cancels out):
+
+    - code: each changed run of whole tokens (as `substitutions` reads them) of an edit made in code
+      that does not rewrite its line (at most MAX_RENAME_PAIRS runs), within one line, whose old text
+      names something (an identifier, a string literal) and where neither side holds a keyword: an
+      identifier renamed (`foo` -> `bar`), a qualified name or a call replaced (`typing.List` ->
+      `list`, `tz.tzutc()` -> `timezone.utc`), a literal named (`"en_us"` -> `DEFAULT_LOCALE`). An
+      insertion anchored on the token before it (`frame` -> `frame, **kwargs`) is not one: it says
+      what was added at one place, not what every `frame` becomes;
+    - text: a word changed for another inside strings or comments (`A` -> `An` in docstrings), once
+      the user made that change MIN_TEXT_REPEATS times among the edits."""
+    rules: dict[str, Carry] = {}
+    text_runs: list[tuple[str, str, str, str]] = []
     for e in edits:
-        line = e.before + e.old_text + e.after
-        if in_spans(noncode_spans(line, comments), len(e.before)):
+        line, new_line = e.before + e.old_text + e.after, e.before + e.new_text + e.after
+        runs = _runs(line, new_line)
+        if _is_text(noncode_spans(line, comments), len(e.before), len(e.before) + len(e.old_text)):
+            text_runs += [
+                (old, new, *_around(line, i, j))
+                for old, new, anchored, i, j in runs
+                if not anchored and _IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new)
+            ]
             continue
-        if len(_token_changes(line, e.before + e.new_text + e.after)) > MAX_RENAME_PAIRS:
+        if len(runs) > MAX_RENAME_PAIRS:
             continue
-        out.append(e)
-    return out
+        for old, new, anchored, i, j in runs:
+            if not anchored and _carries(old, new):
+                before, after = _around(line, i, j)
+                _compose(rules, old, new, False, before, after)
+                rules.get(old, Carry(new, False)).everywhere |= _defines(line, before, after)
+    pairs = [(old, new) for old, new, _, _ in text_runs]
+    for old, new, before, after in text_runs:
+        if pairs.count((old, new)) >= MIN_TEXT_REPEATS and not (old in rules and not rules[old].text):
+            _compose(rules, old, new, True, before, after)
+    return rules
+
+
+def _carries(old: str, new: str) -> bool:
+    """True for a code substitution worth carrying: within one line, its old text names something
+    (an identifier, or a string literal), and neither side holds a keyword (`None` -> `bool` in one
+    signature, `if x >` -> `y =` in a rewritten line say nothing about the other `None`s and `if`s)."""
+    if any(c in old or c in new for c in "\r\n"):
+        return False
+    literal = len(old) > 1 and old[0] in "'\"" and old[-1] == old[0]
+    if not (_IDENTIFIER.search(old) or literal):
+        return False
+    return not any(w in KEYWORDS for w in _IDENTIFIER.findall(old) + _IDENTIFIER.findall(new))
+
+
+def _compose(rules: dict[str, Carry], old: str, new: str, text: bool, before: str, after: str) -> None:
+    undone = rules.get(new)
+    if undone is not None and undone.new == old:
+        del rules[new]
+        return
+    for c in rules.values():
+        if c.new == old:
+            c.new = new
+    c = rules.setdefault(old, Carry(new, text))
+    c.new = new
+    c.before.add(before)
+    c.after.add(after)
+    for k in [k for k, v in rules.items() if k == v.new]:
+        del rules[k]
+
+
+DEFINERS = ("def", "async def", "class", "function", "fn", "func", "let", "var", "const")
+
+
+def _defines(line: str, before: str, after: str) -> bool:
+    """True when the changed text (between the tokens `before` and `after` on `line`) is a name being
+    defined: the name or a parameter on a line that opens a definition (`def f(foo):`, `class Foo:`,
+    `let foo =`), an annotated parameter (`(self, foo: int`), or the target of an assignment at the
+    line's start (`foo = 1`, `foo: int = 1`)."""
+    head = line.lstrip()
+    if any(head.startswith(d + " ") for d in DEFINERS) and (before in ("(", ",", "*") or before in head.split()[:2]):
+        return True
+    return after == ":" and before in ("(", ",") or before == "" and after in ("=", ":")
+
+
+def _around(line: str, start: int, end: int) -> tuple[str, str]:
+    """The tokens just before `start` and just after `end` on their line ("" at its start or end)."""
+    head = line[_line_start(line, start) : start]
+    m = _BREAK.search(line, end)
+    tail = line[end : m.start() if m else len(line)]
+    before = _TOKEN.findall(head)
+    after = _TOKEN.match(tail.lstrip())
+    return (before[-1] if before else ""), (after.group() if after else "")
+
+
+def _tokens_pattern(old: str) -> str:
+    """A regex matching `old`'s tokens with any spacing between them (none where `old` had none), and
+    not inside a longer word."""
+    body = r"\s+".join(re.escape(part) for part in old.split())
+    head = r"(?<!\w)" if re.match(r"\w", old) else ""
+    tail = r"(?!\w)" if re.search(r"\w$", old) else ""
+    return head + body + tail
+
+
+def _is_text(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
+    """True when [start, end) lies in a string or comment of `spans`: it starts inside one, and is
+    not a string replaced whole (starting at the string's opening quote and reaching its end)."""
+    i = bisect.bisect_right(spans, (start, float("inf"))) - 1
+    if i < 0 or not spans[i][0] <= start < spans[i][1]:
+        return False
+    return not (spans[i][0] == start and end >= spans[i][1])
 
 
 def next_run(old_window: str, new_window: str, cursor: int) -> str:

@@ -7,9 +7,9 @@ and the restraint rules hold for every caller:
   - nothing when the window comes back unchanged, or changed in whitespace only;
   - nothing that would take back the user's last edit (nextedit.is_reversal);
   - nothing below the confidence gate.
-The propagation-only baseline ("propagate": the recent edits' identifier renames applied to the next
-run of the window's lines that hold them, in code only, no model) goes through the same judgement, so
-it is compared on equal terms.
+The propagation-only baseline ("propagate": the recent edits' substitutions carried to the next run of
+the window's lines that hold them in the same role, no model; nextedit.propagate) goes through the
+same judgement, so it is compared on equal terms.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EditJob
 APPROACHES = (*EDIT_APPROACHES, "propagate")
 DEFAULT_APPROACH = "propagate"  # what the server asks by default (options.next_edit_approach)
 RECENT_EDITS = 3  # the edits the engine sees: the last few, as the eval's cases replay
+PROPAGATE_BELOW = 12  # the lines below the cursor's that "propagate" looks through (no model to pay for)
 
 
 @dataclass
@@ -84,7 +85,10 @@ def edit_request(
         raise ValueError(f"next-edit approach must be one of {APPROACHES}, got {approach!r}")
     if not recent:
         return None
-    start, end = window_lines(text, offset)
+    if approach == "propagate":  # no model: the window may reach as far as the occurrences do
+        start, end = window_lines(text, offset, below=PROPAGATE_BELOW, max_lines=PROPAGATE_BELOW + 3)
+    else:
+        start, end = window_lines(text, offset)
     window = text[start:end]
     if approach != "propagate":
         job = EditJob(
