@@ -72,7 +72,7 @@ class InitializationOptions:
     # to the engine's workspace memory, DecodeOptions.workspace_ngram); false: the other open documents only
     workspace_context: bool = True
     # next edits (dlm/nextEdit): how the window near the cursor is rewritten (dlm_lsp.fill.suggest.APPROACHES:
-    # the engine's layouts, or "propagate", the recent renames applied without a model), and the
+    # the engine's layouts, or "propagate", the recent substitutions carried without a model), and the
     # confidence a rewrite needs to be shown. "propagate" by default: on 728 never-seen release-pair
     # cases the embedded model's rewrites were never exact and moved 478 of 490 shown windows farther
     # from the truth, and it was silent on no noise case (docs/research/42-s29-next-edits.md)
