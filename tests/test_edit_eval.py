@@ -211,3 +211,16 @@ def test_on_a_tiny_checkpoint(cases, tmp_path):
     res = json.loads(out.read_text())["results"]
     assert res["window"]["edits"]["cases"] == 2 and res["window"]["noise"]["reversals_shown"] == 0
     assert len(rows.read_text().splitlines()) == 3 * 4
+
+
+def test_the_train_side_is_for_the_baselines_only(cases, tmp_path):
+    """--edit-side train reads train.jsonl (a second set of cases for rules without a model) and
+    refuses a model's approach: a model may have trained on those cases."""
+    argv = ["eval", "--kinds", "edit", "--edit-cases", str(cases), "--edit-side", "train", "--approaches", ""]
+    out = tmp_path / "train.json"
+    assert evaluate.run_eval(build_parser("eval").parse_args([*argv, "--json", str(out)])) == 0
+    report = json.loads(out.read_text())
+    assert report["meta"]["cases"] == 1 and report["meta"]["sides"] == ["train"]  # the one "never read" row
+    assert report["results"]["propagate"]["repeat"]["exact"] == 1
+    refused = build_parser("eval").parse_args([*argv[:-1], "memory"])
+    assert evaluate.run_eval(refused) == 2

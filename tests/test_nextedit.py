@@ -256,6 +256,8 @@ def test_carried_substitutions_name_something():
     assert olds(edit("if x >", "y =", "    ", " 1")) == {}
     assert olds(edit("0", "1", "lower = ", "")) == {}  # a number names nothing
     assert olds(edit("(a, b)", "(a,\n b)", "f", "")) == {}  # across lines: a rewrite, not a substitution
+    assert olds(edit("self.cancel_for(", "task_id =", "    ", "task_id)")) == {}  # brackets left open
+    assert olds(edit('"linear", "log"', "AxisType", "Enum(", ")")) == {}  # strings, not one literal named
 
 
 def test_a_word_changed_in_strings_carries_once_the_user_repeated_it():
@@ -295,7 +297,13 @@ def test_propagate_carries_a_definition_to_every_use():
     parameter = edit("proxies", "proxy", "        self, ", ": Proxy = None,")  # an annotated parameter
     assert propagate([parameter], "    if proxies is None:\n") == "    if proxy is None:\n"
     method = edit("enter", "_enter", "    def ", "(path, key):")
-    assert propagate([method], "    remap(root, enter=enter)\n") == "    remap(root, _enter=_enter)\n"
+    assert propagate([method], "    remap(root, enter=enter)\n") == "    remap(root, enter=_enter)\n"
+    # not an attribute of something else, not a call's keyword argument
+    key = edit("key", "_key", "    def setdefault(self, ", ", default=None):")
+    assert propagate([key], "        x = self.key or f(key=key)\n") == "        x = self.key or f(key=_key)\n"
+    # a name given a type at once is not a plain rename: carried in its role only
+    typed = edit("msg", "raw_msg: bytes", "    def f(self, ", "):")
+    assert propagate([typed], "        for x in msg.splitlines():\n") is None
     # a sequence, not a name: carried in its role only
     call = edit("typing.List", "list", "    x: ", "[int] = []")
     assert propagate([call], "    y = typing.List(z)\n    w: typing.List[str]\n") == (

@@ -255,7 +255,9 @@ def propagate(
         if _is_text(noncode, m.start(), m.end()) != c.text:
             return m.group()
         before, after = _around(window, m.start(), m.end())
-        return c.new if c.everywhere or before in c.before or after in c.after else m.group()
+        if c.everywhere and before != "." and not (after == "=" and before in ("(", ",")):
+            return c.new  # a use of the renamed name (not an attribute of something else, not a keyword argument)
+        return c.new if before in c.before or after in c.after else m.group()
 
     out = pattern.sub(swap, window)
     if out == window:
@@ -273,7 +275,7 @@ class Carry:
     text: bool
     before: set[str] = field(default_factory=set)
     after: set[str] = field(default_factory=set)
-    everywhere: bool = False  # changed where it is defined: every use in code follows, whatever its role
+    everywhere: bool = False  # renamed where it is defined: every use in code follows, whatever its role
 
 
 def carried(edits: Sequence[Edit], comments: Sequence[str] = ()) -> dict[str, Carry]:
@@ -307,7 +309,8 @@ def carried(edits: Sequence[Edit], comments: Sequence[str] = ()) -> dict[str, Ca
             if not anchored and _carries(old, new):
                 before, after = _around(line, i, j)
                 _compose(rules, old, new, False, before, after)
-                rules.get(old, Carry(new, False)).everywhere |= _defines(line, before, after)
+                if _IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new):  # a name renamed where defined
+                    rules.get(old, Carry(new, False)).everywhere |= _defines(line, before, after)
     pairs = [(old, new) for old, new, _, _ in text_runs]
     for old, new, before, after in text_runs:
         if pairs.count((old, new)) >= MIN_TEXT_REPEATS and not (old in rules and not rules[old].text):
@@ -319,12 +322,25 @@ def _carries(old: str, new: str) -> bool:
     """True for a code substitution worth carrying: within one line, its old text names something
     (an identifier, or a string literal), and neither side holds a keyword (`None` -> `bool` in one
     signature, `if x >` -> `y =` in a rewritten line say nothing about the other `None`s and `if`s)."""
-    if any(c in old or c in new for c in "\r\n"):
+    if any(c in old or c in new for c in "\r\n") or not (_balanced(old) and _balanced(new)):
         return False
-    literal = len(old) > 1 and old[0] in "'\"" and old[-1] == old[0]
-    if not (_IDENTIFIER.search(old) or literal):
+    spans = noncode_spans(old)
+    literal = len(spans) == 1 and spans[0] == (0, len(old)) and len(old) > 1 and old[-1] == old[0]
+    code = "".join(old[b:a] for (_, b), (a, _) in zip([(0, 0), *spans], [*spans, (len(old), 0)]))
+    if not (_IDENTIFIER.search(code) or literal):
         return False
-    return not any(w in KEYWORDS for w in _IDENTIFIER.findall(old) + _IDENTIFIER.findall(new))
+    return not any(w in KEYWORDS for w in _IDENTIFIER.findall(code) + _IDENTIFIER.findall(new))
+
+
+def _balanced(text: str) -> bool:
+    """True when every bracket of `text` closes the one it opened, and all are closed."""
+    stack = []
+    for ch in text:
+        if ch in "([{":
+            stack.append(")]}"["([{".index(ch)])
+        elif ch in ")]}" and (not stack or stack.pop() != ch):
+            return False
+    return not stack
 
 
 def _compose(rules: dict[str, Carry], old: str, new: str, text: bool, before: str, after: str) -> None:

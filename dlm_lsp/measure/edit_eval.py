@@ -103,13 +103,13 @@ class Sample:
 # ----------------------------------------------------------------------------- cases
 
 
-def read_cases(folder: Path, max_cases: int | None = None) -> list[EditCase]:
-    """The held-out cases under `folder` (SIDES' JSONL files), every one in file order, or a stable
-    pick of `max_cases` with each category in its share (_pick)."""
+def read_cases(folder: Path, max_cases: int | None = None, sides: Sequence[str] = SIDES) -> list[EditCase]:
+    """The held-out cases under `folder` (SIDES' JSONL files, or those of `sides`), every one in file
+    order, or a stable pick of `max_cases` with each category in its share (_pick)."""
     from engine.train.edit_pairs import load_case
 
     rows: list[dict] = []
-    for side in SIDES:
+    for side in sides:
         path = Path(folder) / f"{side}.jsonl"
         if path.is_file():
             rows += [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -434,6 +434,13 @@ def add_edit_eval_args(p: argparse.ArgumentParser) -> None:
         help="--kinds edit: comma-separated engine approaches (the propagate and silent baselines always run)",
     )
     p.add_argument("--max-cases", type=int, default=None, metavar="N", help="--kinds edit: a stable pick of N cases")
+    p.add_argument(
+        "--edit-side",
+        choices=("heldout", "train"),
+        default="heldout",
+        help="--kinds edit: the held-out cases (default), or the train side's, for the baselines only (no "
+        "model: one may have trained on them); a second set of cases for rules designed on the first",
+    )
 
 
 def parse_approaches(text: str) -> list[str]:
@@ -492,10 +499,18 @@ def run_edit_eval(args: argparse.Namespace, engine: EditEngine | None = None) ->
         print(f"eval: {e}", file=sys.stderr)
         return 2
     folder = Path(args.edit_cases)
-    if not any((folder / f"{side}.jsonl").is_file() for side in SIDES):
-        print(f"eval: no held-out edit cases in {folder} (build them with dlm-lsp corpus --edits DIR)", file=sys.stderr)
+    sides = SIDES if getattr(args, "edit_side", "heldout") == "heldout" else ("train",)
+    if sides == ("train",) and any(a in EDIT_APPROACHES for a in approaches):
+        print(
+            "eval: --edit-side train runs the baselines only (--approaches ''): a model may have trained on it",
+            file=sys.stderr,
+        )
         return 2
-    cases = read_cases(folder, args.max_cases)
+    if not any((folder / f"{side}.jsonl").is_file() for side in sides):
+        which = "held-out" if sides == SIDES else "train-side"
+        print(f"eval: no {which} edit cases in {folder} (build them with dlm-lsp corpus --edits DIR)", file=sys.stderr)
+        return 2
+    cases = read_cases(folder, args.max_cases, sides)
     counts = Counter(c.category for c in cases)
     print(f"[eval edit] {len(cases)} cases: {dict(sorted(counts.items()))}", file=sys.stderr, flush=True)
     if engine is None and any(a in EDIT_APPROACHES for a in approaches):
@@ -515,6 +530,7 @@ def run_edit_eval(args: argparse.Namespace, engine: EditEngine | None = None) ->
         **rep,
         "meta": {
             "edit_cases": str(folder),
+            "sides": list(sides),
             "cases": len(cases),
             "counts": dict(sorted(counts.items())),
             "max_cases": args.max_cases,
