@@ -253,6 +253,7 @@ def test_carried_substitutions_name_something():
     call = edit("fb.get_invocation_str()", "invocation_str", "fb.body = 'x' % ", "")
     assert olds(call) == {"fb.get_invocation_str()": "invocation_str"}
     assert olds(edit("None", "bool", "def f() -> ", ":")) == {}  # a keyword: every None is not this one
+    assert olds(edit("default", "fallback", "    ", " = 1")) == {"default": "fallback"}  # a name in Python
     assert olds(edit("if x >", "y =", "    ", " 1")) == {}
     assert olds(edit("0", "1", "lower = ", "")) == {}  # a number names nothing
     assert olds(edit("(a, b)", "(a,\n b)", "f", "")) == {}  # across lines: a rewrite, not a substitution

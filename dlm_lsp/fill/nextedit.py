@@ -32,8 +32,8 @@ MIN_TEXT_REPEATS = 2  # a word changed inside strings or comments is carried onc
 # words that stand in code for everything at once (Python's keywords and the C family's common ones):
 # a substitution holding one is a rewrite of its place, not something to carry
 KEYWORDS = frozenset(keyword.kwlist) | {
-    *("true", "false", "null", "nil", "undefined", "this", "void", "var", "let", "const", "function"),
-    *("new", "delete", "switch", "case", "default", "do", "goto", "typeof", "instanceof", "throw", "catch"),
+    *("true", "false", "null", "nil", "undefined", "void", "var", "let", "const", "function"),
+    *("switch", "goto", "typeof", "instanceof", "throw", "catch"),
 }
 
 
@@ -239,7 +239,8 @@ def propagate(
     whole, `"en_us"` -> `DEFAULT_LOCALE`, counts as code) and inside the window's `noncode` spans
     (strings and comments, window offsets: `noncode_spans`) for a text one, and in the same role: the
     token just before or just after it is one it had where the user changed it (`int` changed in
-    `-> int:` carries to `Optional[int]` (before `]`), not to `return int(x)`). All apply at once,
+    `-> int:` carries to another `-> int:`, not to `return int(x)`), except that a name renamed where
+    it is defined carries to every use (not to `x.name`, nor to a call's `name=`). All apply at once,
     the longest old text first; of the lines that changes, the suggestion keeps one run of
     consecutive lines, the first at or after the `cursor`'s line (window offset; None: the window's
     start), else the last one above it: one suggestion is the next edit, and the editor asks again
@@ -326,7 +327,11 @@ def _carries(old: str, new: str) -> bool:
         return False
     spans = noncode_spans(old)
     literal = len(spans) == 1 and spans[0] == (0, len(old)) and len(old) > 1 and old[-1] == old[0]
-    code = "".join(old[b:a] for (_, b), (a, _) in zip([(0, 0), *spans], [*spans, (len(old), 0)]))
+    parts, at = [], 0  # old without its string literals: the names in code
+    for a, b in spans:
+        parts.append(old[at:a])
+        at = b
+    code = "".join(parts) + old[at:]
     if not (_IDENTIFIER.search(code) or literal):
         return False
     return not any(w in KEYWORDS for w in _IDENTIFIER.findall(code) + _IDENTIFIER.findall(new))
