@@ -108,6 +108,11 @@ class VSCode:
             "dlm.server.args": [str(self.lsp_log), "--", *server],
             "dlm.budgetMs": 1500,  # a busy 2-core machine; the tiny model needs far less
             "workbench.startupEditor": "none",
+            # VS Code 1.139 opens some editors (Settings among them) as a modal over the workbench by
+            # default, and a startup experiment may turn that on or off per profile: one run of 4
+            # got the modal, which no check found and which then swallowed every later click.
+            # Editors in tabs, always, as the tests were written for.
+            "workbench.editor.useModal": "off",
             "workbench.tips.enabled": False,
             "workbench.secondarySideBar.defaultVisibility": "hidden",
             "chat.disableAIFeatures": True,
