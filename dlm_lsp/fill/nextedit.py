@@ -231,6 +231,43 @@ def propagate(
     noncode: Sequence[tuple[int, int]] = (),
     comments: Sequence[str] = (),
 ) -> str | None:
+    """`propagation`'s new window, or None when it changes nothing."""
+    found = propagation(edits, window, cursor, noncode, comments)
+    return None if found is None else found.window
+
+
+@dataclass
+class Made:
+    """One substitution a propagation made: the old text at `start` (window offset) became
+    `carry.new`; `role` says how it was matched: "role" (the token before or after it is one it had
+    where the user changed it), "definition" (a use of a name renamed where it is defined) or "text"
+    (a word inside strings or comments)."""
+
+    start: int
+    old: str
+    carry: Carry
+    role: str
+
+
+@dataclass
+class Propagation:
+    """A model-free suggestion: the new window, the substitutions made in its kept run of lines, and
+    where that run lies (window lines [first, last), the cursor's window line)."""
+
+    window: str
+    made: list[Made]
+    first: int
+    last: int
+    cursor_line: int
+
+
+def propagation(
+    edits: Sequence[Edit],
+    window: str,
+    cursor: int | None = None,
+    noncode: Sequence[tuple[int, int]] = (),
+    comments: Sequence[str] = (),
+) -> Propagation | None:
     """`window` with the edits' substitutions (`carried`) applied to the next run of lines that hold
     them, or None when that changes nothing: the suggestion made without a model.
 
@@ -251,19 +288,34 @@ def propagate(
     olds = sorted(rules, key=len, reverse=True)
     pattern = re.compile("|".join(f"({_tokens_pattern(old)})" for old in olds))
 
+    made: list[Made] = []
+
     def swap(m: re.Match) -> str:
-        c = rules[olds[(m.lastindex or 1) - 1]]
+        old = olds[(m.lastindex or 1) - 1]
+        c = rules[old]
         if _is_text(noncode, m.start(), m.end()) != c.text:
             return m.group()
         before, after = _around(window, m.start(), m.end())
+        if before in c.before or after in c.after:
+            made.append(Made(m.start(), m.group(), c, "text" if c.text else "role"))
+            return c.new
         if c.everywhere and before != "." and not (after == "=" and before in ("(", ",")):
-            return c.new  # a use of the renamed name (not an attribute of something else, not a keyword argument)
-        return c.new if before in c.before or after in c.after else m.group()
+            # a use of the renamed name (not an attribute of something else, not a keyword argument)
+            made.append(Made(m.start(), m.group(), c, "definition"))
+            return c.new
+        return m.group()
 
     out = pattern.sub(swap, window)
     if out == window:
         return None
-    return next_run(window, out, 0 if cursor is None else cursor)
+    cursor_line = window.count("\n", 0, 0 if cursor is None else cursor)
+    first, last = changed_run(window, out, cursor_line)
+    kept = next_run(window, out, 0 if cursor is None else cursor)
+    starts = [0]
+    for line in window.split("\n"):
+        starts.append(starts[-1] + len(line) + 1)
+    lo, hi = starts[first], starts[last]
+    return Propagation(kept, [x for x in made if lo <= x.start < hi], first, last, cursor_line)
 
 
 @dataclass
@@ -277,6 +329,7 @@ class Carry:
     before: set[str] = field(default_factory=set)
     after: set[str] = field(default_factory=set)
     everywhere: bool = False  # renamed where it is defined: every use in code follows, whatever its role
+    count: int = 0  # the edits that made it
 
 
 def carried(edits: Sequence[Edit], comments: Sequence[str] = ()) -> dict[str, Carry]:
@@ -358,6 +411,7 @@ def _compose(rules: dict[str, Carry], old: str, new: str, text: bool, before: st
             c.new = new
     c = rules.setdefault(old, Carry(new, text))
     c.new = new
+    c.count += 1
     c.before.add(before)
     c.after.add(after)
     for k in [k for k, v in rules.items() if k == v.new]:
@@ -413,18 +467,26 @@ def next_run(old_window: str, new_window: str, cursor: int) -> str:
     old_lines, new_lines = old_window.split("\n"), new_window.split("\n")
     if len(old_lines) != len(new_lines):
         return new_window
-    changed = [a != b for a, b in zip(old_lines, new_lines)]
+    a, b = changed_run(old_window, new_window, old_window.count("\n", 0, cursor))
+    return "\n".join(new_lines[i] if a <= i < b else old_lines[i] for i in range(len(old_lines)))
+
+
+def changed_run(old_window: str, new_window: str, line: int) -> tuple[int, int]:
+    """The window lines [first, last) of the run of consecutive changed lines `next_run` keeps for a
+    cursor on `line`: the first run starting at or after it, else the last above it; all the lines
+    when the windows' line counts differ or nothing changed."""
+    old_lines, new_lines = old_window.split("\n"), new_window.split("\n")
+    if len(old_lines) != len(new_lines):
+        return 0, len(old_lines)
     runs: list[tuple[int, int]] = []
-    for i, c in enumerate(changed):
-        if c and (i == 0 or not changed[i - 1]):
+    for i, (x, y) in enumerate(zip(old_lines, new_lines)):
+        if x != y and (not runs or runs[-1][1] != i):
             runs.append((i, i + 1))
-        elif c:
+        elif x != y:
             runs[-1] = (runs[-1][0], i + 1)
     if not runs:
-        return new_window
-    line = old_window.count("\n", 0, cursor)
-    a, b = next((r for r in runs if r[0] >= line), runs[-1])
-    return "\n".join(new_lines[i] if a <= i < b else old_lines[i] for i in range(len(old_lines)))
+        return 0, len(old_lines)
+    return next((r for r in runs if r[0] >= line), runs[-1])
 
 
 # ----------------------------------------------------------------------------- code, strings, comments
