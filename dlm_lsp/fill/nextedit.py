@@ -285,27 +285,7 @@ def propagation(
     rules = carried(edits, comments)
     if not rules:
         return None
-    olds = sorted(rules, key=len, reverse=True)
-    pattern = re.compile("|".join(f"({_tokens_pattern(old)})" for old in olds))
-
-    made: list[Made] = []
-
-    def swap(m: re.Match) -> str:
-        old = olds[(m.lastindex or 1) - 1]
-        c = rules[old]
-        if _is_text(noncode, m.start(), m.end()) != c.text:
-            return m.group()
-        before, after = _around(window, m.start(), m.end())
-        if before in c.before or after in c.after:
-            made.append(Made(m.start(), m.group(), c, "text" if c.text else "role"))
-            return c.new
-        if c.everywhere and before != "." and not (after == "=" and before in ("(", ",")):
-            # a use of the renamed name (not an attribute of something else, not a keyword argument)
-            made.append(Made(m.start(), m.group(), c, "definition"))
-            return c.new
-        return m.group()
-
-    out = pattern.sub(swap, window)
+    out, made = _substitute(rules, window, noncode)
     if out == window:
         return None
     cursor_line = window.count("\n", 0, 0 if cursor is None else cursor)
@@ -316,6 +296,30 @@ def propagation(
         starts.append(starts[-1] + len(line) + 1)
     lo, hi = starts[first], starts[last]
     return Propagation(kept, [x for x in made if lo <= x.start < hi], first, last, cursor_line)
+
+
+def _substitute(rules: dict[str, Carry], text: str, noncode: Sequence[tuple[int, int]]) -> tuple[str, list[Made]]:
+    """`text` with every substitution of `rules` made where it applies (propagation's rule), and what
+    was made."""
+    olds = sorted(rules, key=len, reverse=True)
+    pattern = re.compile("|".join(f"({_tokens_pattern(old)})" for old in olds))
+    made: list[Made] = []
+
+    def swap(m: re.Match) -> str:
+        c = rules[olds[(m.lastindex or 1) - 1]]
+        if _is_text(noncode, m.start(), m.end()) != c.text:
+            return m.group()
+        before, after = _around(text, m.start(), m.end())
+        if before in c.before or after in c.after:
+            made.append(Made(m.start(), m.group(), c, "text" if c.text else "role"))
+            return c.new
+        if c.everywhere and before != "." and not (after == "=" and before in ("(", ",")):
+            # a use of the renamed name (not an attribute of something else, not a keyword argument)
+            made.append(Made(m.start(), m.group(), c, "definition"))
+            return c.new
+        return m.group()
+
+    return pattern.sub(swap, text), made
 
 
 @dataclass
@@ -330,6 +334,7 @@ class Carry:
     after: set[str] = field(default_factory=set)
     everywhere: bool = False  # renamed where it is defined: every use in code follows, whatever its role
     count: int = 0  # the edits that made it
+    alone: bool = False  # one of them made nothing else: one run of tokens changed, within one line
 
 
 def carried(edits: Sequence[Edit], comments: Sequence[str] = ()) -> dict[str, Carry]:
@@ -359,16 +364,17 @@ def carried(edits: Sequence[Edit], comments: Sequence[str] = ()) -> dict[str, Ca
             continue
         if len(runs) > MAX_RENAME_PAIRS:
             continue
+        alone = len(runs) == 1 and not _BREAK.search(e.old_text + e.new_text)
         for old, new, anchored, i, j in runs:
             if not anchored and _carries(old, new):
                 before, after = _around(line, i, j)
-                _compose(rules, old, new, False, before, after)
+                _compose(rules, old, new, False, before, after, alone)
                 if _IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new):  # a name renamed where defined
                     rules.get(old, Carry(new, False)).everywhere |= _defines(line, before, after)
     pairs = [(old, new) for old, new, _, _ in text_runs]
     for old, new, before, after in text_runs:
         if pairs.count((old, new)) >= MIN_TEXT_REPEATS and not (old in rules and not rules[old].text):
-            _compose(rules, old, new, True, before, after)
+            _compose(rules, old, new, True, before, after, True)
     return rules
 
 
@@ -401,7 +407,9 @@ def _balanced(text: str) -> bool:
     return not stack
 
 
-def _compose(rules: dict[str, Carry], old: str, new: str, text: bool, before: str, after: str) -> None:
+def _compose(
+    rules: dict[str, Carry], old: str, new: str, text: bool, before: str, after: str, alone: bool = False
+) -> None:
     undone = rules.get(new)
     if undone is not None and undone.new == old:
         del rules[new]
@@ -412,6 +420,7 @@ def _compose(rules: dict[str, Carry], old: str, new: str, text: bool, before: st
     c = rules.setdefault(old, Carry(new, text))
     c.new = new
     c.count += 1
+    c.alone |= alone
     c.before.add(before)
     c.after.add(after)
     for k in [k for k, v in rules.items() if k == v.new]:
