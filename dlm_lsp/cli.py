@@ -65,6 +65,12 @@ COMMANDS = {
         "run_calibrate",
         "fit the calibrated confidence gate (P(accepted)) on dlm-lsp eval --samples files",
     ),
+    "calibrate-edits": (
+        "dlm_lsp.measure.calibrate_edit",
+        "add_calibrate_edit_args",
+        "run_calibrate_edit",
+        "fit the next-edit gate (P(exact) per kind) on dlm-lsp eval --kinds edit --samples files",
+    ),
     "paired": (
         "dlm_lsp.measure.paired",
         "add_paired_args",

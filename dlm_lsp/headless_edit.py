@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from dlm_lsp.fill import suggest
+from dlm_lsp.fill import edit_gate, suggest
 from dlm_lsp.fill.documents import Document, language_id_for_path
 from dlm_lsp.fill.history import EditHistory
 from dlm_lsp.fill.nextedit import apply_edits
@@ -29,6 +29,7 @@ from dlm_lsp.options import InitializationOptions
 from engine.api import DEFAULT_CONTEXT_TOKENS, EngineError
 
 if TYPE_CHECKING:
+    from dlm_lsp.fill.edit_gate import EditGate
     from dlm_lsp.fill.positions import LineIndex
     from engine.api import EditJob, Rewrite
 
@@ -118,23 +119,27 @@ def suggestion(
     recent: list,
     approach: str,
     engine: EditEngine | None,
-    gate: float,
+    gate: float | None,
     language: str | None = None,
+    scorer: EditGate | None = None,
 ) -> suggest.Suggestion | None:
     """The server's dlm/nextEdit path for one cursor: the judged rewrite, or None without a recent
-    edit. An engine that refuses the job (a window over max_tokens) is silence, as the server's null."""
+    edit. An engine that refuses the job (a window over max_tokens) is silence, as the server's null.
+    `gate`: the user's least confidence (None: the edit gate's per kind); `scorer`: the edit gate
+    (None: the shipped one)."""
     tokens = getattr(engine, "context_budget", lambda: None)() or DEFAULT_CONTEXT_TOKENS
     req = suggest.edit_request(text, offset, recent, approach, context_tokens=tokens, language=language)
     if req is None:
         return None
     if req.job is None:
-        return suggest.judge(req, suggest.baseline(req), 1.0, gate)
+        b = suggest.baseline(req, scorer or edit_gate.shipped())
+        return suggest.judge(req, b.window, b.confidence, suggest.least_shown(gate, b.least))
     assert engine is not None, "an engine approach needs an engine"
     try:
         rewrite = engine.run_now(req.job)
     except EngineError as e:
         return suggest.Suggestion(silent=f"refused: {e}")
-    return suggest.judge(req, rewrite.text, rewrite.confidence, gate)
+    return suggest.judge(req, rewrite.text, rewrite.confidence, suggest.least_shown(gate, 0.0))
 
 
 def next_edit(
@@ -147,8 +152,10 @@ def next_edit(
     device: str = "auto",
     as_json: bool = False,
     engine: EditEngine | None = None,
+    min_confidence: float | None = None,
 ) -> str:
-    """What `dlm-lsp next-edit PATH:LINE:COL --before OLD` prints (1-based line and column)."""
+    """What `dlm-lsp next-edit PATH:LINE:COL --before OLD` prints (1-based line and column);
+    `min_confidence` as the server's nextEditMinConfidence (None: the edit gate's per kind)."""
     text, before = read_text(path), read_text(before_path)
     idx = Document(Path(path).resolve().as_uri(), language_id_for_path(path), 1, text).index()
     offset = cursor_offset(idx, path, line, col)
@@ -161,7 +168,8 @@ def next_edit(
         engine = engine or load_engine(model, device)
     t0 = time.monotonic()
     lang = language_id_for_path(path)
-    found = suggestion(text, offset, recent, approach, engine, options.next_edit_min_confidence, lang)
+    gate = options.next_edit_min_confidence if min_confidence is None else min_confidence
+    found = suggestion(text, offset, recent, approach, engine, gate, lang)
     latency = (time.monotonic() - t0) * 1000
     silent = "no recent edit" if found is None else found.silent
     edits = found.edits if found is not None and found.silent is None else []
@@ -208,6 +216,14 @@ def add_next_edit_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", default=None, help="model folder or HF cache id (default: the embedded model)")
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--min-confidence",
+        type=float,
+        default=None,
+        metavar="P",
+        help="show a suggestion whose confidence reaches P, for every kind, as the server's nextEditMinConfidence "
+        "(default: the edit gate's per kind, dlm_lsp/fill/edit_gate.json; 0 shows all the rules make)",
+    )
 
 
 def run_next_edit(args: argparse.Namespace) -> int:
@@ -219,8 +235,13 @@ def run_next_edit(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"expected PATH:LINE:COL, got {args.location!r}", file=sys.stderr)
         return 2
+    if args.min_confidence is not None and not 0.0 <= args.min_confidence <= 1.0:
+        print("dlm-lsp next-edit: --min-confidence must be 0..1", file=sys.stderr)
+        return 2
     try:
-        out = next_edit(path, line, col, args.before, args.approach, args.model, args.device, args.json)
+        out = next_edit(
+            path, line, col, args.before, args.approach, args.model, args.device, args.json, None, args.min_confidence
+        )
     except (InputError, PositionError) as e:
         print(f"dlm-lsp next-edit: {e}", file=sys.stderr)
         return 2

@@ -75,9 +75,11 @@ class InitializationOptions:
     # the engine's layouts, or "propagate", the recent substitutions carried without a model), and the
     # confidence a rewrite needs to be shown. "propagate" by default: on 728 never-seen release-pair
     # cases the embedded model's rewrites were never exact and moved 478 of 490 shown windows farther
-    # from the truth, and it was silent on no noise case (docs/research/42-s29-next-edits.md)
+    # from the truth, and it was silent on no noise case (docs/research/42-s29-next-edits.md). The
+    # least confidence shown: a number for every kind, or None for the edit gate's own per kind
+    # (dlm_lsp/fill/edit_gate.json; 0 for the engine's layouts)
     next_edit_approach: str = "propagate"
-    next_edit_min_confidence: float = 0.0
+    next_edit_min_confidence: float | None = None
 
     def serves(self, language_id: str) -> bool:
         """True when fills are offered for documents of `language_id`."""
@@ -103,7 +105,8 @@ _CHECKS = {
     "threads": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 256),
     "engine": lambda v: v is None or v in ("inproc", "shared") or isinstance(v, dict),
     "next_edit_approach": lambda v: v in NEXT_EDIT_APPROACHES,
-    "next_edit_min_confidence": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+    "next_edit_min_confidence": lambda v: v is None
+    or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
     "min_confidence": lambda v: v is None
     or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
 }

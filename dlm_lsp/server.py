@@ -40,7 +40,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from dlm_lsp.engines import EarlyEngine, default_engine_factory, engine_args, machine_key, release_logs, take_early
-from dlm_lsp.fill import context, gate, postprocess, suggest
+from dlm_lsp.fill import context, edit_gate, gate, postprocess, suggest
 from dlm_lsp.fill.documents import Document, DocumentStore, uri_key
 from dlm_lsp.fill.history import EditHistory
 from dlm_lsp.fill.positions import UTF16, units_len
@@ -682,8 +682,10 @@ class DlmServer(LanguageServer):
         self, uri: str, doc: Document, req: suggest.EditRequest, ticket: Ticket
     ) -> tuple[str, dict | None]:
         """(outcome, result): the engine's rewrite (or the baseline's), judged; None when stale."""
+        least = 0.0  # the edit gate's, for the baseline's suggestions
         if req.job is None:
-            new_window, confidence = suggest.baseline(req), 1.0
+            b = suggest.baseline(req, edit_gate.shipped())
+            new_window, confidence, least = b.window, b.confidence, b.least
         else:
             if not await self._wait_ready(ticket):
                 return "empty", None
@@ -694,7 +696,9 @@ class DlmServer(LanguageServer):
             new_window, confidence = rewrite.text, rewrite.confidence
         if not self._is_current(uri, doc, ticket):
             return "stale", None
-        found = suggest.judge(req, new_window, confidence, self.options.next_edit_min_confidence)
+        found = suggest.judge(
+            req, new_window, confidence, suggest.least_shown(self.options.next_edit_min_confidence, least)
+        )
         if found.silent is not None:
             log.debug("next edit at %s: silent (%s)", uri, found.silent)
             return "empty", None

@@ -307,6 +307,15 @@ def test_options_defaults_and_bad_values():
     assert parse_options({"minConfidence": 0.25})[0].min_confidence == 0.25
     opts, warns = parse_options({"minConfidence": 2})
     assert opts.min_confidence == InitializationOptions().min_confidence and "minConfidence" in warns[0]
+    # nextEditMinConfidence: unset (the edit gate's per kind), a number for every kind, or null again
+    assert InitializationOptions().next_edit_min_confidence is None
+    opts, _ = parse_options({"nextEditMinConfidence": 0})
+    assert (
+        opts.next_edit_min_confidence == 0
+        and parse_options({"nextEditMinConfidence": None}, opts)[0].next_edit_min_confidence is None
+    )
+    opts, warns = parse_options({"nextEditMinConfidence": 1.5})
+    assert opts.next_edit_min_confidence is None and "nextEditMinConfidence" in warns[0]
 
 
 @pytest.mark.parametrize(

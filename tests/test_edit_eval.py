@@ -11,6 +11,7 @@ import json
 import pytest
 
 from dlm_lsp.cli import build_parser
+from dlm_lsp.fill import edit_gate
 from dlm_lsp.measure import edit_eval, evaluate
 from engine.api import EDIT_APPROACHES, EngineError, Rewrite
 from tests.tiny import make_tiny_checkpoint
@@ -194,11 +195,27 @@ def test_a_pick_of_cases_and_the_approaches_asked_for(cases, tmp_path, monkeypat
         assert evaluate.run_eval(args) == 2
 
 
-def test_the_baselines_need_no_engine(cases, tmp_path):
+def test_the_baselines_need_no_engine(cases, tmp_path, monkeypatch):
+    """propagate runs without an engine, gated as the server gates it (the shipped edit gate) or,
+    with --edit-gate none, every suggestion shown with the kind and features a gate is fitted on."""
     argv = ["eval", "--kinds", "edit", "--edit-cases", str(cases), "--approaches", "propagate"]
-    out = tmp_path / "edit.json"
-    assert evaluate.run_eval(build_parser("eval").parse_args([*argv, "--json", str(out)])) == 0
-    assert json.loads(out.read_text())["results"]["propagate"]["edits"]["exact"] == 1
+    out, rows = tmp_path / "edit.json", tmp_path / "samples.jsonl"
+    ungated = [*argv, "--edit-gate", "none", "--json", str(out), "--samples", str(rows)]
+    assert evaluate.run_eval(build_parser("eval").parse_args(ungated)) == 0
+    report = json.loads(out.read_text())
+    assert report["results"]["propagate"]["edits"]["exact"] == 1 and report["meta"]["edit_gate"] is None
+    shown = [r for r in map(json.loads, rows.read_text().splitlines()) if r["approach"] == "propagate" and r["shown"]]
+    assert shown and all(r["kind"] in edit_gate.KINDS and len(r["features"]) == len(edit_gate.FEATURES) for r in shown)
+    for least, exact in ((1.0, 0), (0.0, 1)):  # a shipped gate that hides every kind, one that shows all
+        gate = edit_gate.EditGate(("repeated",), (0.0,), 0.0, dict.fromkeys(edit_gate.KINDS, least))
+        monkeypatch.setattr(edit_gate, "_SHIPPED", [gate])
+        assert evaluate.run_eval(build_parser("eval").parse_args([*argv, "--json", str(out)])) == 0
+        report = json.loads(out.read_text())
+        assert (
+            report["results"]["propagate"]["edits"]["exact"] == exact and report["meta"]["edit_gate"] == gate.to_json()
+        )
+        if not exact:
+            assert "unsure" in report["results"]["propagate"]["edits"]["silent_reasons"]
 
 
 def test_on_a_tiny_checkpoint(cases, tmp_path):
@@ -216,7 +233,8 @@ def test_on_a_tiny_checkpoint(cases, tmp_path):
 def test_the_train_side_is_for_the_baselines_only(cases, tmp_path):
     """--edit-side train reads train.jsonl (a second set of cases for rules without a model) and
     refuses a model's approach: a model may have trained on those cases."""
-    argv = ["eval", "--kinds", "edit", "--edit-cases", str(cases), "--edit-side", "train", "--approaches", ""]
+    argv = ["eval", "--kinds", "edit", "--edit-cases", str(cases), "--edit-side", "train", "--edit-gate", "none"]
+    argv += ["--approaches", ""]
     out = tmp_path / "train.json"
     assert evaluate.run_eval(build_parser("eval").parse_args([*argv, "--json", str(out)])) == 0
     report = json.loads(out.read_text())

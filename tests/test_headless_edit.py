@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dlm_lsp.fill import edit_gate
 from dlm_lsp.headless_edit import diff_edits, history_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,18 +58,29 @@ def test_the_baseline_carries_a_rename_as_a_diff(files):
 
 
 def test_the_baseline_as_json(files):
-    r = _run(files, "new.py:2:6", "--before", "old.py", "--approach", "propagate", "--json")
+    """--min-confidence 0 shows what the rules make, at the edit gate's confidence; by default the
+    shipped gate's least confidence for the suggestion's kind decides, as in the server."""
+    r = _run(files, "new.py:2:6", "--before", "old.py", "--approach", "propagate", "--json", "--min-confidence", "0")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out.pop("latency_ms") >= 0
+    confidence = out.pop("confidence")
     assert out == {
         "edits": [
             {"start": {"line": 3, "character": 8}, "end": {"line": 3, "character": 13}, "newText": "n"},
             {"start": {"line": 4, "character": 11}, "end": {"line": 4, "character": 16}, "newText": "n"},
         ],
-        "confidence": 1.0,
         "silent": None,
     }
+    gate = edit_gate.shipped()
+    assert gate is not None and 0.0 < confidence < 1.0
+    r = _run(files, "new.py:2:6", "--before", "old.py", "--approach", "propagate", "--json")
+    default = json.loads(r.stdout)
+    assert default["confidence"] == confidence
+    # `count = 0` -> `n = 0` renames a name where it is assigned: the definition kind's gate
+    assert (default["silent"] == "unsure") == (confidence < gate.gates["definition"])
+    assert (default["silent"] is None) == bool(default["edits"])
+    assert _run(files, "new.py:2:6", "--before", "old.py", "--min-confidence", "2").returncode == 2
 
 
 def test_silence_says_why(files):

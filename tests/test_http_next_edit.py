@@ -366,3 +366,34 @@ def test_a_client_that_disconnects_cancels_the_edit_job(tmp_path: Path):
         (tmp_path / "release").write_text("")  # later jobs run through
         r = post(s.url, continue_body(continue_prompt(RENAMED, CURSOR, REGION, HISTORY), stream=False), path=PATH)
         assert r.status_code == 200 and s.server.inflight == 0
+
+
+def test_the_http_command_takes_the_servers_next_edit_options(monkeypatch):
+    """--next-edit-approach and --next-edit-min-confidence reach the server as the language server's
+    nextEditApproach and nextEditMinConfidence; a value out of range is refused before anything loads."""
+    import argparse
+
+    from dlm_lsp.http import app
+
+    made: dict = {}
+
+    class Built(Exception):
+        pass
+
+    def server(*_a, **kw):
+        made.update(kw)
+        raise Built
+
+    monkeypatch.setattr(app, "FimServer", server)
+    monkeypatch.setattr(app, "engine_factory", lambda *a: None)
+    monkeypatch.setattr(app, "load_tokenizer", lambda *a: None)
+    p = argparse.ArgumentParser()
+    app.add_http_args(p)
+    defaults = p.parse_args([])
+    assert (defaults.next_edit_approach, defaults.next_edit_min_confidence) == ("propagate", None)
+    with pytest.raises(Built):
+        app.run_http(p.parse_args(["--next-edit-approach", "window", "--next-edit-min-confidence", "0.25"]))
+    assert made["next_edit_approach"] == "window" and made["next_edit_min_confidence"] == 0.25
+    assert app.run_http(p.parse_args(["--next-edit-min-confidence", "1.5"])) == 2
+    with pytest.raises(SystemExit):
+        p.parse_args(["--next-edit-approach", "guess"])

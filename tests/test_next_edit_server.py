@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from dlm_lsp.fill import edit_gate
 from dlm_lsp.fill.nextedit import apply_edits
 from dlm_lsp.fill.positions import LineIndex
 from dlm_lsp.measure.replay import LspError
@@ -77,13 +78,22 @@ async def test_a_rename_is_followed_at_its_other_uses():
 
 
 async def test_the_propagation_baseline_needs_no_engine():
+    """nextEditMinConfidence 0 shows what the rules make, at the edit gate's confidence; unset, the
+    shipped edit gate's least confidence for the kind (a parameter renamed: "definition") decides."""
     opts = {"model": scripted(rewrite="nothing>changes"), "nextEditApproach": "propagate"}
-    async with lsp_server(FAKE_SERVER, opts) as c:
+    async with lsp_server(FAKE_SERVER, {**opts, "nextEditMinConfidence": 0}) as c:
         doc = await renamed(c)
         res = await ask(c, 2, 0, WIDTH + len("size"))
-        assert applied(doc, res) == SRC.replace("width", "size")
+        assert applied(doc, res) == SRC.replace("width", "size") and 0.0 < res["confidence"] < 1.0
         s = (await c.request("dlm/stats", {}, timeout=10))["nextEdit"]
         assert s["answered"] == 1 and s["engineJobs"] == 0
+    gate = edit_gate.shipped()
+    assert gate is not None
+    async with lsp_server(FAKE_SERVER, opts) as c:
+        await renamed(c)
+        default = await ask(c, 2, 0, WIDTH + len("size"))
+        assert (default is None) == (res["confidence"] < gate.gates["definition"])
+        assert default is None or default == res
 
 
 @pytest.mark.parametrize(

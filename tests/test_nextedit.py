@@ -372,4 +372,4 @@ def test_the_request_reads_strings_opened_above_the_window():
     req = suggest.edit_request(doc, cursor, recent, "propagate", language="python")
     assert req is not None and req.start > doc.index('"""')  # the string opens above the window
     # foo() is docstring text, so the next run of code holding foo is the return line
-    assert suggest.baseline(req) == req.window.replace("return foo", "return bar")
+    assert suggest.baseline(req).window == req.window.replace("return foo", "return bar")

@@ -40,6 +40,7 @@ def test_the_wheel_carries_the_packages_and_the_default_model(wheel):
         assert f"share/dlm-lsp/models/default/{f}" in data
     assert "share/dlm-lsp/examples/tide_log.py" in data
     assert "engine/train/data/corpus_manifest.txt" in names
+    assert "dlm_lsp/fill/edit_gate.json" in names  # the next-edit gate travels with its rule
     for pkg in (
         "engine/model",
         "engine/decode",

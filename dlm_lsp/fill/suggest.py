@@ -8,8 +8,9 @@ and the restraint rules hold for every caller:
   - nothing that would take back the user's last edit (nextedit.is_reversal);
   - nothing below the confidence gate.
 The propagation-only baseline ("propagate": the recent edits' substitutions carried to the next run of
-the window's lines that hold them in the same role, no model; nextedit.propagate) goes through the
-same judgement, so it is compared on equal terms.
+the window's lines that hold them in the same role, no model; nextedit.propagation) goes through the
+same judgement, so it is compared on equal terms; its confidence is the edit gate's probability
+(edit_gate.EditGate) and its gate the edit gate's for the suggestion's kind, unless the user set one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dlm_lsp.fill.edit_gate import EditGate, features, kind_of
 from dlm_lsp.fill.history import Edit
 from dlm_lsp.fill.nextedit import (
     comments_of,
@@ -24,7 +26,7 @@ from dlm_lsp.fill.nextedit import (
     is_whitespace_only,
     line_edits,
     noncode_spans,
-    propagate,
+    propagation,
     window_lines,
 )
 from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EditJob
@@ -117,10 +119,36 @@ def window_noncode(text: str, start: int, end: int, comments: tuple[str, ...]) -
     return out
 
 
-def baseline(req: EditRequest) -> str:
-    """The propagation-only rewrite of the request's window (the window itself when nothing applies)."""
+@dataclass
+class Baseline:
+    """The propagation-only rewrite of a request's window (the window itself when nothing applies),
+    its confidence (the edit gate's probability; 1.0 without a gate), the least confidence the gate
+    shows for its kind (0.0 without), and the kind and features the gate read (None: nothing changed)."""
+
+    window: str
+    confidence: float = 1.0
+    least: float = 0.0
+    kind: str | None = None
+    features: list[float] | None = None
+
+
+def baseline(req: EditRequest, gate: EditGate | None = None) -> Baseline:
+    """The propagation-only suggestion for the request, scored by `gate` (edit_gate.shipped() in
+    the server) when one is given."""
     cursor = None if req.cursor is None else req.cursor - req.start
-    return propagate(req.recent, req.window, cursor, req.noncode, req.comments) or req.window
+    found = propagation(req.recent, req.window, cursor, req.noncode, req.comments)
+    if found is None:
+        return Baseline(req.window)
+    out = Baseline(found.window, kind=kind_of(found), features=features(found))
+    if gate is not None:
+        out.confidence, out.least = gate.probability(found), gate.gate(found)
+    return out
+
+
+def least_shown(user: float | None, least: float) -> float:
+    """The gate a suggestion must reach: the user's nextEditMinConfidence when set (for every
+    kind), else the edit gate's `least` for the suggestion's kind."""
+    return least if user is None else user
 
 
 def judge(req: EditRequest, new_window: str, confidence: float, gate: float = 0.0) -> Suggestion:

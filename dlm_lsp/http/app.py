@@ -58,7 +58,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dlm_lsp.fill import suggest
+from dlm_lsp.fill import edit_gate, suggest
 from dlm_lsp.http import fim as fim_api
 from dlm_lsp.http import nextedit as edit_api
 from dlm_lsp.http.fim import ApiError, Completed, FimPipeline, Limits
@@ -164,7 +164,7 @@ class FimServer:
         context_tokens: int | None = None,
         body_timeout_s: float = BODY_TIMEOUT_S,
         next_edit_approach: str = suggest.DEFAULT_APPROACH,
-        next_edit_min_confidence: float = 0.0,
+        next_edit_min_confidence: float | None = None,
     ):
         self.model_id, self.token = model_id, token or None
         if next_edit_approach not in suggest.APPROACHES:
@@ -510,15 +510,17 @@ class FimServer:
             if not req.recent:  # nothing to go on (suggest.edit_request's None)
                 found = suggest.Suggestion(silent="no recent edits", new_window=req.window)
             else:
+                least = 0.0  # the edit gate's, for the baseline's suggestions
                 if req.job is None:
-                    new_window, confidence = suggest.baseline(req), 1.0
+                    b = suggest.baseline(req, edit_gate.shipped())
+                    new_window, confidence, least = b.window, b.confidence, b.least
                 else:
                     self._check_region_fits(req.job)
                     await self._wait_ready(deadline)
                     rewrite = await self._await_job(request, req.job, self.engine.submit(req.job), p.deadline_ms)
                     new_window, confidence = rewrite.text, rewrite.confidence
-                gate = p.min_confidence if p.min_confidence is not None else self.next_edit_min_confidence
-                found = suggest.judge(req, new_window, confidence, gate)
+                user = p.min_confidence if p.min_confidence is not None else self.next_edit_min_confidence
+                found = suggest.judge(req, new_window, confidence, suggest.least_shown(user, least))
         text = edit_api.content(edit_api.new_region(req, found))
         use = fim_api.usage(self._tokens(p.prompt), self._tokens(text), "openai")
         dlm = edit_api.timing(req, found, rewrite, arrival)
@@ -677,6 +679,21 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
         help=f"open connections in all (default {MAX_CONNECTIONS}; more: an idle one is closed, else 503); "
         "the open-file limit is raised to fit, or this lowered to fit it",
     )
+    p.add_argument(
+        "--next-edit-approach",
+        choices=suggest.APPROACHES,
+        default=suggest.DEFAULT_APPROACH,
+        help=f"how /v1/edit/completions rewrites the region, as the language server's nextEditApproach "
+        f"(default {suggest.DEFAULT_APPROACH}: the recent edits' substitutions carried, no model)",
+    )
+    p.add_argument(
+        "--next-edit-min-confidence",
+        type=float,
+        default=None,
+        metavar="P",
+        help="the least confidence of a next edit shown, for every kind, as nextEditMinConfidence "
+        "(default: the edit gate's per kind, dlm_lsp/fill/edit_gate.json); a request's min_confidence wins",
+    )
 
 
 def run_http(args: argparse.Namespace) -> int:
@@ -696,6 +713,9 @@ def run_http(args: argparse.Namespace) -> int:
     low, high = CONTEXT_TOKENS_RANGE
     if args.context_tokens is not None and not low <= args.context_tokens <= high:
         print(f"dlm-lsp http: --context-tokens must be {low}..{high}", file=sys.stderr)
+        return 2
+    if args.next_edit_min_confidence is not None and not 0.0 <= args.next_edit_min_confidence <= 1.0:
+        print("dlm-lsp http: --next-edit-min-confidence must be 0..1", file=sys.stderr)
         return 2
     positive = ("head_timeout", "body_timeout", "idle_timeout", "max_client_connections", "max_connections")
     for name in positive:
@@ -730,6 +750,8 @@ def run_http(args: argparse.Namespace) -> int:
         tokenizer=load_tokenizer(args.model),
         context_tokens=args.context_tokens,
         body_timeout_s=args.body_timeout,
+        next_edit_approach=args.next_edit_approach,
+        next_edit_min_confidence=args.next_edit_min_confidence,
     )
     server.guard = guard
     try:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dlm_lsp.fill import suggest
+from dlm_lsp.fill import edit_gate, suggest
 from dlm_lsp.fill.documents import Document, language_id_for_path
 from dlm_lsp.headless import fill_document
 from dlm_lsp.measure.edit_eval import KEY as HISTORY_KEY
@@ -103,7 +103,7 @@ def time_case(engine: Any, case: EditCase, approaches: Sequence[str], budget_ms:
             except EngineError:  # a window past max_tokens: the server's null, timed as it is
                 pass
         elif req is not None:
-            suggest.baseline(req)
+            suggest.baseline(req, edit_gate.shipped())
         out[approach] = ((time.perf_counter() - t0) * 1000, hit)
     return out
 

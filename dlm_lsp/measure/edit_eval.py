@@ -42,13 +42,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from dlm_lsp.fill import suggest
+from dlm_lsp.fill import edit_gate, suggest
 from dlm_lsp.fill.documents import language_id_for_path
 from dlm_lsp.fill.history import EditHistory
 from dlm_lsp.fill.nextedit import apply_edits, is_reversal, is_whitespace_only, window_lines
 from engine.api import DEFAULT_CONTEXT_TOKENS, EDIT_APPROACHES, EngineError
 
 if TYPE_CHECKING:
+    from dlm_lsp.fill.edit_gate import EditGate
     from engine.api import EditJob, Rewrite
 
 SIDES = ("heldout_packages", "heldout")  # the held-out sides of an edit-case folder: never "train"
@@ -98,6 +99,8 @@ class Sample:
     covered: bool  # the truth hunk lies inside the window (noise: always)
     reversal: bool  # the raw rewrite takes back the last edit (is_reversal before judge)
     whitespace: bool  # shown, and whitespace only
+    kind: str | None = None  # the edit gate's kind of a baseline's suggestion (edit_gate.kind_of)
+    features: list[float] | None = None  # and the features it read (edit_gate.FEATURES), for calibrate-edits
 
 
 # ----------------------------------------------------------------------------- cases
@@ -202,9 +205,12 @@ def score(
     confidence: float,
     latency_ms: float | None,
     silent: str | None = None,
+    least: float = 0.0,
+    base: suggest.Baseline | None = None,
 ) -> Sample:
     """The sample of one rewrite of the case's window (`req` None: no request, nothing shown, for
-    the reason `silent`, else "baseline" for the silent baseline and "no history")."""
+    the reason `silent`, else "baseline" for the silent baseline and "no history"), shown when its
+    `confidence` reaches `least`; `base`: the propagation baseline's, whose kind and features it keeps."""
     if req is None or new_window is None:
         silent = silent or ("baseline" if approach == "silent" else "no history")
         cov = covers(case, *window_lines(case.document, case.cursor))
@@ -212,7 +218,7 @@ def score(
             case.id, approach, case.category, False, False, False, False, 0.0, latency_ms, silent, cov, False, False
         )
     reversal = new_window != req.window and is_reversal(req.recent, req.window, new_window, req.start)
-    found = suggest.judge(req, new_window, confidence, gate=0.0)
+    found = suggest.judge(req, new_window, confidence, gate=least)
     shown = found.silent is None
     after = apply_edits(case.document, found.edits) if shown else case.document
     exact = shown and normalize(after) == normalize(case.truth_document)
@@ -238,6 +244,8 @@ def score(
         covers(case, req.start, req.end),
         reversal,
         shown and is_whitespace_only(req.window, new_window),
+        None if base is None else base.kind,
+        None if base is None else base.features,
     )
 
 
@@ -247,8 +255,10 @@ def run_case(
     engine: EditEngine | None,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     budget_ms: float | None = None,
+    gate: EditGate | None = None,
 ) -> list[Sample]:
-    """The case under each approach (EDIT_APPROACHES need `engine`; BASELINES do not)."""
+    """The case under each approach (EDIT_APPROACHES need `engine`; BASELINES do not), "propagate"
+    scored and gated by `gate` (None: every suggestion shown, at confidence 1)."""
     document, history = replay(case.old, case.edits)
     if document != case.document:
         raise ValueError(f"{case.id}: the replayed edits do not give the case's document")
@@ -266,8 +276,10 @@ def run_case(
             out.append(score(case, approach, None, None, 0.0, None))
             continue
         t0 = time.perf_counter()
+        base = None
         if req.job is None:
-            new_window, confidence = suggest.baseline(req), 1.0
+            base = suggest.baseline(req, gate)
+            new_window, confidence = base.window, base.confidence
         else:
             assert engine is not None, "an engine approach needs an engine"
             try:
@@ -278,7 +290,8 @@ def run_case(
                 continue
             new_window, confidence = rewrite.text, rewrite.confidence
         latency = (time.perf_counter() - t0) * 1000
-        out.append(score(case, approach, req, new_window, confidence, latency))
+        least = 0.0 if base is None else base.least
+        out.append(score(case, approach, req, new_window, confidence, latency, least=least, base=base))
     return out
 
 
@@ -441,6 +454,13 @@ def add_edit_eval_args(p: argparse.ArgumentParser) -> None:
         help="--kinds edit: the held-out cases (default), or the train side's, for the baselines only (no "
         "model: one may have trained on them); a second set of cases for rules designed on the first",
     )
+    p.add_argument(
+        "--edit-gate",
+        choices=("shipped", "none"),
+        default="shipped",
+        help="--kinds edit: propagate's suggestions gated as the server gates them (dlm_lsp/fill/edit_gate.json), "
+        "or every one shown at confidence 1 (the samples to fit a gate on: dlm-lsp calibrate-edits)",
+    )
 
 
 def parse_approaches(text: str) -> list[str]:
@@ -470,13 +490,14 @@ def evaluate_cases(
     budget_ms: float | None = None,
     samples_out: IO[str] | None = None,
     progress: IO[str] | None = None,
+    gate: EditGate | None = None,
 ) -> list[Sample]:
     """Every case under every approach, each sample written to `samples_out` as it comes."""
     tokens = getattr(engine, "context_budget", lambda: None)() or DEFAULT_CONTEXT_TOKENS
     out: list[Sample] = []
     t0 = time.monotonic()
     for i, case in enumerate(cases, 1):
-        got = run_case(case, approaches, engine, tokens, budget_ms)
+        got = run_case(case, approaches, engine, tokens, budget_ms, gate)
         out += got
         if samples_out is not None:
             for s in got:
@@ -517,7 +538,8 @@ def run_edit_eval(args: argparse.Namespace, engine: EditEngine | None = None) ->
         engine = load_edit_engine(args)
     samples_out = open(args.samples, "w", encoding="utf-8") if args.samples else None
     try:
-        samples = evaluate_cases(cases, approaches, engine, args.budget_ms, samples_out, sys.stderr)
+        gate = edit_gate.shipped() if getattr(args, "edit_gate", "shipped") == "shipped" else None
+        samples = evaluate_cases(cases, approaches, engine, args.budget_ms, samples_out, sys.stderr, gate)
     finally:
         if samples_out is not None:
             samples_out.close()
@@ -538,6 +560,7 @@ def run_edit_eval(args: argparse.Namespace, engine: EditEngine | None = None) ->
             "model": getattr(engine, "model_name", None) or args.model,
             "budget_ms": args.budget_ms,
             "gates": list(GATES),
+            "edit_gate": None if gate is None else gate.to_json(),
             "elapsed_s": round(time.time() - t_start, 1),
         },
     }

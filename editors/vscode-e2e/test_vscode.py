@@ -125,7 +125,7 @@ def test_opening_python_file_starts_server(vs):
     assert vs.sent("initialize"), "the extension never started the server"
     options = vs.sent("initialize")[0]["params"]["initializationOptions"]
     assert options["model"] == vs.model and options["postprocess"] is False, options
-    assert options["nextEditApproach"] == "propagate", options
+    assert options["nextEditApproach"] == "propagate" and options["nextEditMinConfidence"] == 0, options
     # the server was told the engine's options as its process started (DLM_LSP_PRESTART), so it
     # started the engine before the handshake
     tee = vs.lsp()[0]["pid"]

@@ -156,9 +156,12 @@ class VSCode:
         env = dict(os.environ, XDG_DATA_HOME=str(self.root / "xdg-data"), XDG_CONFIG_HOME=str(self.root / "xdg-config"))
         # postprocess=false (a server test hook) keeps the tiny model's fill from being filtered to
         # nothing; nextEditApproach "propagate" makes next edits the user's recent renames applied
-        # near the cursor, without the model, so a test knows what dlm/nextEdit proposes. The
-        # extension passes DLM_LSP_INIT_OPTIONS through to initializationOptions.
-        env["DLM_LSP_INIT_OPTIONS"] = json.dumps({"postprocess": False, "nextEditApproach": "propagate"})
+        # near the cursor, without the model, so a test knows what dlm/nextEdit proposes, and
+        # nextEditMinConfidence 0 shows each (the edit gate, tested in tests/, would keep back a
+        # parameter renamed once: release pairs say such a rename is carried less than a third of the
+        # time). The extension passes DLM_LSP_INIT_OPTIONS through to initializationOptions.
+        options = {"postprocess": False, "nextEditApproach": "propagate", "nextEditMinConfidence": 0}
+        env["DLM_LSP_INIT_OPTIONS"] = json.dumps(options)
         env.setdefault("DLM_ENGINE", "inproc")  # an engine inside the server: dies with the process group
         return env
 

@@ -15,9 +15,11 @@ local mode = os.getenv('DLM_TEST_SETUP') or 'setup'
 -- postprocess=false (a server test hook) keeps a small model's fill from being filtered to nothing:
 -- these tests check the client, not the fill. The budget leaves room for a busy 2-core machine.
 -- nextEditApproach 'propagate': next edits are the user's recent renames applied near the cursor, no
--- model, so the next-edit tests know what the server proposes.
+-- model, so the next-edit tests know what the server proposes; nextEditMinConfidence 0 shows each (the
+-- edit gate, tested in tests/, would keep back a parameter renamed once).
 local init_options =
-  { device = 'cpu', budgetMs = 2000, postprocess = false, model = os.getenv('DLM_LSP_MODEL'), nextEditApproach = 'propagate' }
+  { device = 'cpu', budgetMs = 2000, postprocess = false, model = os.getenv('DLM_LSP_MODEL'), nextEditApproach = 'propagate',
+    nextEditMinConfidence = 0 }
 -- The cursor goes to the end of the empty line in the loop body (row 7, col 8): a block hole.
 local SOURCE = { 'import os', '', '', 'def total(items):', '    s = 0', '    for x in items:', '        ', '    return s' }
 local ROW, COL = 7, 8

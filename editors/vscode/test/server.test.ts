@@ -40,9 +40,11 @@ const cursor = { line: 6, character: 8 }; // the empty line in the loop body: a 
 // postprocess=false (a server test hook) keeps a small model's fill from being filtered to nothing:
 // these tests check the client's protocol path, not the fill. The budget allows for a busy 2-core CPU.
 // nextEditApproach 'propagate': next edits without the model (the recent renames applied near the
-// cursor), so the dlm/nextEdit test knows the answer.
+// cursor), so the dlm/nextEdit test knows the answer; nextEditMinConfidence 0 shows each (the edit
+// gate, tested in tests/, would keep back a parameter renamed once).
 const initializationOptions = {
   device: 'cpu', budgetMs: 2000, postprocess: false, model: process.env.DLM_LSP_MODEL || null, nextEditApproach: 'propagate',
+  nextEditMinConfidence: 0,
 };
 
 let server: ChildProcess;
