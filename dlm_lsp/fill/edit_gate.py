@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,7 +87,11 @@ class EditGate:
     fit_info: dict | None = None
 
     def probability(self, p: Propagation) -> float:
-        x = dict(zip(FEATURES, features(p)))
+        return self.score(features(p))
+
+    def score(self, values: Sequence[float]) -> float:
+        """P(exact) from a suggestion's FEATURES values, in order."""
+        x = dict(zip(FEATURES, values))
         return _sigmoid(self.bias + sum(w * x[n] for n, w in zip(self.names, self.weights)))
 
     def gate(self, p: Propagation) -> float:

@@ -106,8 +106,7 @@ def tally(samples: Sequence[dict[str, Any]], shown: Sequence[bool]) -> dict[str,
 
 def judge(samples: Sequence[dict[str, Any]], gate: EditGate) -> dict[str, Any]:
     """What `gate` shows of ungated samples: tallies with no gate and with it."""
-    x = [dict(zip(FEATURES, s["features"])) for s in samples]
-    probs = [_sigmoid(gate.bias + sum(w * r[n] for n, w in zip(gate.names, gate.weights))) for r in x]
+    probs = [gate.score(s["features"]) for s in samples]
     kept = [p >= gate.gates.get(s["kind"], 0.0) for p, s in zip(probs, samples)]
     return {
         "suggestions": len(samples),
