@@ -11,7 +11,7 @@ import {
 import { COMMANDS, CommandName } from './commands';
 import { LaunchError, resolveLaunch } from './launch';
 import { NextEditUI } from './nextEdit';
-import { documentSelector, ENGINE_SECRET, engineLaunch, extraInitOptions, prestartEnv, serverOptions } from './settings';
+import { documentSelector, ENGINE_SECRET, engineLaunch, prestartEnv, serverOptions, withInitOptions } from './settings';
 import { ClientState, EngineStatus, statusView } from './status';
 
 let client: LanguageClient | undefined;
@@ -71,7 +71,7 @@ async function start(): Promise<void> {
   const secret = options.engine ? await secrets?.get(ENGINE_SECRET) : undefined;
   const { engine, env } = engineLaunch(options.engine, secret);
   options.engine = engine;
-  const initializationOptions = { ...options, ...extraInitOptions(process.env.DLM_LSP_INIT_OPTIONS) };
+  const initializationOptions = withInitOptions(options);
   const clientOptions: LanguageClientOptions = {
     documentSelector: documentSelector(options.languages),
     initializationOptions,
@@ -232,7 +232,7 @@ export function activate(context: vscode.ExtensionContext): void {
       if (client?.isRunning()) {
         // `engine` is read at start only (a change restarts above); its key-variable name may
         // differ from the one sent at start, which the server would take for a change
-        const { engine: _engine, ...dlm } = serverOptions((key) => config().get(key));
+        const { engine: _engine, ...dlm } = withInitOptions(serverOptions((key) => config().get(key)));
         const settings = { dlm };
         await client.sendNotification(DidChangeConfigurationNotification.type, { settings });
       }

@@ -12,7 +12,15 @@ export interface ServerOptions {
   minConfidence: number | null; // null: the model's own gate (serving.json)
   workspaceContext: boolean; // cross-file snippets from the workspace folders' files
   engine: EngineSetting | null; // null: the server's own engine (the user's shared daemon)
+  nextEditApproach: string; // NEXT_EDIT_APPROACHES; the server warns about any other and keeps its own
+  nextEditMinConfidence: number | null; // null: the server's calibrated edit gate, per kind of suggestion
 }
+
+/** How the server computes a next edit (dlm_lsp/options.py NEXT_EDIT_APPROACHES): "propagate", the
+ * recent renames carried near the cursor without a model (the server's default), or the engine's
+ * layouts. The server has no null for it: an unset or empty setting sends the default. */
+export const NEXT_EDIT_APPROACHES = ['propagate', 'window', 'window+memory', 'surprise', 'memory', 'surprise+memory'] as const;
+export const DEFAULT_NEXT_EDIT_APPROACH = 'propagate';
 
 /** A FIM HTTP endpoint as the server's engine (docs/serving.md). The API key is never a setting: it
  * lives in VS Code's secret storage ("DLM: Set Engine API Key") and reaches the server through its
@@ -32,11 +40,27 @@ export const ENGINE_KEY_ENV = 'DLM_ENGINE_API_KEY';
 // language, by indentation alone); a client opts into that by listing "*" itself.
 export const DEFAULT_LANGUAGES = ['python', 'javascript', 'javascriptreact', 'typescript', 'typescriptreact', 'go', 'rust'];
 
-/** Settings forwarded to the server, keyed by their name after `dlm.`. */
-export const SERVER_SETTINGS: readonly (keyof ServerOptions)[] = [
-  'model', 'device', 'budgetMs', 'debounceMs', 'maxFillTokens', 'contextTokens', 'languages', 'minConfidence', 'workspaceContext',
-  'engine',
-];
+/** Settings forwarded to the server: each setting's name after `dlm.`, and the server option it is
+ * sent as. The same name but for the next-edit ones, which live under `dlm.nextEdit.` with the
+ * extension's own next-edit settings. */
+export const SERVER_SETTING_OPTIONS = {
+  model: 'model',
+  device: 'device',
+  budgetMs: 'budgetMs',
+  debounceMs: 'debounceMs',
+  maxFillTokens: 'maxFillTokens',
+  contextTokens: 'contextTokens',
+  languages: 'languages',
+  minConfidence: 'minConfidence',
+  workspaceContext: 'workspaceContext',
+  engine: 'engine',
+  'nextEdit.approach': 'nextEditApproach',
+  'nextEdit.minConfidence': 'nextEditMinConfidence',
+} as const satisfies Record<string, keyof ServerOptions>;
+
+/** Settings forwarded to the server, keyed by their name after `dlm.` (any change to one is sent
+ * with workspace/didChangeConfiguration, as the whole option set). */
+export const SERVER_SETTINGS = Object.keys(SERVER_SETTING_OPTIONS) as readonly (keyof typeof SERVER_SETTING_OPTIONS)[];
 
 /** Settings only the extension reads: how to launch the server, the on/off switch, next edits. */
 export const CLIENT_SETTINGS = ['enable', 'server.path', 'server.args', 'server.pythonPath', 'nextEdit.enabled', 'nextEdit.delayMs'] as const;
@@ -44,9 +68,11 @@ export const CLIENT_SETTINGS = ['enable', 'server.path', 'server.args', 'server.
 /** Read by vscode-languageclient itself because the client id is `dlm`. */
 export const LIBRARY_SETTINGS = ['trace.server'] as const;
 
-/** Gives the server options from a settings getter (vscode's `WorkspaceConfiguration.get`). */
+/** Gives the server options from a settings getter (vscode's `WorkspaceConfiguration.get`, keys as
+ * in SERVER_SETTINGS). */
 export function serverOptions(get: (key: string) => unknown): ServerOptions {
   const model = get('model');
+  const approach = get('nextEdit.approach');
   return {
     // An empty string in the settings UI means "the default model", which the server spells null.
     model: typeof model === 'string' && model.trim() !== '' ? model : null,
@@ -59,6 +85,11 @@ export function serverOptions(get: (key: string) => unknown): ServerOptions {
     minConfidence: typeof get('minConfidence') === 'number' ? (get('minConfidence') as number) : null,
     workspaceContext: get('workspaceContext') !== false,
     engine: engineSetting(get('engine')),
+    // no null for the server: unset or blank is its default; any other string goes as is (the server
+    // warns about one it does not know and keeps the approach it had)
+    nextEditApproach: typeof approach === 'string' && approach.trim() !== '' ? approach.trim() : DEFAULT_NEXT_EDIT_APPROACH,
+    // a number as is (out of [0, 1] the server warns and keeps its own), else null: the edit gate
+    nextEditMinConfidence: typeof get('nextEdit.minConfidence') === 'number' ? (get('nextEdit.minConfidence') as number) : null,
   };
 }
 
@@ -117,4 +148,12 @@ export function extraInitOptions(raw: string | undefined): Record<string, unknow
   } catch {
     return {};
   }
+}
+
+/** The options sent to the server, at initialize and with every settings change: `options` (from the
+ * settings) with DLM_LSP_INIT_OPTIONS's on top, so a value that variable sets holds for the client's
+ * lifetime and a setting left at its default never replaces it (the e2e suite's
+ * nextEditMinConfidence 0, the server's `postprocess` switch). */
+export function withInitOptions<T extends object>(options: T, raw: string | undefined = process.env.DLM_LSP_INIT_OPTIONS): T & Record<string, unknown> {
+  return { ...options, ...extraInitOptions(raw) };
 }
