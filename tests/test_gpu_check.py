@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.timeout(960)  # the script's own 900 s, not the suite's 300 s per test (a slow machine)
 def test_gpu_check_tiny_mode_runs_and_writes_json(tmp_path):
     env = {
         **os.environ,

@@ -28,6 +28,10 @@ from tests.http_helpers import REPO  # noqa: E402
 from tests.tiny import make_tiny_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(480)]
+# each load-test request's deadline: what the tests assert is that requests are answered, spread and
+# survive a replica's death, not how fast; a slow, busy machine answered 7 of 11 requests past a 2 s
+# deadline while one replica carried the load (the make test-slow run of session 33)
+DEADLINE_MS = 10_000
 START_TIMEOUT = 300
 
 
@@ -94,19 +98,19 @@ def test_the_same_api_and_requests_spread_over_both_replicas(cluster):
         timeout=60,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["text"] and r.json()["dlm"]["steps"] >= 1
-    report = asyncio.run(loadtest.run(cluster, clients=4, seconds=4, deadline_ms=2000))
+    report = asyncio.run(loadtest.run(cluster, clients=4, seconds=4, deadline_ms=DEADLINE_MS))
     assert report["ok"] >= 8 and report["statuses"] == {"200": report["ok"]}, report
     assert len(report["by_process"]) == 2, report  # both replicas answered
     assert report["latency_ms"]["p50"] is not None and report["throughput_rps"] > 0
 
 
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster):
-    before = asyncio.run(loadtest.run(cluster, clients=4, seconds=2, deadline_ms=2000))["by_process"]
+    before = asyncio.run(loadtest.run(cluster, clients=4, seconds=2, deadline_ms=DEADLINE_MS))["by_process"]
     assert len(before) == 2, before
     victim = int(sorted(before)[0])
 
     async def load_and_kill():
-        task = asyncio.ensure_future(loadtest.run(cluster, clients=4, seconds=6, deadline_ms=2000, warmup=0))
+        task = asyncio.ensure_future(loadtest.run(cluster, clients=4, seconds=6, deadline_ms=DEADLINE_MS, warmup=0))
         await asyncio.sleep(1.5)
         os.kill(victim, signal.SIGKILL)  # a replica process, by the pid it answered with
         return await task
@@ -119,7 +123,7 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster):
     # Serve replaces the replica: two processes answer again, one of them new
     end = time.monotonic() + 180
     while time.monotonic() < end:
-        now = asyncio.run(loadtest.run(cluster, clients=4, seconds=2, deadline_ms=2000, warmup=0))["by_process"]
+        now = asyncio.run(loadtest.run(cluster, clients=4, seconds=2, deadline_ms=DEADLINE_MS, warmup=0))["by_process"]
         if len(now) == 2 and str(victim) not in now:
             print(f"replaced after {time.monotonic() - end + 180:.0f} s: {now}")
             break
