@@ -339,7 +339,9 @@ class VSCode:
         # VS Code leaves a value equal to the default out of settings.json
         default = DEFAULTS.get(key)
         try:
-            wait_for(lambda: self.read_settings().get(key, default) == value, 10, f"settings.json to get {key} = {value!r}")
+            # 30 s: on a loaded machine (session 33: make test-editors beside three training jobs) the
+            # Settings editor took longer than 10 s to write the value
+            wait_for(lambda: self.read_settings().get(key, default) == value, 30, f"settings.json to get {key} = {value!r}")
         finally:
             page.keyboard.press("Control+w")
             page.locator(".settings-editor").wait_for(state="hidden")
